@@ -1,0 +1,18 @@
+"""sbm_pyg: SBM-Transformer attention as PyTorch Geometric components."""
+from sbm_pyg.sampling import SampledGraph, bernoulli, expected_adjacency, fastrg
+from sbm_pyg.nn import SBMConv, SBMMultiheadAttention, StochasticBlockModel
+from sbm_pyg.nn.functional import edge_probability, sparse_attention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SampledGraph",
+    "fastrg",
+    "bernoulli",
+    "expected_adjacency",
+    "edge_probability",
+    "sparse_attention",
+    "StochasticBlockModel",
+    "SBMConv",
+    "SBMMultiheadAttention",
+]

@@ -1,0 +1,92 @@
+"""Argument checks shared by the sampler and the layers.
+
+Value checks on device tensors (NaN, negative entries, malformed pointers) are
+collected as boolean tensors and resolved together with the sampled edge
+count in a single host sync, instead of one sync per check.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+Check = Tuple[Tensor, str]
+
+
+def require_tensor(name: str, x: object, ndim: Optional[int] = None,
+                   floating: bool = False) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating point tensor, got {x.dtype}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape "
+                         f"{tuple(x.shape)}")
+    return x
+
+
+def nonnegative_finite(name: str, x: Tensor) -> Check:
+    bad = ~(torch.isfinite(x) & (x >= 0)).all()
+    return bad, f"{name} must be finite and non-negative (found NaN, inf or < 0)"
+
+
+def as_ptr(name: str, ptr: Union[None, Tensor, Sequence[int]], num_rows: int,
+           device: torch.device) -> Tuple[Tensor, Check]:
+    """Returns a CSR pointer :obj:`[G + 1]` on :obj:`device` and its check."""
+    if ptr is None:
+        ptr = torch.tensor([0, num_rows], device=device)
+    elif not isinstance(ptr, Tensor):
+        try:
+            ptr = torch.as_tensor(ptr, device=device)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name} must be a LongTensor or a sequence of "
+                            f"ints, got {type(ptr).__name__}") from e
+    if ptr.dtype not in (torch.int64, torch.int32) or ptr.dim() != 1:
+        raise TypeError(f"{name} must be a 1-D integer tensor, got dtype "
+                        f"{ptr.dtype} and shape {tuple(ptr.shape)}")
+    if ptr.numel() < 1:
+        raise ValueError(f"{name} must have at least one entry")
+    ptr = ptr.to(device=device, dtype=torch.long)
+    bad = (ptr[0] != 0) | (ptr[-1] != num_rows) | (ptr.diff() < 0).any()
+    return ptr, (bad, f"{name} must start at 0, end at the number of rows "
+                      f"({num_rows}) and be non-decreasing")
+
+
+def sync(checks: Sequence[Check], *scalars: Tensor) -> List[float]:
+    """Resolves all checks and reads :obj:`scalars` in one host transfer.
+
+    Raises the :class:`ValueError` of the first failing check.
+    """
+    parts = [flag.reshape(1).double() for flag, _ in checks]
+    parts += [s.reshape(1).double() for s in scalars]
+    if not parts:
+        return []
+    values = torch.cat(parts).tolist()
+    for (_, message), failed in zip(checks, values):
+        if failed:
+            raise ValueError(message)
+    return values[len(checks):]
+
+
+def available_memory(device: torch.device) -> Optional[int]:
+    """Bytes that can still be allocated on :obj:`device`, or :obj:`None`."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu" and os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return None
+
+
+def check_memory(num_bytes: float, device: torch.device, what: str) -> None:
+    """Raises instead of letting an allocation of :obj:`num_bytes` kill the
+    process."""
+    free = available_memory(device)
+    if free is not None and num_bytes > free:
+        raise ValueError(f"{what} needs about {num_bytes / 2**30:.1f} GiB but "
+                         f"only {free / 2**30:.1f} GiB are available on "
+                         f"{device}")

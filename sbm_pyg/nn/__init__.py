@@ -1,0 +1,8 @@
+"""Neural network modules: the SBM, the SBMConv layer and padded-batch attention."""
+from sbm_pyg.nn.attention import SBMMultiheadAttention
+from sbm_pyg.nn.block_model import StochasticBlockModel
+from sbm_pyg.nn.conv import SBMConv
+from sbm_pyg.nn import functional
+
+__all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
+           "functional"]

@@ -1,0 +1,95 @@
+r"""SBM attention for padded batches, with the interface of PyG's
+:class:`~torch_geometric.nn.attention.PerformerAttention`."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from sbm_pyg._validation import require_tensor
+from sbm_pyg.nn.conv import SBMConv
+
+__all__ = ["SBMMultiheadAttention"]
+
+
+class SBMMultiheadAttention(torch.nn.Module):
+    r"""Multi-head SBM attention on a padded batch :obj:`[B, N, C]`.
+
+    .. math::
+        \mathrm{out} = \mathbf{W}^O \big\Vert_{h=1}^{H}
+        \mathrm{SBMAttn}_h(\mathbf{X})
+
+    where each head samples its attention graph from its SBM (see
+    :class:`SBMConv`). Padded positions neither send nor receive edges: the
+    real tokens are gathered into a ragged batch, attended with
+    :class:`SBMConv`, and scattered back; padded outputs are zero.
+
+    Args:
+        channels (int): embedding size :math:`C`.
+        heads (int): number of heads.
+        head_channels (int): size of each head. (default: :obj:`64`)
+        num_clusters (int): SBM clusters per head. (default: :obj:`128`)
+        qkv_bias (bool): bias in the query/key/value projections.
+            (default: :obj:`False`)
+        attn_out_bias (bool): bias in the output projection.
+            (default: :obj:`True`)
+        dropout (float): dropout on the attention weights. (default: :obj:`0.`)
+        **kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
+            :obj:`max_edges` of :class:`SBMConv`.
+
+    Shapes:
+        - **input:** x :math:`(B, N, C)`, mask :math:`(B, N)` (bool, True =
+          real token; :obj:`None`: all real)
+        - **output:** :math:`(B, N, C)`
+    """
+
+    def __init__(self, channels: int, heads: int, head_channels: int = 64,
+                 num_clusters: int = 128, qkv_bias: bool = False,
+                 attn_out_bias: bool = True, dropout: float = 0.0, **kwargs):
+        super().__init__()
+        self.channels, self.heads, self.head_channels = channels, heads, head_channels
+        self.conv = SBMConv(channels, head_channels, heads, concat=True,
+                            num_clusters=num_clusters, dropout=dropout,
+                            bias=qkv_bias, root_weight=False, **kwargs)
+        self.out = torch.nn.Linear(heads * head_channels, channels,
+                                   bias=attn_out_bias)
+
+    def reset_parameters(self) -> None:
+        self.conv.reset_parameters()
+        self.out.reset_parameters()
+
+    @property
+    def sampled_density(self) -> Optional[Tensor]:
+        """Per-head sampled density of the last forward, :obj:`[H]`."""
+        return self.conv.sampled_density
+
+    @property
+    def expected_density(self) -> Optional[Tensor]:
+        """Per-head expected density of the last forward (differentiable)."""
+        return self.conv.expected_density
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *,
+                generator: Optional[torch.Generator] = None) -> Tensor:
+        require_tensor("x", x, 3, floating=True)
+        B, N, C = x.shape
+        if C != self.channels:
+            raise ValueError(f"x must have {self.channels} channels, got {C}")
+        if mask is None:
+            ptr = torch.arange(B + 1, device=x.device) * N
+            out = self.conv(x.reshape(B * N, C), ptr=ptr, generator=generator)
+            return self.out(out).view(B, N, C)
+        require_tensor("mask", mask, 2)
+        if mask.dtype != torch.bool or mask.shape != (B, N):
+            raise ValueError(f"mask must be a bool tensor of shape [{B}, {N}], "
+                             f"got {mask.dtype} {tuple(mask.shape)}")
+        ptr = torch.cat([mask.new_zeros(1, dtype=torch.long),
+                         mask.sum(dim=1).cumsum(0)])
+        out = self.conv(x[mask], ptr=ptr, generator=generator)  # [N_real, H*d]
+        return x.new_zeros(B, N, C).masked_scatter(mask[..., None],
+                                                   self.out(out))
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.channels}, "
+                f"heads={self.heads}, head_channels={self.head_channels}, "
+                f"num_clusters={self.conv.num_clusters})")

@@ -1,0 +1,96 @@
+r"""The per-head mixed-membership SBM of SBM-Transformer (Sec. 4.1)."""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module, Parameter
+
+from sbm_pyg._validation import require_tensor
+
+__all__ = ["StochasticBlockModel"]
+
+
+class StochasticBlockModel(Module):
+    r"""Maps each head's queries and keys to an SBM (the paper's Eq. 5-7).
+
+    Per head :math:`h`, with cluster embeddings
+    :math:`\mathbf{C}_h \in \mathbb{R}^{k \times d}` and a 2-layer
+    :math:`\mathrm{MLP}_h: \mathbb{R}^d \to \mathbb{R}^d` (ReLU) shared by
+    queries and keys:
+
+    .. math::
+        \hat{\mathbf{S}}_h &= \mathrm{softmax}(\mathbf{C}_h
+        \mathbf{C}_h^{\top}) \quad \text{(over all } k^2 \text{ entries)} \\
+        \hat{\mathbf{Q}}_h &= \sigma(\mathrm{MLP}_h(\mathbf{Q}_h)
+        \mathbf{C}_h^{\top}), \qquad
+        \hat{\mathbf{K}}_h = \sigma(\mathrm{MLP}_h(\mathbf{K}_h)
+        \mathbf{C}_h^{\top})
+
+    so that the edge probability :math:`p_{ij} = \hat{\mathbf{Q}}_i
+    \hat{\mathbf{S}}_h \hat{\mathbf{K}}_j^{\top}` lies in :math:`(0, 1)`.
+    All heads are computed at once with batched matrix products.
+
+    Args:
+        heads (int): number of heads :math:`H`.
+        channels (int): head dimension :math:`d`.
+        num_clusters (int): clusters :math:`k` per head. (default: :obj:`128`)
+
+    Shapes:
+        - **input:** query :math:`(N_q, H, d)`, key :math:`(N_k, H, d)`
+        - **output:** q_memb :math:`(N_q, H, k)`, block :math:`(H, k, k)`,
+          k_memb :math:`(N_k, H, k)`
+    """
+
+    def __init__(self, heads: int, channels: int, num_clusters: int = 128):
+        super().__init__()
+        for name, value in (("heads", heads), ("channels", channels),
+                            ("num_clusters", num_clusters)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.heads, self.channels, self.num_clusters = heads, channels, num_clusters
+        self.weight1 = Parameter(torch.empty(heads, channels, channels))
+        self.bias1 = Parameter(torch.empty(heads, 1, channels))
+        self.weight2 = Parameter(torch.empty(heads, channels, channels))
+        self.bias2 = Parameter(torch.empty(heads, 1, channels))
+        self.clusters = Parameter(torch.empty(heads, num_clusters, channels))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        r"""MLP layers as :class:`torch.nn.Linear` initializes them; cluster
+        embeddings kaiming-normal per head as in the paper's appendix: each
+        :math:`\mathbf{C}_h` is a :obj:`[k, d]` weight with fan-in :math:`d`,
+        so :math:`\mathcal{N}(0, 2/d)`."""
+        bound = 1.0 / math.sqrt(self.channels)
+        for weight, bias in ((self.weight1, self.bias1),
+                             (self.weight2, self.bias2)):
+            torch.nn.init.uniform_(weight, -bound, bound)
+            torch.nn.init.uniform_(bias, -bound, bound)
+        torch.nn.init.normal_(self.clusters, std=math.sqrt(2.0 / self.channels))
+
+    def block(self) -> Tensor:
+        r""":math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`, each head summing to 1."""
+        logits = torch.bmm(self.clusters, self.clusters.transpose(1, 2))
+        return logits.flatten(1).softmax(dim=-1).view_as(logits)
+
+    def membership(self, x: Tensor) -> Tensor:
+        r""":math:`\sigma(\mathrm{MLP}_h(\mathbf{x}) \mathbf{C}_h^{\top})`
+        for :obj:`x [N, H, d]`; returns :obj:`[N, H, k]`."""
+        x = x.transpose(0, 1)  # [H, N, d]
+        x = torch.baddbmm(self.bias1, x, self.weight1).relu()
+        x = torch.baddbmm(self.bias2, x, self.weight2)
+        return torch.bmm(x, self.clusters.transpose(1, 2)).sigmoid().transpose(0, 1)
+
+    def forward(self, query: Tensor, key: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        for name, x in (("query", query), ("key", key)):
+            require_tensor(name, x, 3, floating=True)
+            if x.shape[1:] != (self.heads, self.channels):
+                raise ValueError(f"{name} must have shape [N, {self.heads}, "
+                                 f"{self.channels}], got {tuple(x.shape)}")
+        return self.membership(query), self.block(), self.membership(key)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(heads={self.heads}, "
+                f"channels={self.channels}, num_clusters={self.num_clusters})")

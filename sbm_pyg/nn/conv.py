@@ -1,0 +1,310 @@
+r"""The SBM-Transformer attention as a PyG :class:`MessagePassing` layer."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import is_sparse, softmax
+
+from sbm_pyg._validation import as_ptr, require_tensor, sync
+from sbm_pyg.nn.block_model import StochasticBlockModel
+from sbm_pyg.nn.functional import edge_probability, sparse_attention
+from sbm_pyg.sampling import MODES, SampledGraph, fastrg
+
+__all__ = ["SBMConv"]
+
+Pair = Tuple[Optional[Tensor], Optional[Tensor]]
+
+
+def _project(lin: Linear, x) -> Tensor:
+    # Sparse node features (torch.sparse or torch_sparse.SparseTensor) are
+    # projected with a sparse-dense product.
+    if not is_sparse(x):
+        return lin(x)
+    weight_t = lin.weight.t()
+    out = x @ weight_t if isinstance(x, SparseTensor) else torch.sparse.mm(x, weight_t)
+    return out if lin.bias is None else out + lin.bias
+
+
+def _batch_to_ptr(batch: Tensor, num_rows: int, num_graphs: int,
+                  name: str) -> Tensor:
+    require_tensor(name, batch, 1)
+    if batch.dtype != torch.long:
+        raise TypeError(f"{name} must be a LongTensor, got {batch.dtype}")
+    if batch.numel() != num_rows:
+        raise ValueError(f"{name} must have one entry per node ({num_rows}), "
+                         f"got {batch.numel()}")
+    return torch.searchsorted(batch, torch.arange(num_graphs + 1,
+                                                  device=batch.device))
+
+
+class SBMConv(MessagePassing):
+    r"""The attention of SBM-Transformer from `"Transformers meet Stochastic
+    Block Models: Attention with Data-Adaptive Sparsity and Cost"
+    <https://arxiv.org/abs/2210.15541>`_ (Cho et al., NeurIPS 2022).
+
+    Each head :math:`h` projects queries, keys and values, infers a
+    mixed-membership SBM from them (:class:`StochasticBlockModel`), samples a
+    bipartite key→query graph :math:`\mathcal{G}_h` with fastRG
+    (:func:`~sbm_pyg.sampling.fastrg`), and attends over its edges only:
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i +
+        \big\Vert_{h=1}^{H} \sum_{j \in \mathcal{N}_h(i)} \alpha_{hij}
+        \mathbf{W}^V_h \mathbf{x}_j, \qquad
+        \alpha_{hij} = \mathrm{softmax}_{j \in \mathcal{N}_h(i)} \left(
+        \frac{(\mathbf{W}^Q_h \mathbf{x}_i)^{\top} (\mathbf{W}^K_h
+        \mathbf{x}_j)}{\sqrt{d}} \right)
+
+    with :math:`\mathcal{N}_h(i) \sim \mathrm{SBM}(\hat{\mathbf{Q}}_h,
+    \hat{\mathbf{S}}_h, \hat{\mathbf{K}}_h)` within :math:`i`'s sequence.
+    Gradients reach the SBM through the straight-through estimator
+    :math:`\partial L / \partial p_{ij} = \partial L / \partial a_{ij} \cdot
+    \mathbf{q}_i^{\top}\mathbf{k}_j / \sqrt{d}` on sampled edges.
+
+    Sequences are given PyG-style by a sorted :obj:`batch` vector or a CSR
+    :obj:`ptr`; no padding is used and no edge crosses sequences. The cost
+    is linear in the number of sampled edges.
+
+    After each forward, :obj:`sampled_density` :math:`[H]` holds the
+    fraction of pairs sampled (averaged over non-empty sequences) and
+    :obj:`expected_density` :math:`[H]` the closed form
+    :math:`\frac{1}{n_q n_k} \sum_{ij} p_{ij} = \frac{(\mathbf{1}^{\top}
+    \hat{\mathbf{Q}}) \hat{\mathbf{S}} (\hat{\mathbf{K}}^{\top}
+    \mathbf{1})}{n_q n_k}`, differentiable: the paper's sparsity
+    regularizer.
+
+    Args:
+        in_channels (int or tuple): size of each input sample, or :obj:`-1`
+            to infer it lazily; a tuple gives the sizes of source (key) and
+            target (query) features.
+        out_channels (int): size :math:`d` of each head.
+        heads (int): number of heads :math:`H`. (default: :obj:`1`)
+        concat (bool): concatenate the heads (else average). (default:
+            :obj:`True`)
+        num_clusters (int): SBM clusters :math:`k` per head. (default:
+            :obj:`128`)
+        dropout (float): dropout on the attention weights. (default:
+            :obj:`0.`)
+        bias (bool): learn additive biases in the projections. (default:
+            :obj:`True`)
+        root_weight (bool): add the skip term :math:`\mathbf{W}_1
+            \mathbf{x}_i`. (default: :obj:`True`)
+        exploration (float): random edge exploration :math:`\delta` added to
+            every pair's rate while training; 0 in eval. (default: :obj:`0.01`)
+        self_loops (bool): always connect query :math:`i` to key :math:`i`
+            (the paper's "+I"; needs queries and keys to be the same
+            nodes). (default: :obj:`False`)
+        mode (str): :obj:`"poisson"` (the paper's sampler) or
+            :obj:`"exact"`, see :func:`~sbm_pyg.sampling.fastrg`.
+        max_edges (int, optional): raise instead of sampling more edges
+            than this in one forward.
+        **kwargs (optional): additional arguments of
+            :class:`torch_geometric.nn.conv.MessagePassing`. Setting
+            :obj:`self.fuse = False` runs PyG's gather/scatter
+            :meth:`message` path instead of the fused sparse kernels (same
+            result, more memory).
+
+    Shapes:
+        - **input:**
+          node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))`
+          (dense, :obj:`torch.sparse` or :class:`torch_sparse.SparseTensor`),
+          batch vector :math:`(|\mathcal{V}|)` or a pair, or
+          :obj:`ptr` :math:`(G + 1)` or a pair
+        - **output:** node features :math:`(|\mathcal{V}_t|, H \cdot d)` or
+          :math:`(|\mathcal{V}_t|, d)` if :obj:`concat=False`; with
+          :obj:`return_attention_weights=True` also
+          :obj:`(graph, alpha)`, the :class:`SampledGraph` and the weights
+          :math:`(|\mathcal{E}|)` in its edge order.
+    """
+
+    def __init__(
+        self,
+        in_channels: Union[int, Tuple[int, int]],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        num_clusters: int = 128,
+        dropout: float = 0.0,
+        bias: bool = True,
+        root_weight: bool = True,
+        exploration: float = 0.01,
+        self_loops: bool = False,
+        mode: str = "poisson",
+        max_edges: Optional[int] = None,
+        **kwargs,
+    ):
+        kwargs.setdefault("aggr", "add")
+        super().__init__(node_dim=0, **kwargs)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not (isinstance(exploration, (int, float)) and exploration >= 0):
+            raise ValueError(f"exploration must be >= 0, got {exploration!r}")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.num_clusters = num_clusters
+        self.dropout = dropout
+        self.root_weight = root_weight
+        self.exploration = exploration
+        self.self_loops = self_loops
+        self.mode = mode
+        self.max_edges = max_edges
+        if isinstance(in_channels, int):
+            in_channels = (in_channels, in_channels)
+        self.lin_key = Linear(in_channels[0], heads * out_channels, bias=bias)
+        self.lin_query = Linear(in_channels[1], heads * out_channels, bias=bias)
+        self.lin_value = Linear(in_channels[0], heads * out_channels, bias=bias)
+        self.lin_skip = None
+        if root_weight:
+            self.lin_skip = Linear(in_channels[1],
+                                   heads * out_channels if concat else out_channels,
+                                   bias=bias)
+        self.sbm = StochasticBlockModel(heads, out_channels, num_clusters)
+        self.sampled_density: Optional[Tensor] = None
+        self.expected_density: Optional[Tensor] = None
+        self._alpha: Optional[Tensor] = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.lin_key.reset_parameters()
+        self.lin_query.reset_parameters()
+        self.lin_value.reset_parameters()
+        if self.lin_skip is not None:
+            self.lin_skip.reset_parameters()
+        self.sbm.reset_parameters()
+
+    def _pointers(self, batch, ptr, num_src: int,
+                  num_dst: int) -> Tuple[Tensor, Tensor]:
+        """CSR pointers (ptr_k, ptr_q) of key and query rows."""
+        if ptr is not None:
+            if batch is not None:
+                raise ValueError("pass either batch or ptr, not both")
+            return ptr if isinstance(ptr, tuple) else (ptr, ptr)
+        if batch is None:
+            return None, None
+        batch_src, batch_dst = batch if isinstance(batch, tuple) else (batch, batch)
+        if batch_src is None or batch_dst is None:
+            raise ValueError("batch must give both the source and the "
+                             "target batch vector")
+        flags = [(b.diff() < 0).any() | (b < 0).any()
+                 for b in (batch_src, batch_dst) if isinstance(b, Tensor)]
+        last = [b[-1] for b in (batch_src, batch_dst)
+                if isinstance(b, Tensor) and b.numel() > 0]
+        flags_and_max = sync([(flag, "batch must be sorted and non-negative "
+                                     "(as PyG's DataLoader makes it)")
+                              for flag in flags],
+                             *last)
+        num_graphs = int(max(flags_and_max, default=-1)) + 1
+        return (_batch_to_ptr(batch_src, num_src, num_graphs, "batch"),
+                _batch_to_ptr(batch_dst, num_dst, num_graphs, "batch"))
+
+    def forward(
+        self,
+        x: Union[Tensor, SparseTensor, Tuple],
+        batch: Union[None, Tensor, Pair] = None,
+        *,
+        ptr: Union[None, Tensor, Pair] = None,
+        return_attention_weights: Optional[bool] = None,
+        generator: Optional[torch.Generator] = None,
+    ):
+        r"""Runs the layer.
+
+        Args:
+            x (Tensor or (Tensor, Tensor)): node features, or
+                :obj:`(x_src, x_dst)` for bipartite attention (keys and
+                values from :obj:`x_src`, queries from :obj:`x_dst`).
+            batch (LongTensor or (LongTensor, LongTensor), optional): sorted
+                sequence index of each node (one sequence if :obj:`None`).
+            ptr (LongTensor or pair, optional): CSR pointers instead of
+                :obj:`batch` (avoids a host sync).
+            return_attention_weights (bool, optional): also return
+                :obj:`(graph, alpha)`.
+            generator (torch.Generator, optional): randomness of the
+                sampler and of attention dropout.
+        """
+        H, C = self.heads, self.out_channels
+        x_src, x_dst = x if isinstance(x, tuple) else (x, x)
+        query = _project(self.lin_query, x_dst).view(-1, H, C)
+        key = _project(self.lin_key, x_src).view(-1, H, C)
+        value = _project(self.lin_value, x_src).view(-1, H, C)
+        Nq, Nk = query.size(0), key.size(0)
+        ptr_k, ptr_q = self._pointers(batch, ptr, Nk, Nq)
+
+        q_memb, block, k_memb = self.sbm(query, key)
+        graph = fastrg(q_memb.detach(), block.detach(), k_memb.detach(),
+                       ptr_q=ptr_q, ptr_k=ptr_k, mode=self.mode,
+                       exploration=self.exploration if self.training else 0.0,
+                       self_loops=self.self_loops, max_edges=self.max_edges,
+                       generator=generator)
+        edge_prob = None
+        if torch.is_grad_enabled() and q_memb.requires_grad:
+            edge_prob = edge_probability(q_memb, block, k_memb, graph)
+        self._record_density(graph, q_memb, block, k_memb)
+
+        if self.fuse:
+            out, alpha = sparse_attention(
+                query, key, value, graph, edge_prob, self.dropout,
+                self.training, generator=generator,
+                return_attention_weights=True)
+        else:
+            _, col = graph.csr()
+            row = graph.head * Nq + graph.edge_index[1]
+            out = self.propagate(
+                torch.stack([col, row]), query=query.transpose(0, 1).reshape(H * Nq, C),
+                key=key.transpose(0, 1).reshape(H * Nk, C),
+                value=value.transpose(0, 1).reshape(H * Nk, C),
+                edge_prob=edge_prob, size=(H * Nk, H * Nq))
+            out = out.view(H, Nq, C).transpose(0, 1)
+            alpha, self._alpha = self._alpha, None
+
+        out = out.reshape(Nq, H * C) if self.concat else out.mean(dim=1)
+        if self.lin_skip is not None:
+            out = out + _project(self.lin_skip, x_dst)
+        if return_attention_weights:
+            return out, (graph, alpha)
+        return out
+
+    def message(self, query_i: Tensor, key_j: Tensor, value_j: Tensor,
+                edge_prob: Optional[Tensor], index: Tensor,
+                ptr: Optional[Tensor], size_i: Optional[int]) -> Tensor:
+        # Reference path (self.fuse = False), TransformerConv-style.
+        score = (query_i * key_j).sum(dim=-1) / math.sqrt(self.out_channels)
+        if edge_prob is not None:
+            # Straight-through: value unchanged, d score / d p = score.
+            score = score + score.detach() * (edge_prob - edge_prob.detach())
+        alpha = softmax(score, index, ptr, size_i)
+        self._alpha = alpha
+        alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+        return value_j * alpha.unsqueeze(-1)
+
+    def _record_density(self, graph: SampledGraph, q_memb: Tensor,
+                        block: Tensor, k_memb: Tensor) -> None:
+        pairs = (graph.ptr_q.diff() * graph.ptr_k.diff()).to(q_memb.dtype)
+        nonempty = (pairs > 0).to(q_memb.dtype)[:, None]  # [G, 1]
+        count = nonempty.sum().clamp(min=1)
+        mass_q = torch.segment_reduce(q_memb, "sum", offsets=graph.ptr_q,
+                                      axis=0, unsafe=True)  # [G, H, k]
+        mass_k = torch.segment_reduce(k_memb, "sum", offsets=graph.ptr_k,
+                                      axis=0, unsafe=True)
+        expected = torch.einsum("ghu,huv,ghv->gh", mass_q, block, mass_k)
+        expected = expected / pairs.clamp(min=1)[:, None]
+        self.expected_density = (expected * nonempty).sum(0) / count
+        self.sampled_density = (graph.density().to(q_memb.dtype)
+                                * nonempty).sum(0) / count
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.in_channels}, "
+                f"{self.out_channels}, heads={self.heads}, "
+                f"num_clusters={self.num_clusters}, mode={self.mode!r})")

@@ -1,0 +1,238 @@
+r"""Sparse attention on sampled graphs and the straight-through estimator.
+
+Both functions run on the block-diagonal CSR form of a
+:class:`~sbm_pyg.sampling.SampledGraph` (see :mod:`sbm_pyg.sparse`), for all
+heads and sequences of a ragged batch in one kernel call, and keep only
+:math:`O(E + N H D)` for backward: nothing of size :obj:`[E, D]` or
+:obj:`[E, k]`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from sbm_pyg._validation import require_tensor
+from sbm_pyg.sampling import SampledGraph
+from sbm_pyg.sparse import expand_rows, segment_softmax, segment_sum, sddmm, spmm
+
+__all__ = ["sparse_attention", "edge_probability"]
+
+
+def _heads_first(x: Tensor) -> Tensor:
+    # [N, H, D] -> [H * N, D], row h * N + i, matching the CSR rows/columns.
+    N, H, D = x.shape
+    return x.transpose(0, 1).reshape(H * N, D)
+
+
+def _nodes_first(x: Tensor, H: int) -> Tensor:
+    # [H * N, D] -> [N, H, D]
+    return x.view(H, -1, x.size(-1)).transpose(0, 1)
+
+
+def _spmm_t(graph: SampledGraph, values: Tensor, dense: Tensor) -> Tensor:
+    colptr, row_t = graph.csr_t()
+    return spmm(colptr, row_t, values[graph.perm], dense)
+
+
+class _SDDMM(torch.autograd.Function):
+    r""":math:`v_e = \langle a_{r(e)}, b_{c(e)} \rangle` with gradients as
+    sparse-dense products."""
+
+    @staticmethod
+    def forward(ctx, graph: SampledGraph, a: Tensor, b: Tensor) -> Tensor:
+        ctx.graph = graph
+        ctx.save_for_backward(a, b)
+        return sddmm(*graph.csr(), a, b).to(a.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        a, b = ctx.saved_tensors
+        graph = ctx.graph
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[1]:
+            grad_a = spmm(*graph.csr(), grad, b).to(a.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_b = _spmm_t(graph, grad, a).to(b.dtype)
+        return None, grad_a, grad_b
+
+
+def edge_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
+                     graph: SampledGraph) -> Tensor:
+    r"""The SBM probability of each sampled edge, differentiable:
+
+    .. math::
+        p_e = \hat{\mathbf{Q}}_i \hat{\mathbf{S}}_h \hat{\mathbf{K}}_j^{\top}
+        \quad \text{for edge } e = (j \to i) \text{ in head } h.
+
+    Computed as a sampled dense-dense product of :math:`\hat{\mathbf{Q}}
+    \hat{\mathbf{S}}` and :math:`\hat{\mathbf{K}}`; the gradients to them are
+    sparse-dense products, so no :obj:`[E, k]` tensor is kept.
+
+    Args:
+        q_memb (Tensor): :obj:`[N_q, H, k]`.
+        block (Tensor): :obj:`[H, k, k]`.
+        k_memb (Tensor): :obj:`[N_k, H, k]`.
+        graph (SampledGraph): the sampled edges.
+
+    Returns:
+        Tensor :obj:`[E]` in edge order.
+    """
+    for name, t in (("q_memb", q_memb), ("block", block), ("k_memb", k_memb)):
+        require_tensor(name, t, 3, floating=True)
+    _check_graph(graph, q_memb.size(0), k_memb.size(0), q_memb.size(1),
+                 "q_memb", "k_memb")
+    q_block = torch.bmm(q_memb.transpose(0, 1), block)  # [H, N_q, k]
+    return _SDDMM.apply(graph, q_block.reshape(-1, q_block.size(-1)),
+                        _heads_first(k_memb))
+
+
+def _check_graph(graph: SampledGraph, Nq: int, Nk: int, H: int, q_name: str,
+                 k_name: str) -> None:
+    if not isinstance(graph, SampledGraph):
+        raise TypeError(f"graph must be a SampledGraph, got "
+                        f"{type(graph).__name__}")
+    if (graph.num_queries, graph.num_keys, graph.num_heads) != (Nq, Nk, H):
+        raise ValueError(
+            f"graph has N_q={graph.num_queries}, N_k={graph.num_keys}, "
+            f"H={graph.num_heads} but {q_name} and {k_name} give N_q={Nq}, "
+            f"N_k={Nk}, H={H}")
+
+
+class _SparseAttention(torch.autograd.Function):
+    r"""Fused SDDMM → segment softmax → SpMM with a hand-written backward.
+
+    Saved for backward: the flattened :obj:`q, k, v` (:obj:`[H N, D]`), the
+    attention weights and, when needed, the scores and the dropout mask
+    (:obj:`[E]` each).
+    """
+
+    @staticmethod
+    def forward(ctx, graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
+                edge_prob: Optional[Tensor], scale: float, dropout: float,
+                generator: Optional[torch.Generator]) -> Tensor:
+        rowptr, col = graph.csr()
+        score = sddmm(rowptr, col, q, k) * scale  # [E]
+        alpha = segment_softmax(score, rowptr)  # [E]
+        keep = None
+        weight = alpha
+        if dropout > 0:
+            keep = torch.rand(alpha.shape, dtype=alpha.dtype,
+                              device=alpha.device, generator=generator)
+            keep = (keep >= dropout).to(alpha.dtype) / (1.0 - dropout)
+            weight = alpha * keep
+        out = spmm(rowptr, col, weight, v)  # [H * N_q, D]
+        ctx.graph, ctx.scale = graph, scale
+        ctx.prob_dtype = edge_prob.dtype if edge_prob is not None else None
+        ctx.save_for_backward(q, k, v, alpha, keep,
+                              score if edge_prob is not None else None)
+        ctx.mark_non_differentiable(alpha)
+        return out.to(v.dtype), alpha
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor, _grad_alpha: Tensor):
+        q, k, v, alpha, keep, score = ctx.saved_tensors
+        graph, scale = ctx.graph, ctx.scale
+        rowptr, col = graph.csr()
+        weight = alpha if keep is None else alpha * keep
+        grad_v = _spmm_t(graph, weight, grad_out)
+        grad_alpha = sddmm(rowptr, col, grad_out, v)  # [E]
+        if keep is not None:
+            grad_alpha = grad_alpha * keep
+        # Softmax backward: a_e (g_e - sum_{e' in row} a_e' g_e').
+        row_dot = segment_sum(alpha * grad_alpha, rowptr)
+        grad_score = alpha * (grad_alpha - expand_rows(row_dot, rowptr,
+                                                       alpha.numel()))
+        # Straight-through: the score is s_e * m_e with m_e = 1 forward, so
+        # dL/dp_e := dL/da_e * s_e (the paper's STE equation).
+        grad_prob = grad_score * score if score is not None else None
+        grad_score = grad_score * scale
+        grad_q = spmm(rowptr, col, grad_score, k)
+        grad_k = _spmm_t(graph, grad_score, q)
+        return (None, grad_q.to(q.dtype), grad_k.to(k.dtype),
+                grad_v.to(v.dtype),
+                grad_prob.to(ctx.prob_dtype) if grad_prob is not None else None,
+                None, None, None)
+
+
+def sparse_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    graph: SampledGraph,
+    edge_prob: Optional[Tensor] = None,
+    dropout: float = 0.0,
+    training: bool = False,
+    *,
+    generator: Optional[torch.Generator] = None,
+    return_attention_weights: bool = False,
+) -> Tensor | Tuple[Tensor, Tensor]:
+    r"""Masked softmax attention on the sampled edges only.
+
+    For each head :math:`h` and query :math:`i` with sampled keys
+    :math:`\mathcal{N}_h(i)`:
+
+    .. math::
+        a_{hij} &= \frac{\mathbf{q}_{hi}^{\top} \mathbf{k}_{hj}}{\sqrt{D}}
+        \, m_{hij}, \qquad m_{hij} = 1 \\
+        \alpha_{hij} &= \frac{\exp(a_{hij})}
+        {\sum_{j' \in \mathcal{N}_h(i)} \exp(a_{hij'})} \\
+        \mathbf{o}_{hi} &= \sum_{j \in \mathcal{N}_h(i)} \alpha_{hij}
+        \mathbf{v}_{hj}
+
+    A query with no sampled key outputs zeros. With :obj:`edge_prob`
+    (:math:`p_e`, e.g. from :func:`edge_probability`), the mask entry
+    :math:`m_e` passes its gradient straight through to :math:`p_e`:
+    :math:`\partial L / \partial p_e = \partial L / \partial a_e \cdot
+    \mathbf{q}_i^{\top}\mathbf{k}_j / \sqrt{D}`; the forward value does not
+    depend on :math:`p_e`.
+
+    Time :math:`O(E D)`, memory :math:`O(E + N H D)`: no :obj:`[E, D]`
+    tensor is built or kept. Half precision inputs are computed in float32.
+
+    Args:
+        query (Tensor): :obj:`[N_q, H, D]`.
+        key (Tensor): :obj:`[N_k, H, D]`.
+        value (Tensor): :obj:`[N_k, H, D_v]`.
+        graph (SampledGraph): edges sorted by :obj:`(head, query, key)`.
+        edge_prob (Tensor, optional): :obj:`[E]` probabilities of the
+            sampled edges, for the straight-through estimator.
+        dropout (float): dropout on the attention weights (when
+            :obj:`training`).
+        training (bool): whether dropout is applied.
+        generator (torch.Generator, optional): source of the dropout mask.
+        return_attention_weights (bool): also return :math:`\alpha`
+            :obj:`[E]` in edge order (before dropout).
+
+    Returns:
+        Tensor :obj:`[N_q, H, D_v]`, or :obj:`(out, alpha)`.
+    """
+    require_tensor("query", query, 3, floating=True)
+    require_tensor("key", key, 3, floating=True)
+    require_tensor("value", value, 3, floating=True)
+    Nq, H, D = query.shape
+    if key.shape != (key.size(0), H, D):
+        raise ValueError(f"key must have shape [N_k, {H}, {D}] to match query "
+                         f"{tuple(query.shape)}, got {tuple(key.shape)}")
+    if value.shape[:2] != key.shape[:2]:
+        raise ValueError(f"value must have shape [{key.size(0)}, {H}, D_v] to "
+                         f"match key, got {tuple(value.shape)}")
+    _check_graph(graph, Nq, key.size(0), H, "query", "key")
+    if edge_prob is not None:
+        require_tensor("edge_prob", edge_prob, 1, floating=True)
+        if edge_prob.numel() != graph.num_edges:
+            raise ValueError(f"edge_prob must have one entry per edge "
+                             f"({graph.num_edges}), got {edge_prob.numel()}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    out, alpha = _SparseAttention.apply(
+        graph, _heads_first(query), _heads_first(key), _heads_first(value),
+        edge_prob, 1.0 / math.sqrt(D), dropout if training else 0.0,
+        generator)
+    out = _nodes_first(out, H)
+    return (out, alpha) if return_attention_weights else out
