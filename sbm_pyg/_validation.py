@@ -50,8 +50,12 @@ def as_ptr(name: str, ptr: Union[None, Tensor, Sequence[int]], num_rows: int,
         raise ValueError(f"{name} must have at least one entry")
     ptr = ptr.to(device=device, dtype=torch.long)
     bad = (ptr[0] != 0) | (ptr[-1] != num_rows) | (ptr.diff() < 0).any()
-    return ptr, (bad, f"{name} must start at 0, end at the number of rows "
-                      f"({num_rows}) and be non-decreasing")
+    # The check raises only at the next sync; until then the kernels run on a
+    # pointer made valid, so that a bad one cannot index out of bounds.
+    safe = torch.cummax(ptr.clamp(0, num_rows), dim=0).values
+    safe[0], safe[-1] = 0, num_rows
+    return safe, (bad, f"{name} must start at 0, end at the number of rows "
+                       f"({num_rows}) and be non-decreasing")
 
 
 def sync(checks: Sequence[Check], *scalars: Tensor) -> List[float]:

@@ -1,0 +1,26 @@
+"""Statistical helpers: every bound holds with probability >= 1 - ALPHA for
+a correct sampler, and every test runs with a fixed seed."""
+from statistics import NormalDist
+
+import torch
+
+ALPHA = 1e-3
+
+
+def z_bound(num_tests: int, alpha: float = ALPHA) -> float:
+    """Two-sided Bonferroni bound for the max of ``num_tests`` |z| scores."""
+    return NormalDist().inv_cdf(1 - alpha / (2 * num_tests))
+
+
+def max_binomial_z(counts: torch.Tensor, trials: int, prob: torch.Tensor) -> float:
+    """Max |z| of binomial counts against probabilities ``prob``.
+
+    Pairs with probability 0 or 1 must match exactly (else inf).
+    """
+    counts, prob = counts.double().flatten(), prob.double().flatten()
+    degenerate = (prob <= 0) | (prob >= 1)
+    if not torch.equal(counts[degenerate], trials * prob[degenerate].clamp(0, 1)):
+        return float("inf")
+    p = prob[~degenerate]
+    z = (counts[~degenerate] - trials * p) / (trials * p * (1 - p)).sqrt()
+    return float(z.abs().max()) if z.numel() else 0.0

@@ -1,0 +1,306 @@
+import math
+
+import pytest
+import torch
+
+from sbm_pyg.sampling import (
+    SampledGraph,
+    bernoulli,
+    expected_adjacency,
+    fastrg,
+)
+from tests.helpers import max_binomial_z, z_bound
+
+NQ, NK, H, K = 6, 5, 2, 3
+TRIALS = 3000
+
+
+def small_sbm(dtype=torch.float64, scale=1.0, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    q = torch.rand(NQ, H, K, generator=g, dtype=dtype)
+    k = torch.rand(NK, H, K, generator=g, dtype=dtype)
+    b = torch.rand(H, K, K, generator=g, dtype=dtype) * 0.28 * scale
+    return q.to(device), b.to(device), k.to(device)
+
+
+def repeated(q, b, k, trials=TRIALS):
+    """The same sequence ``trials`` times as one ragged batch."""
+    ptr_q = torch.arange(trials + 1, device=q.device) * q.size(0)
+    ptr_k = torch.arange(trials + 1, device=q.device) * k.size(0)
+    return q.repeat(trials, 1, 1), b, k.repeat(trials, 1, 1), ptr_q, ptr_k
+
+
+def pair_counts(graph: SampledGraph, nq: int, nk: int) -> torch.Tensor:
+    """[H, nq, nk] how often each (head, query, key) of the repeated sequence
+    was sampled; also asserts no edge crosses sequences."""
+    j, i = graph.edge_index
+    assert torch.equal(i // nq, j // nk), "edge across sequences"
+    flat = (graph.head * nq + i % nq) * nk + j % nk
+    return torch.bincount(flat, minlength=graph.num_heads * nq * nk).view(-1, nq, nk)
+
+
+def sample_counts(sampler, mode, exploration=0.0, self_loops=False, scale=1.0,
+                  seed=1):
+    """Counts of each (head, query, key) over TRIALS independent samples."""
+    q, b, k = small_sbm(scale=scale)
+    if self_loops:  # queries and keys must be the same sequences
+        k = q
+    kwargs = dict(mode=mode, exploration=exploration, self_loops=self_loops)
+    gen = torch.Generator().manual_seed(seed)
+    if sampler is fastrg:  # one call on TRIALS copies of the sequence
+        qq, b, kk, ptr_q, ptr_k = repeated(q, b, k)
+        graph = fastrg(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, generator=gen,
+                       **kwargs)
+        counts = pair_counts(graph, q.size(0), k.size(0))
+    else:  # the dense reference: TRIALS calls
+        counts = sum(pair_counts(sampler(q, b, k, generator=gen, **kwargs),
+                                 q.size(0), k.size(0)) for _ in range(TRIALS))
+    prob = expected_adjacency(q, b, k, **kwargs)
+    return counts, prob, (q, b, k)
+
+
+@pytest.mark.parametrize("sampler", [fastrg, bernoulli])
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_marginals(sampler, mode):
+    counts, prob, (q, b, k) = sample_counts(sampler, mode)
+    rate = torch.einsum("ihu,huv,jhv->hij", q, b, k)
+    assert 0.05 < float(rate.min()) and float(rate.max()) < 0.95
+    # The closed forms the test checks against.
+    expected = -torch.expm1(-rate) if mode == "poisson" else rate
+    assert torch.allclose(prob, expected)
+    bound = z_bound(prob.numel())
+    assert max_binomial_z(counts, TRIALS, prob) < bound
+    # Power: the other mode's marginals are rejected by the same test.
+    wrong = rate if mode == "poisson" else -torch.expm1(-rate)
+    assert max_binomial_z(counts, TRIALS, wrong) > bound
+
+
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_exploration_marginals(mode):
+    # scale 3 puts some rates p + delta above 1: exact mode caps them at 1.
+    delta = 0.3
+    counts, prob, (q, b, k) = sample_counts(fastrg, mode, exploration=delta,
+                                            scale=3.0)
+    rate = torch.einsum("ihu,huv,jhv->hij", q, b, k) + delta
+    expected = -torch.expm1(-rate) if mode == "poisson" else rate.clamp(max=1)
+    assert torch.allclose(prob, expected)
+    if mode == "exact":
+        assert bool((rate > 1).any())
+    assert max_binomial_z(counts, TRIALS, prob) < z_bound(prob.numel())
+    # Without exploration the marginals would be rejected.
+    plain = expected_adjacency(q, b, k, mode=mode)
+    assert max_binomial_z(counts, TRIALS, plain) > z_bound(prob.numel())
+
+
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_self_loops_marginals(mode):
+    counts, prob, _ = sample_counts(fastrg, mode, self_loops=True)
+    assert torch.all(counts.diagonal(dim1=1, dim2=2) == TRIALS)
+    assert torch.all(prob.diagonal(dim1=1, dim2=2) == 1)
+    off = ~torch.eye(NQ, dtype=torch.bool).expand(H, NQ, NQ)
+    assert max_binomial_z(counts[off], TRIALS, prob[off]) < z_bound(int(off.sum()))
+
+
+def test_self_loops_need_same_sequences():
+    q, b, k = small_sbm()
+    with pytest.raises(ValueError, match="self_loops"):
+        fastrg(q, b, k, self_loops=True)  # N_q != N_k
+    with pytest.raises(ValueError, match="ptr_q must equal ptr_k"):
+        fastrg(q, b, q, ptr_q=[0, 2, 6], ptr_k=[0, 3, 6], self_loops=True)
+
+
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_edge_count_matches_poisson_mean(mode):
+    q, b, k = small_sbm(scale=0.5)
+    gen = torch.Generator().manual_seed(2)
+    runs = 400
+    draws, edges = [], []
+    for _ in range(runs):
+        graph = fastrg(q, b, k, mode=mode, generator=gen)
+        draws.append(graph.num_draws)
+        edges.append(graph.num_edges)
+    lam = graph.expected_draws
+    rate = torch.einsum("ihu,huv,jhv->hij", q, b, k)
+    if mode == "poisson":  # exact mode inflates the rate by c >= 1
+        assert math.isclose(lam, float(rate.sum()), rel_tol=1e-12)
+    else:
+        assert lam > float(rate.sum())
+    draws = torch.tensor(draws, dtype=torch.float64)
+    bound = z_bound(3)
+    # Mean and index of dispersion of a Poisson(lam) sample.
+    assert abs(float(draws.mean()) - lam) / math.sqrt(lam / runs) < bound
+    dispersion = float(((draws - draws.mean()) ** 2).sum()) / lam
+    assert abs(dispersion - (runs - 1)) / math.sqrt(2 * (runs - 1)) < bound
+    # Distinct edges: a sum of independent Bernoullis.
+    prob = expected_adjacency(q, b, k, mode=mode)
+    mean, var = float(prob.sum()), float((prob * (1 - prob)).sum())
+    edges = torch.tensor(edges, dtype=torch.float64)
+    assert abs(float(edges.mean()) - mean) / math.sqrt(var / runs) < bound
+
+
+def test_heads_are_independent():
+    q, b, k = small_sbm()
+    # Both heads get head 0's parameters: same marginals, independent draws.
+    q, b, k = (t.clone() for t in (q, b, k))
+    q[:, 1], b[1], k[:, 1] = q[:, 0], b[0], k[:, 0]
+    qq, b, kk, ptr_q, ptr_k = repeated(q, b, k)
+    graph = fastrg(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k,
+                   generator=torch.Generator().manual_seed(3))
+    j, i = graph.edge_index
+    key = i * kk.size(0) + j  # (sequence, query, key) without the head
+    values, seen = torch.unique(key, return_counts=True)
+    both = values[seen == 2]  # sampled in both heads
+    local = (both // kk.size(0)) % NQ * NK + both % kk.size(0) % NK
+    joint = torch.bincount(local, minlength=NQ * NK).view(NQ, NK)
+    prob = expected_adjacency(q, b, k)[0]
+    assert max_binomial_z(joint, TRIALS, prob ** 2) < z_bound(prob.numel())
+    assert not torch.equal(key[graph.head == 0], key[graph.head == 1])
+
+
+def test_ragged_batch_marginals_and_no_crossing():
+    q, b, k = small_sbm()
+    # Alternating sequences of lengths (6, 5) and (3, 2): each sequence keeps
+    # the marginals of its own rows.
+    reps = 1500
+    rows_q = torch.cat([torch.arange(NQ), torch.arange(3)]).repeat(reps)
+    rows_k = torch.cat([torch.arange(NK), torch.arange(2)]).repeat(reps)
+    lens_q = torch.tensor([NQ, 3]).repeat(reps)
+    lens_k = torch.tensor([NK, 2]).repeat(reps)
+    ptr_q = torch.cat([torch.zeros(1, dtype=torch.long), lens_q.cumsum(0)])
+    ptr_k = torch.cat([torch.zeros(1, dtype=torch.long), lens_k.cumsum(0)])
+    graph = fastrg(q[rows_q], b, k[rows_k], ptr_q=ptr_q, ptr_k=ptr_k,
+                   generator=torch.Generator().manual_seed(4))
+    j, i = graph.edge_index
+    seq_q = torch.searchsorted(ptr_q, i, right=True) - 1
+    seq_k = torch.searchsorted(ptr_k, j, right=True) - 1
+    assert torch.equal(seq_q, seq_k)
+    for parity, (nq, nk) in enumerate([(NQ, NK), (3, 2)]):
+        sel = seq_q % 2 == parity
+        flat = (graph.head[sel] * nq + (i - ptr_q[seq_q])[sel]) * nk + (j - ptr_k[seq_k])[sel]
+        counts = torch.bincount(flat, minlength=H * nq * nk).view(H, nq, nk)
+        prob = expected_adjacency(q[:nq], b, k[:nk])
+        assert max_binomial_z(counts, reps, prob) < z_bound(2 * prob.numel())
+
+
+def test_graph_structure():
+    q, b, k = small_sbm(scale=2.0)
+    qq, b, kk, ptr_q, ptr_k = repeated(q, b, k, trials=20)
+    graph = fastrg(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, exploration=0.1,
+                   generator=torch.Generator().manual_seed(5))
+    Nq, Nk, E = qq.size(0), kk.size(0), graph.num_edges
+    j, i = graph.edge_index
+    key = (graph.head * Nq + i) * Nk + j
+    assert E > 0 and bool((key.diff() > 0).all())  # sorted, no duplicates
+    row = graph.head * Nq + i
+    assert torch.equal(graph.rowptr, torch.searchsorted(row, torch.arange(H * Nq + 1)))
+    t_key = ((graph.head * Nk + j) * Nq + i)[graph.perm]
+    assert bool((t_key.diff() > 0).all())
+    assert torch.equal(torch.sort(graph.perm).values, torch.arange(E))
+    colptr, row_t = graph.csr_t()
+    col_sorted = (graph.head * Nk + j)[graph.perm]
+    assert torch.equal(colptr, torch.searchsorted(col_sorted, torch.arange(H * Nk + 1)))
+    assert torch.equal(row_t, row[graph.perm])
+    # edge_counts / density against a direct count.
+    seq = torch.searchsorted(ptr_q, i, right=True) - 1
+    direct = torch.bincount(seq * H + graph.head, minlength=20 * H).view(20, H)
+    assert torch.equal(graph.edge_counts(), direct)
+    assert torch.allclose(graph.density(), direct.double() / (NQ * NK))
+
+
+def test_generator_determinism():
+    q, b, k = small_sbm()
+    graphs = [fastrg(q, b, k, mode=m, generator=torch.Generator().manual_seed(s))
+              for m, s in [("poisson", 7), ("poisson", 7), ("poisson", 8),
+                           ("exact", 7), ("exact", 7)]]
+    assert torch.equal(graphs[0].edge_index, graphs[1].edge_index)
+    assert torch.equal(graphs[0].head, graphs[1].head)
+    assert not torch.equal(graphs[0].edge_index, graphs[2].edge_index)
+    assert torch.equal(graphs[3].edge_index, graphs[4].edge_index)
+
+
+def test_empty_sequences_and_zero_edges():
+    q, b, k = small_sbm()
+    graph = fastrg(q, b, k, ptr_q=[0, 3, 3, 6], ptr_k=[0, 2, 2, 5],
+                   generator=torch.Generator().manual_seed(0))
+    assert graph.num_graphs == 3
+    assert torch.all(graph.edge_counts()[1] == 0)
+    assert torch.all(graph.density()[1] == 0)
+    empty = fastrg(q, torch.zeros_like(b), k)
+    assert empty.num_edges == 0 and empty.num_draws == 0
+    assert empty.edge_index.shape == (2, 0)
+    assert torch.all(empty.rowptr == 0) and torch.all(empty.colptr == 0)
+    nothing = fastrg(q[:0], b, k[:0])
+    assert nothing.num_edges == 0 and nothing.rowptr.shape == (1,)
+
+
+def test_expected_adjacency_dense_reference():
+    q, b, k = small_sbm()
+    P = expected_adjacency(q, b, k, ptr_q=[0, 2, 6], ptr_k=[0, 4, 5],
+                           mode="exact")
+    p = torch.einsum("ihu,huv,jhv->hij", q, b, k).clamp(max=1)
+    assert torch.allclose(P[:, :2, :4], p[:, :2, :4])
+    assert torch.allclose(P[:, 2:, 4:], p[:, 2:, 4:])
+    assert torch.all(P[:, :2, 4:] == 0) and torch.all(P[:, 2:, :4] == 0)
+
+
+BAD_INPUTS = [
+    (dict(q=lambda q: -q), ValueError, "q_memb"),
+    (dict(b=lambda b: b.index_fill(1, torch.tensor([0]), float("nan"))), ValueError, "block"),
+    (dict(k=lambda k: k.index_fill(0, torch.tensor([1]), float("inf"))), ValueError, "k_memb"),
+    (dict(q=lambda q: q[:, 0]), ValueError, "q_memb"),
+    (dict(q=lambda q: q.long()), TypeError, "q_memb"),
+    (dict(b=lambda b: b[:, :2]), ValueError, "block"),
+    (dict(k=lambda k: k[:, :1]), ValueError, "k_memb"),
+    (dict(q="not a tensor"), TypeError, "q_memb"),
+    (dict(ptr_q=[0, 3, 5]), ValueError, "ptr_q"),
+    (dict(ptr_q=[0, 4, 2, 6], ptr_k=[0, 1, 2, 5]), ValueError, "ptr_q"),
+    (dict(ptr_k=[0, 2, 5]), ValueError, "ptr_q and ptr_k"),
+    (dict(ptr_q=torch.tensor([0.0, 6.0])), TypeError, "ptr_q"),
+    (dict(mode="dense"), ValueError, "mode"),
+    (dict(exploration=-0.1), ValueError, "exploration"),
+    (dict(exploration=float("nan")), ValueError, "exploration"),
+    (dict(max_edges=-1), ValueError, "max_edges"),
+    (dict(b=lambda b: b * 1e308), ValueError, "overflow"),
+]
+
+
+@pytest.mark.parametrize("change,error,match", BAD_INPUTS)
+def test_bad_input(change, error, match):
+    q, b, k = small_sbm()
+    args = dict(q=q, b=b, k=k)
+    kwargs = {}
+    for name, value in change.items():
+        if name in args:
+            args[name] = value(args[name]) if callable(value) else value
+        else:
+            kwargs[name] = value
+    with pytest.raises(error, match=match):
+        fastrg(args["q"], args["b"], args["k"], **kwargs)
+
+
+def test_max_edges_error_names_counts():
+    q, b, k = small_sbm()
+    with pytest.raises(ValueError, match=r"N_q=6, N_k=5 drew \d+ edges "
+                                         r"\(expected [\d.]+\), more than "
+                                         r"max_edges=3"):
+        fastrg(q, b, k, max_edges=3, generator=torch.Generator().manual_seed(0))
+
+
+def test_dense_head_at_64k_raises_instead_of_allocating():
+    n = 65536
+    ones = torch.ones(n, 1, 1)
+    block = torch.ones(1, 1, 1)  # p = 1 everywhere: 4.3e9 expected edges
+    with pytest.raises(ValueError, match="max_edges=10000000"):
+        fastrg(ones, block, ones, max_edges=10_000_000)
+    # Without max_edges, the memory guard refuses the allocation.
+    with pytest.raises(ValueError, match="GiB"):
+        fastrg(ones, block, ones)
+
+
+def test_to_device_roundtrip(device):
+    q, b, k = small_sbm(device=device)
+    graph = fastrg(q, b, k, generator=torch.Generator(device).manual_seed(0))
+    assert graph.device.type == device.type
+    moved = graph.to("cpu")
+    assert torch.equal(moved.edge_index, graph.edge_index.cpu())
+    assert moved.num_draws == graph.num_draws
