@@ -307,6 +307,7 @@ def _self_loop_keys(H: int, N: int, device: torch.device) -> Tensor:
     return ((h * N + i) * N + i).reshape(-1)
 
 
+@torch.compiler.disable  # data-dependent edge count: runs eagerly
 def fastrg(
     q_memb: Tensor,
     block: Tensor,

@@ -81,7 +81,9 @@ class StochasticBlockModel(Module):
         x = x.transpose(0, 1)  # [H, N, d]
         x = torch.baddbmm(self.bias1, x, self.weight1).relu()
         x = torch.baddbmm(self.bias2, x, self.weight2)
-        return torch.bmm(x, self.clusters.transpose(1, 2)).sigmoid().transpose(0, 1)
+        # Contiguous: torch.compile (2.13) fails to replay a transposed view
+        # returned across the graph break at the sampler.
+        return torch.bmm(x, self.clusters.transpose(1, 2)).sigmoid().transpose(0, 1).contiguous()
 
     def forward(self, query: Tensor, key: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         for name, x in (("query", query), ("key", key)):

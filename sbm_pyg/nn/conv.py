@@ -22,9 +22,17 @@ __all__ = ["SBMConv"]
 Pair = Tuple[Optional[Tensor], Optional[Tensor]]
 
 
-def _project(lin: Linear, x) -> Tensor:
+def _project(lin: Linear, x, name: str) -> Tensor:
     # Sparse node features (torch.sparse or torch_sparse.SparseTensor) are
     # projected with a sparse-dense product.
+    if not (isinstance(x, Tensor) or is_sparse(x)):
+        raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be a [num_nodes, channels] matrix, got "
+                         f"shape {tuple(x.size())}")
+    if lin.in_channels > 0 and x.size(-1) != lin.in_channels:
+        raise ValueError(f"{name} must have {lin.in_channels} channels, got "
+                         f"{x.size(-1)}")
     if not is_sparse(x):
         return lin(x)
     weight_t = lin.weight.t()
@@ -236,13 +244,30 @@ class SBMConv(MessagePassing):
         """
         H, C = self.heads, self.out_channels
         x_src, x_dst = x if isinstance(x, tuple) else (x, x)
-        query = _project(self.lin_query, x_dst).view(-1, H, C)
-        key = _project(self.lin_key, x_src).view(-1, H, C)
-        value = _project(self.lin_value, x_src).view(-1, H, C)
+        query = _project(self.lin_query, x_dst, "x_dst").view(-1, H, C)
+        key = _project(self.lin_key, x_src, "x_src").view(-1, H, C)
+        value = _project(self.lin_value, x_src, "x_src").view(-1, H, C)
+        q_memb, block, k_memb = self.sbm(query, key)
+        out, graph, alpha = self._sample_and_attend(
+            query, key, value, q_memb, block, k_memb, batch, ptr, generator)
+        Nq = query.size(0)
+        out = out.reshape(Nq, H * C) if self.concat else out.mean(dim=1)
+        if self.lin_skip is not None:
+            out = out + _project(self.lin_skip, x_dst, "x_dst")
+        if return_attention_weights:
+            return out, (graph, alpha)
+        return out
+
+    # Data-dependent sizes (the sampled edge count, batch pointers): runs
+    # eagerly under torch.compile, which compiles the dense code around it.
+    @torch.compiler.disable
+    def _sample_and_attend(self, query: Tensor, key: Tensor, value: Tensor,
+                           q_memb: Tensor, block: Tensor, k_memb: Tensor,
+                           batch, ptr, generator: Optional[torch.Generator]
+                           ) -> Tuple[Tensor, SampledGraph, Tensor]:
+        H, C = self.heads, self.out_channels
         Nq, Nk = query.size(0), key.size(0)
         ptr_k, ptr_q = self._pointers(batch, ptr, Nk, Nq)
-
-        q_memb, block, k_memb = self.sbm(query, key)
         graph = fastrg(q_memb.detach(), block.detach(), k_memb.detach(),
                        ptr_q=ptr_q, ptr_k=ptr_k, mode=self.mode,
                        exploration=self.exploration if self.training else 0.0,
@@ -258,23 +283,17 @@ class SBMConv(MessagePassing):
                 query, key, value, graph, edge_prob, self.dropout,
                 self.training, generator=generator,
                 return_attention_weights=True)
-        else:
-            _, col = graph.csr()
-            row = graph.head * Nq + graph.edge_index[1]
-            out = self.propagate(
-                torch.stack([col, row]), query=query.transpose(0, 1).reshape(H * Nq, C),
-                key=key.transpose(0, 1).reshape(H * Nk, C),
-                value=value.transpose(0, 1).reshape(H * Nk, C),
-                edge_prob=edge_prob, size=(H * Nk, H * Nq))
-            out = out.view(H, Nq, C).transpose(0, 1)
-            alpha, self._alpha = self._alpha, None
-
-        out = out.reshape(Nq, H * C) if self.concat else out.mean(dim=1)
-        if self.lin_skip is not None:
-            out = out + _project(self.lin_skip, x_dst)
-        if return_attention_weights:
-            return out, (graph, alpha)
-        return out
+            return out, graph, alpha
+        _, col = graph.csr()
+        row = graph.head * Nq + graph.edge_index[1]
+        out = self.propagate(
+            torch.stack([col, row]),
+            query=query.transpose(0, 1).reshape(H * Nq, C),
+            key=key.transpose(0, 1).reshape(H * Nk, C),
+            value=value.transpose(0, 1).reshape(H * Nk, C),
+            edge_prob=edge_prob, size=(H * Nk, H * Nq))
+        alpha, self._alpha = self._alpha, None
+        return out.view(H, Nq, C).transpose(0, 1), graph, alpha
 
     def message(self, query_i: Tensor, key_j: Tensor, value_j: Tensor,
                 edge_prob: Optional[Tensor], index: Tensor,

@@ -61,6 +61,10 @@ class _SDDMM(torch.autograd.Function):
         return None, grad_a, grad_b
 
 
+# Sampled graphs have data-dependent sizes and the CSR kernels are opaque to
+# the compiler: torch.compile runs these functions eagerly (a graph break)
+# and compiles the dense code around them.
+@torch.compiler.disable
 def edge_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
                      graph: SampledGraph) -> Tensor:
     r"""The SBM probability of each sampled edge, differentiable:
@@ -160,6 +164,7 @@ class _SparseAttention(torch.autograd.Function):
                 None, None, None)
 
 
+@torch.compiler.disable
 def sparse_attention(
     query: Tensor,
     key: Tensor,

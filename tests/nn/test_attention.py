@@ -1,0 +1,78 @@
+import pytest
+import torch
+
+from sbm_pyg.nn import SBMMultiheadAttention
+
+MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]).bool()
+
+
+def make_attn():
+    torch.manual_seed(0)
+    return SBMMultiheadAttention(16, heads=2, head_channels=8, num_clusters=4)
+
+
+def run(attn, x, mask=None, seed=0):
+    return attn(x, mask, generator=torch.Generator().manual_seed(seed))
+
+
+def x_input(seed=1):
+    return torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def test_shape_and_repr():
+    attn = make_attn()
+    assert run(attn, x_input(), MASK).shape == (3, 5, 16)
+    assert repr(attn) == ("SBMMultiheadAttention(16, heads=2, head_channels=8, "
+                          "num_clusters=4)")
+
+
+def test_padding_neither_sends_nor_receives():
+    attn = make_attn()
+    x = x_input()
+    out = run(attn, x, MASK)
+    assert torch.all(out[~MASK] == 0)
+    noisy = x.clone()
+    noisy[~MASK] = 1e3 * torch.randn(int((~MASK).sum()), 16)
+    assert torch.equal(run(attn, noisy, MASK), out)
+
+
+def test_equals_sbmconv_on_the_ragged_batch():
+    attn = make_attn()
+    x = x_input()
+    ptr = torch.tensor([0, 3, 8, 9])
+    ragged = attn.conv(x[MASK], ptr=ptr, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(run(attn, x, MASK)[MASK], attn.out(ragged))
+    assert attn.sampled_density.shape == (2,)
+    assert attn.expected_density.requires_grad
+
+
+def test_no_mask_equals_all_true_mask():
+    attn = make_attn()
+    x = x_input()
+    full = torch.ones(3, 5, dtype=torch.bool)
+    assert torch.allclose(run(attn, x), run(attn, x, full))
+
+
+def test_training_step_changes_parameters():
+    attn = make_attn()
+    attn.train()
+    opt = torch.optim.SGD(attn.parameters(), lr=0.1)
+    before = attn.conv.sbm.clusters.clone()
+    out = run(attn, x_input(), MASK)
+    (out.pow(2).mean() + 0.1 * attn.expected_density.mean()).backward()
+    assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
+    opt.step()
+    assert not torch.equal(before, attn.conv.sbm.clusters)
+
+
+@pytest.mark.parametrize("mask,match", [
+    (MASK.long(), "mask"), (MASK[:, :4], "mask"),
+])
+def test_bad_mask(mask, match):
+    with pytest.raises(ValueError, match=match):
+        run(make_attn(), x_input(), mask)
+
+
+def test_bad_x():
+    with pytest.raises(ValueError, match="channels"):
+        run(make_attn(), torch.randn(3, 5, 8))

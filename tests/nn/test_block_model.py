@@ -1,0 +1,82 @@
+import math
+
+import pytest
+import torch
+
+from sbm_pyg.nn import StochasticBlockModel
+from tests.helpers import z_bound
+
+
+def test_shapes_and_ranges():
+    torch.manual_seed(0)
+    sbm = StochasticBlockModel(heads=3, channels=8, num_clusters=5)
+    q, k = torch.randn(7, 3, 8), torch.randn(4, 3, 8)
+    q_memb, block, k_memb = sbm(q, k)
+    assert q_memb.shape == (7, 3, 5) and k_memb.shape == (4, 3, 5)
+    assert block.shape == (3, 5, 5)
+    assert torch.allclose(block.sum((1, 2)), torch.ones(3))  # softmax over k^2
+    assert bool(((q_memb > 0) & (q_memb < 1)).all())
+    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb)
+    assert bool((p < 1).all())  # so mode="exact" needs no capping
+
+
+def test_matches_the_paper_equations_per_head():
+    torch.manual_seed(1)
+    sbm = StochasticBlockModel(heads=2, channels=4, num_clusters=3)
+    q, k = torch.randn(5, 2, 4), torch.randn(6, 2, 4)
+    q_memb, block, k_memb = sbm(q, k)
+    for h in range(2):  # per-head reference, written out
+        C = sbm.clusters[h]
+        mlp = lambda x: torch.relu(x @ sbm.weight1[h] + sbm.bias1[h]) @ sbm.weight2[h] + sbm.bias2[h]
+        assert torch.allclose(block[h], torch.softmax((C @ C.T).flatten(), 0).view(3, 3))
+        assert torch.allclose(q_memb[:, h], torch.sigmoid(mlp(q[:, h]) @ C.T))
+        assert torch.allclose(k_memb[:, h], torch.sigmoid(mlp(k[:, h]) @ C.T))
+
+
+def test_heads_have_their_own_parameters():
+    torch.manual_seed(2)
+    sbm = StochasticBlockModel(heads=2, channels=4, num_clusters=3)
+    q = torch.randn(5, 2, 4)
+    before = sbm(q, q)
+    with torch.no_grad():
+        sbm.clusters[0].add_(1.0)
+        sbm.weight1[0].mul_(2.0)
+    after = sbm(q, q)
+    assert torch.equal(before[0][:, 1], after[0][:, 1])
+    assert not torch.allclose(before[0][:, 0], after[0][:, 0])
+
+
+def test_kaiming_normal_cluster_init():
+    torch.manual_seed(3)
+    heads, k, d = 4, 128, 32
+    sbm = StochasticBlockModel(heads, d, k)
+    # kaiming_normal_ on one head's [k, d] weight: fan_in = d, gain sqrt(2).
+    w = torch.empty(k, d)
+    fan_in = torch.nn.init._calculate_correct_fan(w, "fan_in")
+    sigma2 = torch.nn.init.calculate_gain("relu") ** 2 / fan_in
+    n = sbm.clusters.numel()
+    c = sbm.clusters.detach()
+    s2 = float(c.pow(2).mean())  # known mean 0
+    assert abs(s2 / sigma2 - 1) < z_bound(1) * math.sqrt(2 / n)
+    assert abs(float(c.mean())) < z_bound(1) * math.sqrt(sigma2 / n)
+
+
+def test_reset_parameters():
+    sbm = StochasticBlockModel(2, 4, 3)
+    torch.manual_seed(4)
+    sbm.reset_parameters()
+    first = [p.clone() for p in sbm.parameters()]
+    torch.manual_seed(4)
+    sbm.reset_parameters()
+    assert all(torch.equal(a, b) for a, b in zip(first, sbm.parameters()))
+    sbm.reset_parameters()
+    assert not torch.equal(first[-1], sbm.clusters)
+
+
+def test_repr_and_bad_input():
+    sbm = StochasticBlockModel(2, 4, 3)
+    assert repr(sbm) == "StochasticBlockModel(heads=2, channels=4, num_clusters=3)"
+    with pytest.raises(ValueError, match="query"):
+        sbm(torch.randn(5, 3, 4), torch.randn(5, 2, 4))
+    with pytest.raises(ValueError, match="num_clusters"):
+        StochasticBlockModel(2, 4, 0)

@@ -1,0 +1,211 @@
+import pytest
+import torch
+from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
+
+from sbm_pyg.nn import SBMConv
+from sbm_pyg.sampling import expected_adjacency
+
+BATCH = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])
+PTR = torch.tensor([0, 3, 7, 9])
+
+
+def make_conv(**kwargs):
+    torch.manual_seed(0)
+    kwargs.setdefault("num_clusters", 4)
+    return SBMConv(8, 4, heads=2, **kwargs)
+
+
+def run(conv, x, seed=0, **kwargs):
+    return conv(x, generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
+def x_input(n=9, channels=8, seed=1):
+    return torch.randn(n, channels, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("concat,root_weight,shape", [
+    (True, True, (9, 8)), (False, True, (9, 4)), (True, False, (9, 8)),
+])
+def test_shapes(concat, root_weight, shape):
+    conv = make_conv(concat=concat, root_weight=root_weight)
+    assert run(conv, x_input(), batch=BATCH).shape == shape
+
+
+def test_repr():
+    assert repr(make_conv()) == "SBMConv(8, 4, heads=2, num_clusters=4, mode='poisson')"
+    assert repr(SBMConv((8, 6), 4, num_clusters=2, mode="exact")) == \
+        "SBMConv((8, 6), 4, heads=1, num_clusters=2, mode='exact')"
+
+
+def test_reset_parameters():
+    conv = make_conv()
+    torch.manual_seed(5)
+    conv.reset_parameters()
+    first = {n: p.clone() for n, p in conv.named_parameters()}
+    torch.manual_seed(5)
+    conv.reset_parameters()
+    assert all(torch.equal(first[n], p) for n, p in conv.named_parameters())
+    conv.reset_parameters()
+    assert not torch.equal(first["sbm.clusters"], conv.sbm.clusters)
+
+
+def test_determinism_under_generator():
+    conv = make_conv()
+    x = x_input()
+    a, (ga, _) = run(conv, x, seed=3, batch=BATCH, return_attention_weights=True)
+    b, (gb, _) = run(conv, x, seed=3, batch=BATCH, return_attention_weights=True)
+    c, (gc, _) = run(conv, x, seed=4, batch=BATCH, return_attention_weights=True)
+    assert torch.equal(a, b) and torch.equal(ga.edge_index, gb.edge_index)
+    assert not torch.equal(ga.edge_index, gc.edge_index)
+
+
+def test_batch_and_ptr_agree_and_no_edge_crosses_sequences():
+    conv = make_conv()
+    x = x_input()
+    out_b, (graph, alpha) = run(conv, x, batch=BATCH, return_attention_weights=True)
+    out_p = run(conv, x, ptr=PTR)
+    assert torch.equal(out_b, out_p)
+    j, i = graph.edge_index
+    assert graph.num_edges > 0 and torch.equal(BATCH[i], BATCH[j])
+    # alpha sums to 1 over each (head, query) that has edges.
+    sums = torch.zeros(2 * 9).index_add_(0, graph.head * 9 + i, alpha)
+    has = graph.rowptr.diff() > 0
+    assert torch.allclose(sums[has], torch.ones(int(has.sum())))
+
+
+def test_bipartite_input():
+    torch.manual_seed(0)
+    conv = SBMConv((8, 6), 4, heads=2, num_clusters=3)
+    x_src, x_dst = x_input(5, 8), x_input(7, 6)
+    batch = (torch.tensor([0, 0, 1, 1, 1]), torch.tensor([0, 0, 0, 1, 1, 1, 1]))
+    out, (graph, _) = run(conv, (x_src, x_dst), batch=batch,
+                          return_attention_weights=True)
+    assert out.shape == (7, 8)
+    assert (graph.num_queries, graph.num_keys) == (7, 5)
+    j, i = graph.edge_index
+    assert torch.equal(batch[1][i], batch[0][j])
+
+
+def test_fused_path_equals_pyg_message_passing():
+    conv = make_conv(dropout=0.0)
+    x = x_input().requires_grad_()
+    out_fused, (g1, a1) = run(conv, x, batch=BATCH, return_attention_weights=True)
+    grads_fused = torch.autograd.grad(out_fused.pow(2).sum(), [x] + list(conv.parameters()))
+    conv.fuse = False
+    out_ref, (g2, a2) = run(conv, x, batch=BATCH, return_attention_weights=True)
+    grads_ref = torch.autograd.grad(out_ref.pow(2).sum(), [x] + list(conv.parameters()))
+    assert torch.equal(g1.edge_index, g2.edge_index)
+    assert torch.allclose(out_fused, out_ref, atol=1e-6)
+    assert torch.allclose(a1, a2, atol=1e-6)
+    for a, b in zip(grads_fused, grads_ref):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_gradients_reach_the_sbm_through_ste_and_regularizer():
+    conv = make_conv()
+    out = run(conv, x_input(), batch=BATCH)
+    grads = torch.autograd.grad(out.pow(2).sum(), [conv.sbm.clusters, conv.sbm.weight1],
+                                retain_graph=True)
+    assert all(float(g.abs().sum()) > 0 for g in grads)
+    reg = torch.autograd.grad(conv.expected_density.sum(), conv.sbm.clusters)[0]
+    assert float(reg.abs().sum()) > 0
+    with torch.no_grad():  # no STE work without grad
+        run(conv, x_input(), batch=BATCH)
+
+
+def test_density_statistics():
+    conv = make_conv()
+    conv.eval()
+    x = x_input()
+    _, (graph, _) = run(conv, x, batch=BATCH, return_attention_weights=True)
+    assert torch.allclose(conv.sampled_density, graph.density().mean(0).float())
+    with torch.no_grad():
+        query = conv.lin_query(x).view(-1, 2, 4)
+        key = conv.lin_key(x).view(-1, 2, 4)
+        q_memb, block, k_memb = conv.sbm(query, key)
+        p = expected_adjacency(q_memb, block, k_memb, ptr_q=PTR, ptr_k=PTR, mode="exact")
+    sizes = PTR.diff()
+    per_seq = torch.stack([p[:, a:b, a:b].sum((1, 2)) / (n * n)
+                           for a, b, n in zip(PTR[:-1], PTR[1:], sizes)])
+    assert torch.allclose(conv.expected_density, per_seq.mean(0), atol=1e-6)
+    assert conv.expected_density.requires_grad
+
+
+def test_exploration_only_while_training():
+    conv = make_conv(exploration=0.5)
+    with torch.no_grad():  # memberships ~ 0: the SBM itself samples nothing
+        conv.sbm.weight2.zero_()
+        conv.sbm.bias2.fill_(1.0)
+        conv.sbm.clusters.fill_(-10.0)
+    conv.train()
+    _, (g_train, _) = run(conv, x_input(), batch=BATCH, return_attention_weights=True)
+    conv.eval()
+    _, (g_eval, _) = run(conv, x_input(), batch=BATCH, return_attention_weights=True)
+    assert g_eval.num_edges == 0
+    # Expected: 2 heads * sum_g n_g^2 pairs * (1 - exp(-0.5)) = 22.8 edges.
+    assert 8 < g_train.num_edges < 40
+
+
+def test_self_loops():
+    conv = make_conv(self_loops=True)
+    _, (graph, _) = run(conv, x_input(), batch=BATCH, return_attention_weights=True)
+    loops = graph.edge_index[0] == graph.edge_index[1]
+    assert int(loops.sum()) == 2 * 9
+
+
+def test_max_edges_exceeded():
+    conv = make_conv(max_edges=0, exploration=1.0)
+    with pytest.raises(ValueError, match="max_edges=0"):
+        run(conv, x_input(), batch=BATCH)
+
+
+def test_torch_compile_matches_eager():
+    conv = make_conv()
+    x = x_input()
+    compiled = torch.compile(conv)
+    out = run(compiled, x, batch=BATCH)
+    assert torch.allclose(out, run(conv, x, batch=BATCH), atol=1e-6)
+    out.sum().backward()
+    assert conv.sbm.clusters.grad is not None
+
+
+def test_torch_sparse_features():
+    conv = make_conv()
+    x = x_input() * (torch.rand(9, 8, generator=torch.Generator().manual_seed(2)) < 0.3)
+    dense = run(conv, x, batch=BATCH)
+    for sparse in (x.to_sparse(), x.to_sparse_csr()):
+        assert torch.allclose(run(conv, sparse, batch=BATCH), dense, atol=1e-6)
+
+
+@pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="torch_sparse not installed")
+def test_sparse_tensor_features():
+    conv = make_conv()
+    x = x_input() * (torch.rand(9, 8) < 0.3)
+    dense = run(conv, x, batch=BATCH)
+    assert torch.allclose(run(conv, SparseTensor.from_dense(x), batch=BATCH), dense, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(batch=torch.tensor([0, 0, 1, 1, 0, 1, 1, 2, 2])), ValueError, "sorted"),
+    (dict(batch=torch.tensor([0, 0, 1])), ValueError, "batch"),
+    (dict(batch=BATCH.float()), TypeError, "batch"),
+    (dict(batch=BATCH, ptr=PTR), ValueError, "either batch or ptr"),
+    (dict(ptr=torch.tensor([0, 3, 8])), ValueError, "ptr_q"),
+    (dict(x=torch.randn(9, 5)), ValueError, "x_dst must have 8 channels"),
+    (dict(x=torch.randn(9)), ValueError, "x_dst"),
+    (dict(x=[1, 2]), TypeError, "x_dst"),
+])
+def test_bad_input(kwargs, error, match):
+    conv = make_conv()
+    x = kwargs.pop("x", x_input())
+    with pytest.raises(error, match=match):
+        run(conv, x, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dropout=1.0), "dropout"), (dict(mode="dense"), "mode"),
+    (dict(exploration=-1.0), "exploration"),
+])
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SBMConv(8, 4, **kwargs)

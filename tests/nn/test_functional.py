@@ -1,0 +1,152 @@
+import math
+
+import pytest
+import torch
+
+from sbm_pyg.nn.functional import edge_probability, sparse_attention
+from sbm_pyg.sampling import SampledGraph, fastrg
+
+NQ, NK, H, K, D = 7, 6, 2, 3, 4
+PTR_Q, PTR_K = [0, 3, 7], [0, 2, 6]
+
+
+def sbm(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(NQ, H, K, generator=g, dtype=torch.float64)
+    k = torch.rand(NK, H, K, generator=g, dtype=torch.float64)
+    b = torch.rand(H, K, K, generator=g, dtype=torch.float64) * 0.15
+    return q, b, k
+
+
+@pytest.fixture
+def graph() -> SampledGraph:
+    q, b, k = sbm()
+    graph = fastrg(q, b, k, ptr_q=PTR_Q, ptr_k=PTR_K,
+                   generator=torch.Generator().manual_seed(1))
+    degree = graph.rowptr.diff()
+    # The fixture must exercise queries without edges and with several.
+    assert bool((degree == 0).any()) and bool((degree > 1).any())
+    return graph
+
+
+def qkv(seed=2, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, H, D, generator=g, dtype=dtype).requires_grad_()
+            for n in (NQ, NK, NK)]
+
+
+def dense_mask(graph):
+    mask = torch.zeros(H, NQ, NK, dtype=torch.bool)
+    mask[graph.head, graph.edge_index[1], graph.edge_index[0]] = True
+    return mask
+
+
+def dense_attention(q, k, v, mask, mask_values=None):
+    """Masked softmax attention with n x n scores (reference)."""
+    scores = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(D)
+    if mask_values is not None:  # a = s * m, the STE's continuous mask
+        scores = scores * mask_values
+    scores = scores.masked_fill(~mask, float("-inf"))
+    alpha = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # empty rows -> 0
+    return torch.einsum("hij,jhd->ihd", alpha, v)
+
+
+def test_matches_dense_masked_attention(graph):
+    q, k, v = qkv()
+    out = sparse_attention(q, k, v, graph)
+    ref = dense_attention(q, k, v, dense_mask(graph))
+    assert torch.allclose(out, ref, atol=1e-10)
+    empty = graph.rowptr.diff().view(H, NQ).t() == 0  # [NQ, H]
+    assert torch.all(out[empty] == 0)
+    grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.pow(2).sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
+def test_gradcheck(graph):
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: sparse_attention(q, k, v, graph), qkv())
+
+
+def test_gradcheck_with_dropout(graph):
+    # A re-seeded generator makes the dropout mask a fixed function.
+    def fn(q, k, v):
+        return sparse_attention(q, k, v, graph, dropout=0.4, training=True,
+                                generator=torch.Generator().manual_seed(3))
+    assert torch.autograd.gradcheck(fn, qkv())
+    q, k, v = qkv()
+    plain = sparse_attention(q, k, v, graph)
+    assert not torch.allclose(fn(q, k, v), plain)
+    assert torch.equal(sparse_attention(q, k, v, graph, dropout=0.4), plain)
+
+
+def test_straight_through_estimator(graph):
+    q, k, v = qkv()
+    weight = torch.randn(NQ, H, D, dtype=torch.float64)
+    prob = torch.rand(graph.num_edges, dtype=torch.float64, requires_grad=True)
+    out = sparse_attention(q, k, v, graph, edge_prob=prob)
+    (out * weight).sum().backward()
+    # Reference: dL/da_e by autograd through dense scores a = s * m at m = 1,
+    # and the STE's dL/dp_e = dL/da_e * s_e.
+    mask = dense_mask(graph)
+    m = torch.ones(H, NQ, NK, dtype=torch.float64, requires_grad=True)
+    ref = dense_attention(q, k, v, mask, mask_values=m)
+    (ref * weight).sum().backward()
+    h, i, j = graph.head, graph.edge_index[1], graph.edge_index[0]
+    assert torch.allclose(prob.grad, m.grad[h, i, j], atol=1e-10)
+    scores = (q[i, h] * k[j, h]).sum(-1) / math.sqrt(D)
+    a = (torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(D)).detach().requires_grad_()
+    alpha = torch.softmax(a.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
+    (torch.einsum("hij,jhd->ihd", alpha, v) * weight).sum().backward()
+    assert torch.allclose(prob.grad, a.grad[h, i, j] * scores.detach(), atol=1e-10)
+    # The forward value does not depend on the probabilities.
+    assert torch.equal(out, sparse_attention(q, k, v, graph))
+
+
+def test_edge_probability(graph):
+    q, b, k = sbm()
+    p = edge_probability(q, b, k, graph)
+    dense = torch.einsum("ihu,huv,jhv->hij", q, b, k)
+    assert torch.allclose(p, dense[graph.head, graph.edge_index[1], graph.edge_index[0]])
+    assert torch.autograd.gradcheck(
+        lambda a, c, e: edge_probability(a, c, e, graph),
+        (q.requires_grad_(), b.requires_grad_(), k.requires_grad_()))
+
+
+def test_zero_edges_give_zeros_not_nan():
+    q, b, k = sbm()
+    graph = fastrg(q, torch.zeros_like(b), k, ptr_q=PTR_Q, ptr_k=PTR_K)
+    assert graph.num_edges == 0
+    qq, kk, vv = qkv()
+    out = sparse_attention(qq, kk, vv, graph, edge_prob=torch.zeros(0, dtype=torch.float64))
+    assert torch.equal(out, torch.zeros(NQ, H, D, dtype=torch.float64))
+    out.sum().backward()
+    assert torch.equal(qq.grad, torch.zeros_like(qq))
+
+
+def test_reduced_precision_inputs(graph):
+    q, k, v = (t.detach() for t in qkv())
+    ref = sparse_attention(q.float(), k.float(), v.float(), graph)
+    for dtype in (torch.bfloat16, torch.float16):
+        out = sparse_attention(q.to(dtype), k.to(dtype), v.to(dtype), graph)
+        assert out.dtype == dtype
+        assert torch.allclose(out.float(), ref, atol=3e-2)
+
+
+def test_bad_input(graph):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="key"):
+        sparse_attention(q, k[:, :1], v, graph)
+    with pytest.raises(ValueError, match="value"):
+        sparse_attention(q, k, v[:3], graph)
+    with pytest.raises(ValueError, match="graph has N_q=7"):
+        sparse_attention(q[:5], k, v, graph)
+    with pytest.raises(TypeError, match="graph"):
+        sparse_attention(q, k, v, graph.edge_index)
+    with pytest.raises(ValueError, match="edge_prob"):
+        sparse_attention(q, k, v, graph, edge_prob=torch.ones(graph.num_edges + 1))
+    with pytest.raises(ValueError, match="dropout"):
+        sparse_attention(q, k, v, graph, dropout=1.0)
+    with pytest.raises(TypeError, match="query"):
+        sparse_attention(q.long(), k, v, graph)
