@@ -151,6 +151,9 @@ class SBMConv(MessagePassing):
     ):
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
+        # PyG sets fuse only when message_and_aggregate is implemented; here
+        # it selects the fused sparse kernels over the message() path.
+        self.fuse = True
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if mode not in MODES:

@@ -86,13 +86,20 @@ def test_bipartite_input():
     assert torch.equal(batch[1][i], batch[0][j])
 
 
-def test_fused_path_equals_pyg_message_passing():
+def test_fused_path_equals_pyg_message_passing(monkeypatch):
     conv = make_conv(dropout=0.0)
+    assert conv.fuse
     x = x_input().requires_grad_()
-    out_fused, (g1, a1) = run(conv, x, batch=BATCH, return_attention_weights=True)
+    with monkeypatch.context() as m:  # the fused path must not call message()
+        m.setattr(conv, "message", None)
+        out_fused, (g1, a1) = run(conv, x, batch=BATCH, return_attention_weights=True)
     grads_fused = torch.autograd.grad(out_fused.pow(2).sum(), [x] + list(conv.parameters()))
     conv.fuse = False
+    calls = []
+    message = conv.message
+    monkeypatch.setattr(conv, "message", lambda *a, **k: calls.append(1) or message(*a, **k))
     out_ref, (g2, a2) = run(conv, x, batch=BATCH, return_attention_weights=True)
+    assert calls
     grads_ref = torch.autograd.grad(out_ref.pow(2).sum(), [x] + list(conv.parameters()))
     assert torch.equal(g1.edge_index, g2.edge_index)
     assert torch.allclose(out_fused, out_ref, atol=1e-6)
