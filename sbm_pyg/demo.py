@@ -96,7 +96,9 @@ def train(model: _RepeatModel, length: int, seconds: float, lam: float,
     with torch.no_grad():
         tokens, labels = repeat_batch(256, length, generator)
         acc = ((model(tokens, generator) > 0).float() == labels).float().mean()
+        majority = torch.maximum(labels.mean(), 1 - labels.mean())
     return dict(steps=step, loss=float(task.detach()), accuracy=float(acc),
+                majority=float(majority),
                 density=float(model.attn.sampled_density.mean()))
 
 
@@ -123,8 +125,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     stats = train(model, args.train_length, args.seconds, args.lam, generator)
     print(f"\ntrained {stats['steps']} steps ({args.seconds:.0f} s) on repeated "
           f"tokens, N={args.train_length}: loss {stats['loss']:.3f}, token "
-          f"accuracy {stats['accuracy']:.3f}, test density "
-          f"{stats['density']:.3f}\n")
+          f"accuracy {stats['accuracy']:.3f} (majority class "
+          f"{stats['majority']:.3f}), test density {stats['density']:.3f}\n")
     print_table("The trained SBM head, random inputs:",
                 sample_table(model.attn, args.lengths, generator))
 
