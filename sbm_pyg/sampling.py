@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from sbm_pyg._validation import (
-    Check,
     as_ptr,
     check_memory,
     nonnegative_finite,
@@ -247,14 +246,23 @@ class _Cdf:
                       - self.lo).clamp(min=0)
         self.base = base.view(H, k)
 
-    def draw(self, lo: Tensor, width: Tensor,
+    def draw(self, cell: Tensor, dim: int, shape: torch.Size,
              generator: Optional[torch.Generator]) -> Tensor:
-        r"""Flat index of one row per edge, drawn with probability
-        proportional to its membership within the edge's segment."""
-        x = torch.rand(lo.numel(), dtype=torch.float64, device=lo.device,
+        r"""Flat CDF index of one row per draw, with probability proportional
+        to its membership within the draw's segment. :obj:`cell` indexes the
+        :obj:`[G, H, k, k]` cells; :obj:`dim` is the cluster axis of this side
+        (2 for queries, 3 for keys)."""
+        lo = _per_cell(self.lo.unsqueeze(5 - dim), shape, cell)
+        width = _per_cell(self.width.unsqueeze(5 - dim), shape, cell)
+        x = torch.rand(cell.numel(), dtype=torch.float64, device=cell.device,
                        generator=generator)
         x = torch.addcmul(lo, x, width)
         return torch.searchsorted(self.cum, x, right=True) - 1
+
+
+def _per_cell(table: Tensor, shape: torch.Size, cell: Tensor) -> Tensor:
+    # Broadcasts a per-segment table to the [G, H, k, k] cells, then to draws.
+    return table.expand(shape).reshape(-1)[cell]
 
 
 def _keys_to_csr(key: Tensor, H: int, Nq: int, Nk: int):
@@ -389,7 +397,6 @@ def fastrg(
     Nk, device = k_memb.size(0), q_memb.device
 
     Y, B, Z = _explored(q_memb, block, k_memb, exploration)
-    k = B.size(-1)
     cdf_q, cdf_k = _Cdf(Y, ptr_q), _Cdf(Z, ptr_k)
     rate = (cdf_q.mass[:, :, :, None] * B[None]
             * cdf_k.mass[:, :, None, :])  # [G, H, k, k]
@@ -421,16 +428,10 @@ def fastrg(
                                    output_size=num_draws)
     shape = counts.shape
     heads = torch.arange(H, device=device)[None, :, None, None]
-    off_q = (heads * Nq - cdf_q.base[None, :, :, None]).expand(shape)
-    off_k = (-cdf_k.base[None, :, None, :]).expand(shape)
-    i = cdf_q.draw(cdf_q.lo[:, :, :, None].expand(shape).reshape(-1)[cell],
-                   cdf_q.width[:, :, :, None].expand(shape).reshape(-1)[cell],
-                   generator)
-    i += off_q.reshape(-1)[cell]
-    j = cdf_k.draw(cdf_k.lo[:, :, None, :].expand(shape).reshape(-1)[cell],
-                   cdf_k.width[:, :, None, :].expand(shape).reshape(-1)[cell],
-                   generator)
-    j += off_k.reshape(-1)[cell]
+    i = cdf_q.draw(cell, 2, shape, generator)
+    i += _per_cell(heads * Nq - cdf_q.base[None, :, :, None], shape, cell)
+    j = cdf_k.draw(cell, 3, shape, generator)
+    j -= _per_cell(cdf_k.base[None, :, None, :], shape, cell)
     del cell, cdf_q, cdf_k
     key = torch.unique(i * Nk + j)  # sorted: (head, query, key)
     del i, j

@@ -12,7 +12,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_sparse, softmax
 
-from sbm_pyg._validation import as_ptr, require_tensor, sync
+from sbm_pyg._validation import require_tensor, sync
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
 from sbm_pyg.sampling import MODES, SampledGraph, fastrg
