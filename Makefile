@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo clean
+.PHONY: test demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m sbm_pyg.demo
+
+# Full benchmark suite (about 15 minutes on 2 CPU cores); writes
+# benchmarks/results-cpu.json. Add ARGS="--device cuda" on a GPU.
+bench: $(STAMP)
+	$(PY) -m benchmarks.attention $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

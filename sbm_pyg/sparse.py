@@ -17,7 +17,7 @@ import warnings
 import torch
 from torch import Tensor
 
-__all__ = ["sddmm", "spmm", "segment_sum", "segment_softmax", "expand_rows"]
+__all__ = ["sddmm", "spmm", "segment_sum", "segment_softmax", "row_index"]
 
 # torch's sparse CSR kernels warn that they are "beta" on every construction.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
@@ -35,23 +35,29 @@ def _csr(rowptr: Tensor, col: Tensor, values: Tensor, num_cols: int) -> Tensor:
                                    check_invariants=False)
 
 
-def sddmm(rowptr: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
-    r"""Sampled dense-dense product: :math:`v_e = \langle a_{r(e)}, b_{c(e)}\rangle`.
+def sddmm(rowptr: Tensor, col: Tensor, a: Tensor, b: Tensor,
+          scale: float = 1.0) -> Tensor:
+    r"""Sampled dense-dense product:
+    :math:`v_e = s \, \langle a_{r(e)}, b_{c(e)}\rangle`.
 
     Args:
         rowptr (LongTensor): CSR row pointer :obj:`[R + 1]`.
         col (LongTensor): column of each nonzero :obj:`[E]`.
         a (Tensor): :obj:`[R, D]`.
         b (Tensor): :obj:`[C, D]`.
+        scale (float): :math:`s`.
 
     Returns:
-        Tensor :obj:`[E]`, one value per nonzero, never an :obj:`[E, D]`
-        intermediate.
+        Tensor :obj:`[E]`, one value per nonzero, written in place: no
+        :obj:`[E, D]` intermediate and no second :obj:`[E]` buffer.
     """
     dtype = _compute_dtype(a.dtype)
     a, b = a.to(dtype), b.to(dtype)
-    pattern = _csr(rowptr, col, a.new_zeros(col.numel()), b.size(0))
-    return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0).values()
+    values = a.new_zeros(col.numel())
+    pattern = _csr(rowptr, col, values, b.size(0))
+    torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale,
+                               out=pattern)
+    return values
 
 
 def spmm(rowptr: Tensor, col: Tensor, values: Tensor, dense: Tensor) -> Tensor:
@@ -76,16 +82,19 @@ def segment_sum(values: Tensor, rowptr: Tensor) -> Tensor:
     return torch.segment_reduce(values, "sum", offsets=rowptr, unsafe=True)
 
 
-def expand_rows(row_values: Tensor, rowptr: Tensor, num_edges: int) -> Tensor:
-    r"""Broadcasts :obj:`row_values [R]` to the nonzeros of each row; :obj:`[E]`.
+def row_index(rowptr: Tensor, num_edges: int) -> Tensor:
+    r"""The row of each nonzero, :obj:`[E]`, int32 where it fits (4 bytes
+    per edge). Broadcasting a per-row value with it costs one :obj:`[E]`
+    buffer, where :meth:`Tensor.repeat_interleave` builds an int64 index
+    each time. :obj:`num_edges` is known on the host: no device sync."""
+    rows = rowptr.numel() - 1
+    dtype = torch.int32 if rows < 2**31 else torch.int64
+    return torch.repeat_interleave(
+        torch.arange(rows, device=rowptr.device, dtype=dtype), rowptr.diff(),
+        output_size=num_edges)
 
-    :obj:`num_edges` is passed in (it is known on the host) so that no device
-    sync is needed.
-    """
-    return row_values.repeat_interleave(rowptr.diff(), output_size=num_edges)
 
-
-def segment_softmax(scores: Tensor, rowptr: Tensor) -> Tensor:
+def segment_softmax(scores: Tensor, rowptr: Tensor, row: Tensor) -> Tensor:
     r"""Softmax over the nonzeros of each CSR row, max-subtracted.
 
     .. math::
@@ -95,11 +104,13 @@ def segment_softmax(scores: Tensor, rowptr: Tensor) -> Tensor:
     Args:
         scores (Tensor): :obj:`[E]`, sorted by row.
         rowptr (LongTensor): :obj:`[R + 1]`.
+        row (IntTensor): :obj:`[E]` from :func:`row_index`.
 
     Returns:
-        Tensor :obj:`[E]`. Empty rows have no entries, so no :obj:`0/0`.
+        Tensor :obj:`[E]` (one new buffer). Empty rows have no entries, so no
+        :obj:`0/0`.
     """
     row_max = torch.segment_reduce(scores, "max", offsets=rowptr, unsafe=True)
-    num_edges = scores.numel()
-    exp = (scores - expand_rows(row_max, rowptr, num_edges)).exp()
-    return exp / expand_rows(segment_sum(exp, rowptr), rowptr, num_edges)
+    exp = torch.sub(scores, row_max.index_select(0, row)).exp_()
+    norm = segment_sum(exp, rowptr).reciprocal_()
+    return exp.mul_(norm.index_select(0, row))

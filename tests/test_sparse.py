@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from sbm_pyg.sparse import expand_rows, sddmm, segment_softmax, segment_sum, spmm
+from sbm_pyg.sparse import row_index, sddmm, segment_softmax, segment_sum, spmm
 
 # Rows 0 and 2 have edges, row 1 and row 3 are empty.
 ROWPTR = torch.tensor([0, 2, 2, 5, 5])
@@ -16,6 +16,7 @@ def test_sddmm_and_spmm_match_dense(dtype):
     b = torch.randn(4, 3, generator=g, dtype=dtype)
     values = sddmm(ROWPTR, COL, a, b)
     assert torch.allclose(values, (a[ROW] * b[COL]).sum(-1), atol=1e-6)
+    assert torch.allclose(sddmm(ROWPTR, COL, a, b, scale=0.5), 0.5 * values)
     dense = torch.zeros(4, 4, dtype=dtype)
     dense[ROW, COL] = values
     assert torch.allclose(spmm(ROWPTR, COL, values, b), dense @ b, atol=1e-6)
@@ -30,19 +31,18 @@ def test_bfloat16_is_computed_in_float32():
 
 def test_segment_softmax_and_sum():
     scores = torch.tensor([1.0, 2.0, 1000.0, 999.0, -5.0])
-    alpha = segment_softmax(scores, ROWPTR)
+    assert torch.equal(row_index(ROWPTR, 5), ROW.int())
+    alpha = segment_softmax(scores, ROWPTR, ROW.int())
     expected = torch.cat([torch.softmax(scores[:2], 0), torch.softmax(scores[2:], 0)])
     assert torch.allclose(alpha, expected)  # max-subtracted: no overflow
     assert torch.equal(segment_sum(alpha, ROWPTR) > 0.5,
                        torch.tensor([True, False, True, False]))
     assert torch.allclose(segment_sum(alpha, ROWPTR), torch.tensor([1.0, 0, 1, 0]))
-    assert torch.equal(expand_rows(torch.tensor([7, 8, 9, 10]), ROWPTR, 5),
-                       torch.tensor([7, 7, 9, 9, 9]))
 
 
 def test_empty():
     rowptr = torch.zeros(3, dtype=torch.long)
     col = torch.zeros(0, dtype=torch.long)
-    assert segment_softmax(torch.zeros(0), rowptr).numel() == 0
+    assert segment_softmax(torch.zeros(0), rowptr, row_index(rowptr, 0)).numel() == 0
     out = spmm(rowptr, col, torch.zeros(0), torch.randn(4, 3))
     assert torch.equal(out, torch.zeros(2, 3))

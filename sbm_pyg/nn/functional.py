@@ -17,7 +17,7 @@ from torch.autograd.function import once_differentiable
 
 from sbm_pyg._validation import require_tensor
 from sbm_pyg.sampling import SampledGraph
-from sbm_pyg.sparse import expand_rows, segment_softmax, segment_sum, sddmm, spmm
+from sbm_pyg.sparse import segment_softmax, segment_sum, sddmm, spmm
 
 __all__ = ["sparse_attention", "edge_probability"]
 
@@ -120,8 +120,8 @@ class _SparseAttention(torch.autograd.Function):
                 edge_prob: Optional[Tensor], scale: float, dropout: float,
                 generator: Optional[torch.Generator]) -> Tensor:
         rowptr, col = graph.csr()
-        score = sddmm(rowptr, col, q, k) * scale  # [E]
-        alpha = segment_softmax(score, rowptr)  # [E]
+        score = sddmm(rowptr, col, q, k, scale)  # [E]
+        alpha = segment_softmax(score, rowptr, graph.row())  # [E]
         keep = None
         weight = alpha
         if dropout > 0:
@@ -147,15 +147,15 @@ class _SparseAttention(torch.autograd.Function):
         grad_v = _spmm_t(graph, weight, grad_out)
         grad_alpha = sddmm(rowptr, col, grad_out, v)  # [E]
         if keep is not None:
-            grad_alpha = grad_alpha * keep
-        # Softmax backward: a_e (g_e - sum_{e' in row} a_e' g_e').
+            grad_alpha.mul_(keep)
+        # Softmax backward, in place: a_e (g_e - sum_{e' in row} a_e' g_e').
         row_dot = segment_sum(alpha * grad_alpha, rowptr)
-        grad_score = alpha * (grad_alpha - expand_rows(row_dot, rowptr,
-                                                       alpha.numel()))
+        grad_score = grad_alpha.sub_(row_dot.index_select(0, graph.row()))
+        grad_score.mul_(alpha)
         # Straight-through: the score is s_e * m_e with m_e = 1 forward, so
         # dL/dp_e := dL/da_e * s_e (the paper's STE equation).
         grad_prob = grad_score * score if score is not None else None
-        grad_score = grad_score * scale
+        grad_score.mul_(scale)
         grad_q = spmm(rowptr, col, grad_score, k)
         grad_k = _spmm_t(graph, grad_score, q)
         return (None, grad_q.to(q.dtype), grad_k.to(k.dtype),

@@ -1,0 +1,458 @@
+r"""Benchmarks: SBM edge attention, fastRG and the SBMConv layer vs dense
+attention. Run as ``python -m benchmarks.attention`` (or ``make bench``).
+
+Every timing is the median of ``--repeats`` runs after one warm-up, and every
+ratio is taken against torch's ``scaled_dot_product_attention`` (SDPA) from the
+same run. Peak memory is the extra memory a case allocates beyond its inputs:
+on CPU the kernel's peak resident set (``VmHWM``, reset in-process through
+``/proc/self/clear_refs``) over the resident set before the case, on CUDA
+``max_memory_allocated``.
+
+Sections:
+
+* ``attention``: forward+backward on one fixed sampled graph per (n, density):
+  sbm_pyg ``sparse_attention``, SDPA, dense math attention (the path that
+  materializes the n x n scores) and a PyG gather/scatter reference
+  (TransformerConv-style message, ``torch_geometric.utils.softmax``,
+  aggregation) on the same edges.
+* ``sampler``: ``fastrg`` in both modes vs the dense Bernoulli reference, in
+  edges per second.
+* ``scaling``: time and memory of ``sparse_attention`` and ``fastrg`` against
+  the number of edges m at fixed n, with log-log slopes.
+* ``layer``: the whole ``SBMConv`` (projections, SBM, sampling, attention)
+  at about 5% density vs ``torch.nn.MultiheadAttention`` of the same width.
+
+``--quick`` runs tiny sizes in seconds (the test suite runs it so that the
+script cannot rot; timings are never pass/fail in tests).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.profiler import ProfilerActivity, profile
+from torch_geometric.utils import softmax as pyg_softmax
+
+from sbm_pyg.nn import SBMConv
+from sbm_pyg.nn.functional import sparse_attention
+from sbm_pyg.sampling import SampledGraph, bernoulli, fastrg
+
+HEADS, HEAD_DIM, CLUSTERS = 2, 32, 128
+# Cases whose dense [E, D] or [n, n] buffers would exceed this are skipped.
+MEMORY_BUDGET = 8 * 2**30
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], device: torch.device,
+                repeats: int) -> float:
+    """Median wall time of ``fn`` in seconds, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _fix_malloc() -> bool:
+    """Pins glibc's mmap threshold at 64 KiB, so that tensors above it are
+    mapped and unmapped and the resident set follows the live tensors (glibc
+    otherwise raises the threshold and reuses freed heap memory)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc.mallopt(-3, 65536) == 1  # M_MMAP_THRESHOLD
+    except OSError:
+        return False
+
+
+# Set by main(): whether CPU peaks come from VmHWM (Linux) or the profiler.
+RSS_PEAK = {"enabled": False}
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
+    """Bytes allocated by ``fn`` at its peak, beyond what existed before.
+
+    CUDA: ``max_memory_allocated``. CPU on Linux: the kernel's peak resident
+    set (``VmHWM``, reset through ``/proc/self/clear_refs``) minus the
+    resident set before the call. Elsewhere: the torch profiler's allocation
+    records, which miss allocations made inside some sparse kernels.
+    """
+    fn()  # warm-up: lazily created state is not counted
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        _sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    if RSS_PEAK["enabled"]:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _status("VmRSS:")
+        fn()
+        return max(_status("VmHWM:") - base, 0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    current = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        current += event.self_cpu_memory_usage
+        peak = max(peak, current)
+    return peak
+
+
+def fixed_graph(n: int, density: float, device: torch.device,
+                seed: int = 0) -> SampledGraph:
+    """Each pair of each head is an edge with probability ``density``
+    (constant memberships, exact mode)."""
+    memb = torch.full((n, HEADS, 1), math.sqrt(density), device=device)
+    block = torch.ones(HEADS, 1, 1, device=device)
+    return fastrg(memb, block, memb, mode="exact",
+                  generator=torch.Generator(device).manual_seed(seed))
+
+
+def sbm_memberships(n: int, density: float, device: torch.device,
+                    batch: int = 1, seed: int = 0):
+    """Random k=128 memberships scaled so that the expected density is
+    ``density`` (rates scale with the square of the memberships)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(batch * n, HEADS, CLUSTERS, generator=g)
+    k = torch.rand(batch * n, HEADS, CLUSTERS, generator=g)
+    block = torch.softmax(torch.randn(HEADS, CLUSTERS * CLUSTERS, generator=g),
+                          -1).view(HEADS, CLUSTERS, CLUSTERS)
+    mass = torch.einsum("hu,huv,hv->h", q[:n].sum(0), block, k[:n].sum(0))
+    scale = torch.sqrt(density * n * n / mass.mean())
+    ptr = torch.arange(batch + 1) * n
+    return ((q * scale).to(device), block.to(device), (k * scale).to(device),
+            ptr.to(device))
+
+
+def qkv(n: int, device: torch.device, seed: int = 1) -> List[Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, HEADS, HEAD_DIM, generator=g).to(device).requires_grad_()
+            for _ in range(3)]
+
+
+def _backward(out: Tensor, tensors: Sequence[Tensor]) -> None:
+    torch.autograd.grad(out.sum(), tensors)
+
+
+def run_sbm(q, k, v, graph):
+    _backward(sparse_attention(q, k, v, graph), (q, k, v))
+
+
+def run_sdpa(q, k, v, graph=None):
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
+                                         v.transpose(0, 1))
+    _backward(out, (q, k, v))
+
+
+def run_math(q, k, v, graph=None):
+    # Materializes the [H, n, n] scores and weights.
+    scores = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(HEAD_DIM)
+    out = torch.einsum("hij,jhd->ihd", scores.softmax(-1), v)
+    _backward(out, (q, k, v))
+
+
+def run_pyg(q, k, v, graph):
+    # TransformerConv-style gather -> PyG softmax -> scatter, on the same edges.
+    H, n = graph.num_heads, graph.num_queries
+    row = graph.head * n + graph.edge_index[1]
+    col = graph.head * graph.num_keys + graph.edge_index[0]
+    qf, kf, vf = (t.transpose(0, 1).reshape(H * t.size(0), -1) for t in (q, k, v))
+    score = (qf[row] * kf[col]).sum(-1) / math.sqrt(HEAD_DIM)
+    alpha = pyg_softmax(score, row, num_nodes=H * n)
+    out = torch.zeros_like(qf).index_add_(0, row, vf[col] * alpha[:, None])
+    _backward(out, (q, k, v))
+
+
+METHODS = {"sbm": run_sbm, "sdpa": run_sdpa, "math": run_math, "pyg": run_pyg}
+
+
+def _fits(method: str, n: int, edges: int) -> bool:
+    if method == "pyg":  # a few [E, D] float32 buffers live at once
+        return 6 * edges * HEAD_DIM * 4 <= MEMORY_BUDGET
+    if method == "math":  # scores, weights and their gradients
+        return 4 * HEADS * n * n * 4 <= MEMORY_BUDGET
+    return True
+
+
+def bench_attention(sizes, densities, device, repeats, log) -> List[dict]:
+    rows = []
+    for n in sizes:
+        q, k, v = qkv(n, device)
+        dense: Dict[str, dict] = {}
+        for method in ("sdpa", "math"):  # independent of the density
+            if _fits(method, n, 0):
+                fn = lambda: METHODS[method](q, k, v)  # noqa: E731
+                dense[method] = dict(time=median_time(fn, device, repeats),
+                                     memory=peak_memory(fn, device))
+        for density in densities:
+            graph = fixed_graph(n, density, device)
+            row = dict(n=n, density=density, edges=graph.num_edges)
+            for method in ("sbm", "pyg"):
+                if _fits(method, n, graph.num_edges):
+                    fn = lambda: METHODS[method](q, k, v, graph)  # noqa: E731
+                    row[method] = dict(time=median_time(fn, device, repeats),
+                                       memory=peak_memory(fn, device))
+            row.update(dense)
+            sdpa = row.get("sdpa", {}).get("time")
+            for method in METHODS:
+                if method in row and sdpa:
+                    row[method]["vs_sdpa"] = row[method]["time"] / sdpa
+            if "math" in row and "sbm" in row:
+                row["sbm"]["memory_vs_math"] = row["sbm"]["memory"] / row["math"]["memory"]
+            row["sbm"]["bytes_per_edge"] = row["sbm"]["memory"] / max(graph.num_edges, 1)
+            rows.append(row)
+            log(format_attention_row(row))
+            graph = None  # free it before the next one is sampled
+    return rows
+
+
+def bench_sampler(sizes, densities, device, repeats, log,
+                  batch_case=(32, 1024)) -> List[dict]:
+    rows = []
+    cases = [(n, 1, d) for n in sizes for d in densities]
+    cases += [(batch_case[1], batch_case[0], d) for d in densities]
+    for n, batch, density in cases:
+        q, b, k, ptr = sbm_memberships(n, density, device, batch)
+        row = dict(n=n, batch=batch, density=density)
+        for name, fn in (
+            ("fastrg_poisson", lambda: fastrg(q, b, k, ptr_q=ptr, ptr_k=ptr,
+                                              generator=gen)),
+            ("fastrg_exact", lambda: fastrg(q, b, k, ptr_q=ptr, ptr_k=ptr,
+                                            mode="exact", generator=gen)),
+            ("bernoulli", lambda: bernoulli(q, b, k, ptr_q=ptr, ptr_k=ptr,
+                                            generator=gen)),
+        ):
+            # The dense reference holds [H, N, N] float64 probabilities.
+            if name == "bernoulli" and 3 * HEADS * (batch * n) ** 2 * 8 > MEMORY_BUDGET:
+                continue
+            gen = torch.Generator(device).manual_seed(0)
+            edges = fn().num_edges
+            seconds = median_time(fn, device, repeats)
+            row[name] = dict(time=seconds, edges=edges,
+                             edges_per_s=edges / seconds)
+        if "bernoulli" in row:
+            for name in ("fastrg_poisson", "fastrg_exact"):
+                row[name]["speedup_vs_bernoulli"] = (row["bernoulli"]["time"]
+                                                     / row[name]["time"])
+        rows.append(row)
+        log(format_sampler_row(row))
+    return rows
+
+
+def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
+    lx, ly = [math.log(a) for a in x], [math.log(b) for b in y]
+    mx, my = statistics.mean(lx), statistics.mean(ly)
+    return (sum((a - mx) * (b - my) for a, b in zip(lx, ly))
+            / sum((a - mx) ** 2 for a in lx))
+
+
+def bench_scaling(n, densities, device, repeats, log) -> dict:
+    """Time and peak memory against m at fixed n. The empty graph (m = 0)
+    gives the fixed O(N H D) part that any attention pays (inputs, outputs,
+    gradients); slopes are reported for the raw values and for the part
+    above it."""
+    q, k, v = qkv(n, device)
+    points = []
+    for density in [0.0] + list(densities):
+        graph = fixed_graph(n, density, device)
+        fn = lambda: run_sbm(q, k, v, graph)  # noqa: E731
+        memb = torch.full((n, HEADS, 1), math.sqrt(density), device=device)
+        ones = torch.ones(HEADS, 1, 1, device=device)
+        gen = torch.Generator(device).manual_seed(0)
+        sample = lambda: fastrg(memb, ones, memb, generator=gen)  # noqa: E731
+        points.append(dict(density=density, edges=graph.num_edges,
+                           attention_time=median_time(fn, device, repeats),
+                           attention_memory=peak_memory(fn, device),
+                           sampler_time=median_time(sample, device, repeats)))
+        log(f"  m={graph.num_edges:>10}  attention {points[-1]['attention_time'] * 1e3:8.1f} ms "
+            f"{points[-1]['attention_memory'] / 2**20:8.1f} MiB   fastrg "
+            f"{points[-1]['sampler_time'] * 1e3:8.1f} ms")
+    empty, points = points[0], points[1:]
+    m = [p["edges"] for p in points]
+    result = dict(n=n, empty=empty, points=points)
+    for key in ("attention_time", "attention_memory", "sampler_time"):
+        values = [p[key] for p in points]
+        result[f"slope_{key}"] = loglog_slope(m, values)
+        above = [value - empty[key] for value in values]
+        result[f"slope_{key}_above_empty"] = (loglog_slope(m, above)
+                                              if min(above) > 0 else None)
+    log(f"  log-log slopes over m = {m[0]}..{m[-1]} ({m[-1] / m[0]:.0f}x), raw / "
+        f"above the empty graph: " + ", ".join(
+            f"{key} {result[f'slope_{key}']:.3f} / "
+            + (f"{result[f'slope_{key}_above_empty']:.3f}"
+               if result[f"slope_{key}_above_empty"] is not None else "n/a")
+            for key in ("attention_time", "attention_memory", "sampler_time")))
+    return result
+
+
+def calibrated_conv(channels: int, density: float, device: torch.device,
+                    steps: int = 300) -> SBMConv:
+    """An SBMConv whose expected density on N(0, 1) inputs is about
+    ``density``: its SBM is fitted to that target with Adam on the
+    closed-form expected density (no sampling needed)."""
+    torch.manual_seed(0)
+    conv = SBMConv(channels, HEAD_DIM, heads=HEADS, num_clusters=CLUSTERS,
+                   root_weight=False).to(device)
+    opt = torch.optim.Adam(conv.sbm.parameters(), lr=1e-2)
+    x = torch.randn(512, channels, device=device)
+    for _ in range(steps):
+        q = conv.lin_query(x).view(-1, HEADS, HEAD_DIM)
+        k = conv.lin_key(x).view(-1, HEADS, HEAD_DIM)
+        qm, block, km = conv.sbm(q, k)
+        expected = torch.einsum("hu,huv,hv->h", qm.sum(0), block, km.sum(0)) / 512**2
+        loss = (expected.log() - math.log(density)).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return conv
+
+
+def bench_layer(n: int, density: float, device: torch.device, repeats: int,
+                log) -> dict:
+    channels = HEADS * HEAD_DIM
+    conv = calibrated_conv(channels, density, device)
+    mha = torch.nn.MultiheadAttention(channels, HEADS, batch_first=True).to(device)
+    x = torch.randn(n, channels, device=device, requires_grad=True)
+    gen = torch.Generator(device).manual_seed(0)
+
+    def run_conv():
+        out = conv(x, generator=gen)
+        torch.autograd.grad(out.sum(), [x] + list(conv.parameters()))
+
+    def run_mha():
+        out, _ = mha(x[None], x[None], x[None], need_weights=False)
+        torch.autograd.grad(out.sum(), [x] + list(mha.parameters()))
+
+    result = dict(n=n, channels=channels, heads=HEADS, clusters=CLUSTERS,
+                  sbmconv_time=median_time(run_conv, device, repeats),
+                  sampled_density=float(conv.sampled_density.mean()),
+                  mha_time=median_time(run_mha, device, repeats))
+    result["ratio"] = result["sbmconv_time"] / result["mha_time"]
+    log(f"  SBMConv {result['sbmconv_time'] * 1e3:.1f} ms at density "
+        f"{result['sampled_density']:.4f} vs MultiheadAttention "
+        f"{result['mha_time'] * 1e3:.1f} ms: {result['ratio']:.3f}x")
+    return result
+
+
+def _fmt(case: Optional[dict], key: str = "time") -> str:
+    if case is None:
+        return f"{'skipped':>9}"
+    return f"{case[key] * 1e3:9.1f}"
+
+
+def format_attention_row(row: dict) -> str:
+    ratios = "  ".join(f"{m}/sdpa {row[m]['vs_sdpa']:.3f}" for m in ("sbm", "pyg")
+                       if m in row and "vs_sdpa" in row[m])
+    mem = "  ".join(f"{m} {row[m]['memory'] / 2**20:.1f} MiB" for m in METHODS
+                    if m in row)
+    return (f"  n={row['n']:>6} density={row['density']:<6} E={row['edges']:>10}  "
+            f"ms: sbm {_fmt(row.get('sbm'))} sdpa {_fmt(row.get('sdpa'))} "
+            f"math {_fmt(row.get('math'))} pyg {_fmt(row.get('pyg'))}  {ratios}  "
+            f"memory: {mem}")
+
+
+def format_sampler_row(row: dict) -> str:
+    parts = []
+    for name in ("fastrg_poisson", "fastrg_exact", "bernoulli"):
+        if name in row:
+            r = row[name]
+            extra = (f" ({r['speedup_vs_bernoulli']:.1f}x vs dense)"
+                     if "speedup_vs_bernoulli" in r else "")
+            parts.append(f"{name} {r['time'] * 1e3:.1f} ms "
+                         f"{r['edges_per_s'] / 1e6:.2f} M edges/s{extra}")
+    return (f"  n={row['n']:>6} batch={row['batch']:>3} density={row['density']:<6} "
+            + "; ".join(parts))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, runs in seconds")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch CPU threads (default 2)")
+    parser.add_argument("--sections", nargs="+",
+                        default=["attention", "sampler", "scaling", "layer"],
+                        choices=["attention", "sampler", "scaling", "layer"])
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON output (default benchmarks/results-DEVICE.json)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available")
+    if args.repeats < 1 or args.threads < 1:
+        parser.error("--repeats and --threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    RSS_PEAK["enabled"] = (device.type == "cpu"
+                           and os.path.exists("/proc/self/clear_refs")
+                           and _fix_malloc())
+    if args.quick:
+        sizes, densities, scaling_n = [256, 512], [0.01, 0.05], 512
+        scaling_densities, layer_n, batch_case = [0.01, 0.1], 256, (4, 128)
+    else:
+        sizes, densities, scaling_n = [1024, 4096, 16384], [0.005, 0.01, 0.05, 0.2], 4096
+        scaling_densities = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
+        layer_n, batch_case = 4096, (32, 1024)
+
+    results = dict(device=str(device), threads=args.threads,
+                   torch=torch.__version__, machine=platform.machine(),
+                   processor=platform.processor() or platform.machine(),
+                   cpu_count=os.cpu_count(), memory_method="cuda" if device.type == "cuda" else ("rss" if RSS_PEAK["enabled"] else "profiler"),
+                   gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                   heads=HEADS, head_dim=HEAD_DIM, repeats=args.repeats,
+                   quick=args.quick)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    log(f"sbm_pyg benchmarks on {device} ({args.threads} threads), H={HEADS}, "
+        f"D={HEAD_DIM}, forward+backward, median of {args.repeats}")
+    if "attention" in args.sections:
+        log("\n[attention] fixed sampled graph, time in ms")
+        results["attention"] = bench_attention(sizes, densities, device,
+                                               args.repeats, log)
+    if "sampler" in args.sections:
+        log(f"\n[sampler] k={CLUSTERS}, distinct edges per second")
+        results["sampler"] = bench_sampler(sizes, densities[1:3], device,
+                                           args.repeats, log, batch_case)
+    if "scaling" in args.sections:
+        log(f"\n[scaling] n={scaling_n}")
+        results["scaling"] = bench_scaling(scaling_n, scaling_densities, device,
+                                           args.repeats, log)
+    if "layer" in args.sections:
+        log(f"\n[layer] n={layer_n}, width {HEADS * HEAD_DIM}, calibrated to ~5% density")
+        results["layer"] = bench_layer(layer_n, 0.05, device, args.repeats, log)
+    out = args.out or Path(__file__).parent / f"results-{device.type}.json"
+    out.write_text(json.dumps(results, indent=1))
+    log(f"\nwritten to {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""Smoke test: the benchmark suite runs end to end at tiny sizes. Timings are
+never asserted; only that every section produced well-formed results."""
+import json
+
+from benchmarks.attention import loglog_slope, main
+
+
+def test_quick_benchmark_runs(tmp_path, capsys):
+    out = tmp_path / "results.json"
+    results = main(["--quick", "--repeats", "1", "--out", str(out)])
+    assert json.loads(out.read_text())["quick"] is True
+    for row in results["attention"]:
+        assert row["edges"] > 0
+        for method in ("sbm", "sdpa", "math", "pyg"):
+            assert row[method]["time"] > 0 and row[method]["memory"] >= 0
+    assert all("fastrg_poisson" in row for row in results["sampler"])
+    assert len(results["scaling"]["points"]) >= 2
+    assert results["layer"]["sbmconv_time"] > 0
+    assert "[layer]" in capsys.readouterr().out
+
+
+def test_loglog_slope():
+    assert abs(loglog_slope([1, 10, 100], [3, 30, 300]) - 1) < 1e-12
+    assert abs(loglog_slope([1, 10, 100], [5, 500, 50000]) - 2) < 1e-12
