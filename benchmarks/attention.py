@@ -72,14 +72,23 @@ def median_time(fn: Callable[[], object], device: torch.device,
     return statistics.median(times)
 
 
-def _fix_malloc() -> bool:
-    """Pins glibc's mmap threshold at 64 KiB, so that tensors above it are
-    mapped and unmapped and the resident set follows the live tensors (glibc
-    otherwise raises the threshold and reuses freed heap memory)."""
+_LIBC = None
+
+
+def _mmap_threshold(nbytes: int) -> bool:
+    """Sets glibc's mmap threshold (M_MMAP_THRESHOLD); False if unavailable.
+
+    Memory is measured at 64 KiB, so that tensors above it are mapped and
+    unmapped and the resident set follows the live tensors; timing runs at
+    32 MiB, glibc's own steady state (it raises the threshold up to 32 MiB
+    as mapped blocks are freed), so that temporaries are reused, not faulted
+    in page by page.
+    """
+    global _LIBC
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc.mallopt(-3, 65536) == 1  # M_MMAP_THRESHOLD
-    except OSError:
+        _LIBC = _LIBC or ctypes.CDLL("libc.so.6")
+        return _LIBC.mallopt(-3, nbytes) == 1  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
         return False
 
 
@@ -112,11 +121,15 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
         _sync(device)
         return torch.cuda.max_memory_allocated(device) - base
     if RSS_PEAK["enabled"]:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = _status("VmRSS:")
-        fn()
-        return max(_status("VmHWM:") - base, 0)
+        _mmap_threshold(64 * 2**10)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            base = _status("VmRSS:")
+            fn()
+            return max(_status("VmHWM:") - base, 0)
+        finally:
+            _mmap_threshold(32 * 2**20)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     current = peak = 0
@@ -414,7 +427,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     torch.set_num_threads(args.threads)
     RSS_PEAK["enabled"] = (device.type == "cpu"
                            and os.path.exists("/proc/self/clear_refs")
-                           and _fix_malloc())
+                           and _mmap_threshold(32 * 2**20))
     if args.quick:
         sizes, densities, scaling_n = [256, 512], [0.01, 0.05], 512
         scaling_densities, layer_n, batch_case = [0.01, 0.1], 256, (4, 128)
