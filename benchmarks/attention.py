@@ -58,18 +58,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def median_times(fns: Dict[str, Callable[[], object]], device: torch.device,
+                 repeats: int) -> Dict[str, float]:
+    """Median wall time in seconds of each function, after one warm-up call
+    each. The functions take turns, repeat by repeat, so that a slow phase
+    of a shared machine hits all of them alike."""
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def median_time(fn: Callable[[], object], device: torch.device,
                 repeats: int) -> float:
     """Median wall time of ``fn`` in seconds, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_times({"fn": fn}, device, repeats)["fn"]
 
 
 _LIBC = None
@@ -123,6 +133,9 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
     if RSS_PEAK["enabled"]:
         _mmap_threshold(64 * 2**10)
         try:
+            # Free heap pages go back to the OS, so reusing them faults them
+            # in again and counts.
+            _LIBC.malloc_trim(0)
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             base = _status("VmRSS:")
@@ -216,30 +229,36 @@ def _fits(method: str, n: int, edges: int) -> bool:
 
 
 def bench_attention(sizes, densities, device, repeats, log) -> List[dict]:
+    """sbm_pyg and SDPA are timed in turns on every row (the ratio that the
+    targets use); dense math attention once per n; the PyG reference on its
+    own."""
     rows = []
     for n in sizes:
         q, k, v = qkv(n, device)
-        dense: Dict[str, dict] = {}
-        for method in ("sdpa", "math"):  # independent of the density
-            if _fits(method, n, 0):
-                fn = lambda: METHODS[method](q, k, v)  # noqa: E731
-                dense[method] = dict(time=median_time(fn, device, repeats),
-                                     memory=peak_memory(fn, device))
+        math_case = None
+        if _fits("math", n, 0):
+            fn = lambda: run_math(q, k, v)  # noqa: E731
+            math_case = dict(time=median_time(fn, device, repeats),
+                             memory=peak_memory(fn, device))
         for density in densities:
             graph = fixed_graph(n, density, device)
             row = dict(n=n, density=density, edges=graph.num_edges)
-            for method in ("sbm", "pyg"):
-                if _fits(method, n, graph.num_edges):
-                    fn = lambda: METHODS[method](q, k, v, graph)  # noqa: E731
-                    row[method] = dict(time=median_time(fn, device, repeats),
-                                       memory=peak_memory(fn, device))
-            row.update(dense)
-            sdpa = row.get("sdpa", {}).get("time")
+            fns = dict(sbm=lambda: run_sbm(q, k, v, graph),
+                       sdpa=lambda: run_sdpa(q, k, v))
+            times = median_times(fns, device, repeats)
+            for method, fn in fns.items():
+                row[method] = dict(time=times[method],
+                                   memory=peak_memory(fn, device))
+            if _fits("pyg", n, graph.num_edges):
+                fn = lambda: run_pyg(q, k, v, graph)  # noqa: E731
+                row["pyg"] = dict(time=median_time(fn, device, repeats),
+                                  memory=peak_memory(fn, device))
+            if math_case is not None:
+                row["math"] = dict(math_case)
+                row["sbm"]["memory_vs_math"] = row["sbm"]["memory"] / math_case["memory"]
             for method in METHODS:
-                if method in row and sdpa:
-                    row[method]["vs_sdpa"] = row[method]["time"] / sdpa
-            if "math" in row and "sbm" in row:
-                row["sbm"]["memory_vs_math"] = row["sbm"]["memory"] / row["math"]["memory"]
+                if method in row:
+                    row[method]["vs_sdpa"] = row[method]["time"] / row["sdpa"]["time"]
             row["sbm"]["bytes_per_edge"] = row["sbm"]["memory"] / max(graph.num_edges, 1)
             rows.append(row)
             log(format_attention_row(row))
@@ -254,21 +273,16 @@ def bench_sampler(sizes, densities, device, repeats, log,
     cases += [(batch_case[1], batch_case[0], d) for d in densities]
     for n, batch, density in cases:
         q, b, k, ptr = sbm_memberships(n, density, device, batch)
+        gen = torch.Generator(device).manual_seed(0)
+        kwargs = dict(ptr_q=ptr, ptr_k=ptr, generator=gen)
+        fns = dict(fastrg_poisson=lambda: fastrg(q, b, k, **kwargs),
+                   fastrg_exact=lambda: fastrg(q, b, k, mode="exact", **kwargs))
+        # The dense reference holds [H, N, N] float64 probabilities.
+        if 3 * HEADS * (batch * n) ** 2 * 8 <= MEMORY_BUDGET:
+            fns["bernoulli"] = lambda: bernoulli(q, b, k, **kwargs)
         row = dict(n=n, batch=batch, density=density)
-        for name, fn in (
-            ("fastrg_poisson", lambda: fastrg(q, b, k, ptr_q=ptr, ptr_k=ptr,
-                                              generator=gen)),
-            ("fastrg_exact", lambda: fastrg(q, b, k, ptr_q=ptr, ptr_k=ptr,
-                                            mode="exact", generator=gen)),
-            ("bernoulli", lambda: bernoulli(q, b, k, ptr_q=ptr, ptr_k=ptr,
-                                            generator=gen)),
-        ):
-            # The dense reference holds [H, N, N] float64 probabilities.
-            if name == "bernoulli" and 3 * HEADS * (batch * n) ** 2 * 8 > MEMORY_BUDGET:
-                continue
-            gen = torch.Generator(device).manual_seed(0)
-            edges = fn().num_edges
-            seconds = median_time(fn, device, repeats)
+        for name, seconds in median_times(fns, device, repeats).items():
+            edges = fns[name]().num_edges
             row[name] = dict(time=seconds, edges=edges,
                              edges_per_s=edges / seconds)
         if "bernoulli" in row:
@@ -364,10 +378,11 @@ def bench_layer(n: int, density: float, device: torch.device, repeats: int,
         out, _ = mha(x[None], x[None], x[None], need_weights=False)
         torch.autograd.grad(out.sum(), [x] + list(mha.parameters()))
 
+    times = median_times(dict(sbmconv=run_conv, mha=run_mha), device, repeats)
     result = dict(n=n, channels=channels, heads=HEADS, clusters=CLUSTERS,
-                  sbmconv_time=median_time(run_conv, device, repeats),
+                  sbmconv_time=times["sbmconv"],
                   sampled_density=float(conv.sampled_density.mean()),
-                  mha_time=median_time(run_mha, device, repeats))
+                  mha_time=times["mha"])
     result["ratio"] = result["sbmconv_time"] / result["mha_time"]
     log(f"  SBMConv {result['sbmconv_time'] * 1e3:.1f} ms at density "
         f"{result['sampled_density']:.4f} vs MultiheadAttention "

@@ -1,0 +1,148 @@
+r"""The paper's tasks, generated locally: finding repeated tokens (Sec. 5.1)
+and ListOps as in the Long Range Arena."""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import statistics
+from pathlib import Path
+from typing import List, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["repeat_batch", "OPERATORS", "VOCAB", "generate_expression",
+           "evaluate", "tokenize", "ListOps"]
+
+
+def repeat_batch(batch: int, length: int,
+                 generator: Optional[torch.Generator] = None
+                 ) -> Tuple[Tensor, Tensor]:
+    r"""One batch of "finding repeated tokens": :math:`N` integers uniform in
+    :math:`\{1, \dots, N\}`; a token's label is 1 iff its value occurs
+    elsewhere in the sequence.
+
+    Returns:
+        tokens :math:`(B, N)` long, labels :math:`(B, N)` float.
+    """
+    if batch < 1 or length < 2:
+        raise ValueError(f"batch must be >= 1 and length >= 2, got {batch}, {length}")
+    tokens = torch.randint(1, length + 1, (batch, length), generator=generator)
+    same = tokens[:, :, None] == tokens[:, None, :]
+    return tokens, (same.sum(-1) > 1).float()
+
+
+# ListOps (Nangia & Bowman, 2018) with the Long Range Arena's generator rules.
+OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+VOCAB = ("<pad>",) + OPERATORS + ("]",) + tuple(str(d) for d in range(10))
+_INDEX = {token: i for i, token in enumerate(VOCAB)}
+VALUE_PROBABILITY = 0.75
+
+Tree = Union[int, Tuple[str, list]]
+
+
+def generate_expression(rng: random.Random, max_depth: int = 10,
+                        max_args: int = 10, depth: int = 1) -> Tree:
+    r"""A random ListOps tree: a node at depth < :obj:`max_depth` is a value
+    (0-9) with probability 0.75, else an operator with
+    :obj:`randint(2, max_args)` arguments; at :obj:`max_depth` always a
+    value."""
+    if depth >= max_depth or rng.random() < VALUE_PROBABILITY:
+        return rng.randint(0, 9)
+    op = rng.choice(OPERATORS)
+    return (op, [generate_expression(rng, max_depth, max_args, depth + 1)
+                 for _ in range(rng.randint(2, max_args))])
+
+
+def evaluate(tree: Tree) -> int:
+    r"""MIN, MAX, MED (the median, truncated to int) and SM (sum mod 10)."""
+    if isinstance(tree, int):
+        return tree
+    op, args = tree
+    values = [evaluate(a) for a in args]
+    if op == "[MIN":
+        return min(values)
+    if op == "[MAX":
+        return max(values)
+    if op == "[MED":
+        return int(statistics.median(values))
+    return sum(values) % 10
+
+
+def tokenize(tree: Tree) -> List[str]:
+    """Tokens with parentheses dropped: operator, arguments, ``]``."""
+    if isinstance(tree, int):
+        return [str(tree)]
+    op, args = tree
+    return [op] + [t for a in args for t in tokenize(a)] + ["]"]
+
+
+class ListOps:
+    r"""ListOps splits, generated with a seed and cached on disk.
+
+    Expressions with :obj:`min_length < length < max_length` tokens are kept
+    (LRA uses 500 and 2000); duplicates are dropped before splitting, so
+    train, val and test are disjoint.
+
+    Args:
+        root (str or Path): cache directory.
+        sizes (tuple): number of train, val and test sequences.
+        min_length, max_length (int): length bounds (exclusive).
+        max_depth, max_args (int): generator parameters (LRA: 10, 10).
+        seed (int): generator seed.
+
+    Attributes:
+        splits: ``{"train": (tokens, lengths, labels), ...}`` with tokens
+            padded with 0 to :obj:`max_length - 1`: :math:`(S, N)` long,
+            lengths :math:`(S,)`, labels :math:`(S,)` in 0-9.
+    """
+
+    def __init__(self, root: Union[str, Path], sizes=(2000, 200, 200),
+                 min_length: int = 20, max_length: int = 128,
+                 max_depth: int = 10, max_args: int = 10, seed: int = 0):
+        if not 0 <= min_length < max_length - 1:
+            raise ValueError(f"need 0 <= min_length < max_length - 1, got "
+                             f"{min_length}, {max_length}")
+        if len(sizes) != 3 or min(sizes) < 0:
+            raise ValueError(f"sizes must be three counts >= 0, got {sizes}")
+        params = dict(sizes=list(sizes), min_length=min_length,
+                      max_length=max_length, max_depth=max_depth,
+                      max_args=max_args, seed=seed)
+        digest = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+        path = Path(root) / f"listops-{digest}.pt"
+        if path.exists():
+            self.splits = torch.load(path)
+        else:
+            self.splits = self._generate(**params)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(self.splits, path)
+        self.max_length = max_length
+
+    @staticmethod
+    def _generate(sizes, min_length, max_length, max_depth, max_args, seed):
+        rng = random.Random(seed)
+        total, seen, samples = sum(sizes), set(), []
+        for _ in range(10_000 * max(total, 1)):
+            if len(samples) == total:
+                break
+            tree = generate_expression(rng, max_depth, max_args)
+            tokens = tokenize(tree)
+            key = " ".join(tokens)
+            if min_length < len(tokens) < max_length and key not in seen:
+                seen.add(key)
+                samples.append(([_INDEX[t] for t in tokens], evaluate(tree)))
+        if len(samples) < total:
+            raise ValueError(f"could only generate {len(samples)} distinct "
+                             f"expressions of length in ({min_length}, "
+                             f"{max_length}); ask for fewer or widen the range")
+        splits, start = {}, 0
+        for name, size in zip(("train", "val", "test"), sizes):
+            chunk = samples[start:start + size]
+            start += size
+            tokens = torch.zeros(size, max_length - 1, dtype=torch.long)
+            for i, (seq, _) in enumerate(chunk):
+                tokens[i, :len(seq)] = torch.tensor(seq)
+            splits[name] = (tokens, torch.tensor([len(s) for s, _ in chunk]),
+                            torch.tensor([label for _, label in chunk]))
+        return splits
