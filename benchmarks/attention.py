@@ -1,11 +1,13 @@
 r"""Benchmarks: SBM edge attention, fastRG and the SBMConv layer vs dense
 attention. Run as ``python -m benchmarks.attention`` (or ``make bench``).
 
-Every timing is the median of ``--repeats`` runs after one warm-up, and every
-ratio is taken against torch's ``scaled_dot_product_attention`` (SDPA) from the
-same run. Peak memory is the extra memory a case allocates beyond its inputs:
-on CPU the kernel's peak resident set (``VmHWM``, reset in-process through
-``/proc/self/clear_refs``) over the resident set before the case, on CUDA
+Every timing is the median of ``--repeats`` runs after one warm-up; the
+timings that a target compares (sbm vs SDPA, the samplers, SBMConv vs
+MultiheadAttention) take turns repeat by repeat, and every ratio is taken
+against torch's ``scaled_dot_product_attention`` (SDPA) from the same run.
+Peak memory is what one forward+backward allocates beyond its inputs: on CPU
+(Linux) each case runs in a fresh subprocess and reads the kernel's peak
+resident set (``VmHWM``, reset through ``/proc/self/clear_refs``); on CUDA
 ``max_memory_allocated``.
 
 Sections:
@@ -34,6 +36,8 @@ import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -82,30 +86,6 @@ def median_time(fn: Callable[[], object], device: torch.device,
     return median_times({"fn": fn}, device, repeats)["fn"]
 
 
-_LIBC = None
-
-
-def _mmap_threshold(nbytes: int) -> bool:
-    """Sets glibc's mmap threshold (M_MMAP_THRESHOLD); False if unavailable.
-
-    Memory is measured at 64 KiB, so that tensors above it are mapped and
-    unmapped and the resident set follows the live tensors; timing runs at
-    32 MiB, glibc's own steady state (it raises the threshold up to 32 MiB
-    as mapped blocks are freed), so that temporaries are reused, not faulted
-    in page by page.
-    """
-    global _LIBC
-    try:
-        _LIBC = _LIBC or ctypes.CDLL("libc.so.6")
-        return _LIBC.mallopt(-3, nbytes) == 1  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
-
-
-# Set by main(): whether CPU peaks come from VmHWM (Linux) or the profiler.
-RSS_PEAK = {"enabled": False}
-
-
 def _status(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -114,35 +94,7 @@ def _status(key: str) -> int:
     raise KeyError(key)
 
 
-def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
-    """Bytes allocated by ``fn`` at its peak, beyond what existed before.
-
-    CUDA: ``max_memory_allocated``. CPU on Linux: the kernel's peak resident
-    set (``VmHWM``, reset through ``/proc/self/clear_refs``) minus the
-    resident set before the call. Elsewhere: the torch profiler's allocation
-    records, which miss allocations made inside some sparse kernels.
-    """
-    fn()  # warm-up: lazily created state is not counted
-    if device.type == "cuda":
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        _sync(device)
-        return torch.cuda.max_memory_allocated(device) - base
-    if RSS_PEAK["enabled"]:
-        _mmap_threshold(64 * 2**10)
-        try:
-            # Free heap pages go back to the OS, so reusing them faults them
-            # in again and counts.
-            _LIBC.malloc_trim(0)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            base = _status("VmRSS:")
-            fn()
-            return max(_status("VmHWM:") - base, 0)
-        finally:
-            _mmap_threshold(32 * 2**20)
+def _profiler_peak(fn: Callable[[], object]) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     current = peak = 0
@@ -150,6 +102,66 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
         current += event.self_cpu_memory_usage
         peak = max(peak, current)
     return peak
+
+
+def _case(method: str, n: int, density: float, device: torch.device):
+    """The inputs and the function of one attention case."""
+    q, k, v = qkv(n, device)
+    graph = fixed_graph(n, density, device) if method in ("sbm", "pyg") else None
+    return lambda: METHODS[method](q, k, v, graph)
+
+
+def _memory_case(spec: dict) -> int:
+    """Runs in a fresh process: peak resident set of one call beyond the
+    resident set before it (``VmHWM`` reset through ``/proc/self/clear_refs``).
+    glibc's mmap threshold is pinned at 64 KiB first, so that tensors are
+    mapped and unmapped and the resident set follows the live tensors."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 64 * 2**10)  # M_MMAP_THRESHOLD
+    torch.set_num_threads(spec["threads"])
+    fn = _case(spec["method"], spec["n"], spec["density"], torch.device("cpu"))
+    fn()  # warm-up: lazily built state (the graph's row index) is not counted
+    libc.malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status("VmRSS:")
+    fn()
+    return max(_status("VmHWM:") - base, 0)
+
+
+MEMORY = {"method": "subprocess"}  # main() sets "profiler" for --quick
+
+
+def peak_memory(method: str, n: int, density: float, device: torch.device,
+                threads: int) -> int:
+    """Bytes one forward+backward of ``method`` allocates at its peak, beyond
+    its inputs.
+
+    CUDA: ``max_memory_allocated``, in process. CPU on Linux: each case in a
+    fresh subprocess (see :func:`_memory_case`): in one long-lived process,
+    heap fragmentation left by earlier cases made the same case read 166 or
+    346 MiB. Elsewhere: the torch profiler's allocation records, which miss
+    allocations made inside the sparse kernels.
+    """
+    if device.type == "cuda":
+        fn = _case(method, n, density, device)
+        fn()
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        _sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    if MEMORY["method"] == "subprocess" and os.path.exists("/proc/self/clear_refs"):
+        spec = dict(method=method, n=n, density=density, threads=threads)
+        result = subprocess.run(
+            [sys.executable, "-m", "benchmarks.attention", "--memory-case",
+             json.dumps(spec)], capture_output=True, text=True, check=True,
+            cwd=Path(__file__).resolve().parent.parent)
+        return int(result.stdout.strip().splitlines()[-1])
+    fn = _case(method, n, density, device)
+    fn()
+    return _profiler_peak(fn)
 
 
 def fixed_graph(n: int, density: float, device: torch.device,
@@ -228,7 +240,7 @@ def _fits(method: str, n: int, edges: int) -> bool:
     return True
 
 
-def bench_attention(sizes, densities, device, repeats, log) -> List[dict]:
+def bench_attention(sizes, densities, device, repeats, threads, log) -> List[dict]:
     """sbm_pyg and SDPA are timed in turns on every row (the ratio that the
     targets use); dense math attention once per n; the PyG reference on its
     own."""
@@ -239,20 +251,20 @@ def bench_attention(sizes, densities, device, repeats, log) -> List[dict]:
         if _fits("math", n, 0):
             fn = lambda: run_math(q, k, v)  # noqa: E731
             math_case = dict(time=median_time(fn, device, repeats),
-                             memory=peak_memory(fn, device))
+                             memory=peak_memory("math", n, 0.0, device, threads))
         for density in densities:
             graph = fixed_graph(n, density, device)
             row = dict(n=n, density=density, edges=graph.num_edges)
             fns = dict(sbm=lambda: run_sbm(q, k, v, graph),
                        sdpa=lambda: run_sdpa(q, k, v))
             times = median_times(fns, device, repeats)
-            for method, fn in fns.items():
-                row[method] = dict(time=times[method],
-                                   memory=peak_memory(fn, device))
+            for method in fns:
+                row[method] = dict(time=times[method], memory=peak_memory(
+                    method, n, density, device, threads))
             if _fits("pyg", n, graph.num_edges):
                 fn = lambda: run_pyg(q, k, v, graph)  # noqa: E731
                 row["pyg"] = dict(time=median_time(fn, device, repeats),
-                                  memory=peak_memory(fn, device))
+                                  memory=peak_memory("pyg", n, density, device, threads))
             if math_case is not None:
                 row["math"] = dict(math_case)
                 row["sbm"]["memory_vs_math"] = row["sbm"]["memory"] / math_case["memory"]
@@ -301,7 +313,7 @@ def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
             / sum((a - mx) ** 2 for a in lx))
 
 
-def bench_scaling(n, densities, device, repeats, log) -> dict:
+def bench_scaling(n, densities, device, repeats, threads, log) -> dict:
     """Time and peak memory against m at fixed n. The empty graph (m = 0)
     gives the fixed O(N H D) part that any attention pays (inputs, outputs,
     gradients); slopes are reported for the raw values and for the part
@@ -317,7 +329,7 @@ def bench_scaling(n, densities, device, repeats, log) -> dict:
         sample = lambda: fastrg(memb, ones, memb, generator=gen)  # noqa: E731
         points.append(dict(density=density, edges=graph.num_edges,
                            attention_time=median_time(fn, device, repeats),
-                           attention_memory=peak_memory(fn, device),
+                           attention_memory=peak_memory("sbm", n, density, device, threads),
                            sampler_time=median_time(sample, device, repeats)))
         log(f"  m={graph.num_edges:>10}  attention {points[-1]['attention_time'] * 1e3:8.1f} ms "
             f"{points[-1]['attention_memory'] / 2**20:8.1f} MiB   fastrg "
@@ -433,16 +445,21 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                         choices=["attention", "sampler", "scaling", "layer"])
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output (default benchmarks/results-DEVICE.json)")
+    parser.add_argument("--memory", choices=["subprocess", "profiler"], default=None,
+                        help="CPU memory measurement (default: subprocess, "
+                             "profiler with --quick)")
+    parser.add_argument("--memory-case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.memory_case:  # child process of peak_memory()
+        print(_memory_case(json.loads(args.memory_case)))
+        return {}
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available")
     if args.repeats < 1 or args.threads < 1:
         parser.error("--repeats and --threads must be >= 1")
     torch.set_num_threads(args.threads)
-    RSS_PEAK["enabled"] = (device.type == "cpu"
-                           and os.path.exists("/proc/self/clear_refs")
-                           and _mmap_threshold(32 * 2**20))
+    MEMORY["method"] = args.memory or ("profiler" if args.quick else "subprocess")
     if args.quick:
         sizes, densities, scaling_n = [256, 512], [0.01, 0.05], 512
         scaling_densities, layer_n, batch_case = [0.01, 0.1], 256, (4, 128)
@@ -454,7 +471,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     results = dict(device=str(device), threads=args.threads,
                    torch=torch.__version__, machine=platform.machine(),
                    processor=platform.processor() or platform.machine(),
-                   cpu_count=os.cpu_count(), memory_method="cuda" if device.type == "cuda" else ("rss" if RSS_PEAK["enabled"] else "profiler"),
+                   cpu_count=os.cpu_count(), memory_method="cuda" if device.type == "cuda" else MEMORY["method"],
                    gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                    heads=HEADS, head_dim=HEAD_DIM, repeats=args.repeats,
                    quick=args.quick)
@@ -464,7 +481,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if "attention" in args.sections:
         log("\n[attention] fixed sampled graph, time in ms")
         results["attention"] = bench_attention(sizes, densities, device,
-                                               args.repeats, log)
+                                               args.repeats, args.threads, log)
     if "sampler" in args.sections:
         log(f"\n[sampler] k={CLUSTERS}, distinct edges per second")
         results["sampler"] = bench_sampler(sizes, densities[1:3], device,
@@ -472,7 +489,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if "scaling" in args.sections:
         log(f"\n[scaling] n={scaling_n}")
         results["scaling"] = bench_scaling(scaling_n, scaling_densities, device,
-                                           args.repeats, log)
+                                           args.repeats, args.threads, log)
     if "layer" in args.sections:
         log(f"\n[layer] n={layer_n}, width {HEADS * HEAD_DIM}, calibrated to ~5% density")
         results["layer"] = bench_layer(layer_n, 0.05, device, args.repeats, log)

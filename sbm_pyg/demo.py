@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from sbm_pyg.experiments.tasks import repeat_batch
 from sbm_pyg.nn import SBMMultiheadAttention
 
 HEAD_DIM = 32
@@ -40,14 +41,6 @@ class _RepeatModel(torch.nn.Module):
         x = self.tokens(tokens) + self.positions(pos)
         h = self.attn(x, generator=generator)
         return self.head(torch.cat([x, h], dim=-1)).squeeze(-1)
-
-
-def repeat_batch(batch: int, length: int, generator: torch.Generator):
-    r"""The paper's synthetic task: tokens uniform in :math:`\{1..N\}`, label 1
-    iff the token occurs elsewhere in its sequence."""
-    tokens = torch.randint(1, length + 1, (batch, length), generator=generator)
-    same = tokens[:, :, None] == tokens[:, None, :]
-    return tokens, (same.sum(-1) > 1).float()
 
 
 def sample_table(attn: SBMMultiheadAttention, lengths: Sequence[int],

@@ -85,9 +85,9 @@ class TransformerOutput:
     r"""What :class:`SBMTransformer` returns.
 
     Attributes:
-        token_logits (Tensor): :math:`(B, N, C_{tok})`.
-        seq_logits (Tensor): :math:`(B, C_{seq})`, mean-pooled over real
-            tokens.
+        token_logits (Tensor, optional): :math:`(B, N, C_{tok})`.
+        seq_logits (Tensor, optional): :math:`(B, C_{seq})`, mean-pooled over
+            real tokens.
         sampled_density (Tensor, optional): :math:`(L, H)`, fraction of
             pairs sampled per layer and head (``sbm`` only).
         expected_density (Tensor, optional): :math:`(L, H)`, differentiable
@@ -97,8 +97,8 @@ class TransformerOutput:
             train with ``task_loss + lam * density_loss``.
     """
 
-    token_logits: Tensor
-    seq_logits: Tensor
+    token_logits: Optional[Tensor]
+    seq_logits: Optional[Tensor]
     sampled_density: Optional[Tensor]
     expected_density: Optional[Tensor]
     density_loss: Tensor
@@ -159,7 +159,9 @@ class SBMTransformer(Module):
     Shapes:
         - **input:** tokens :math:`(B, N)` (long), mask :math:`(B, N)` (bool,
           True = real token; :obj:`None`: all real)
-        - **output:** :class:`TransformerOutput`
+        - **output:** :class:`TransformerOutput`; with
+          :obj:`output="token"` or :obj:`"sequence"` only that head is
+          computed (an unused head would stall DistributedDataParallel)
     """
 
     def __init__(self, num_tokens: int, max_len: int, dim: int = 32,
@@ -205,7 +207,11 @@ class SBMTransformer(Module):
         return PerformerAttention(dim, heads, head_dim)
 
     def forward(self, tokens: Tensor, mask: Optional[Tensor] = None, *,
-                generator: Optional[torch.Generator] = None) -> TransformerOutput:
+                generator: Optional[torch.Generator] = None,
+                output: str = "both") -> TransformerOutput:
+        if output not in ("both", "token", "sequence"):
+            raise ValueError(f"output must be 'both', 'token' or 'sequence', "
+                             f"got {output!r}")
         require_tensor("tokens", tokens, 2)
         if tokens.dtype != torch.long:
             raise TypeError(f"tokens must be a LongTensor, got {tokens.dtype}")
@@ -222,13 +228,18 @@ class SBMTransformer(Module):
         for block in self.blocks:
             x = block(x, mask, generator)
         x = self.norm(x)
-        weights = mask.to(x.dtype)[..., None]
-        pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1)
+        token_logits = seq_logits = None
+        if output in ("both", "token"):
+            token_logits = self.token_head(x)
+        if output in ("both", "sequence"):
+            weights = mask.to(x.dtype)[..., None]
+            seq_logits = self.seq_head((x * weights).sum(1)
+                                       / weights.sum(1).clamp(min=1))
         sampled = expected = None
         density_loss = x.new_zeros(())
         if self.attention_kind == "sbm":
             sampled = torch.stack([b.attention.sampled_density for b in self.blocks])
             expected = torch.stack([b.attention.expected_density for b in self.blocks])
             density_loss = expected.mean()
-        return TransformerOutput(self.token_head(x), self.seq_head(pooled),
-                                 sampled, expected, density_loss)
+        return TransformerOutput(token_logits, seq_logits, sampled, expected,
+                                 density_loss)

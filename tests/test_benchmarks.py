@@ -2,7 +2,11 @@
 never asserted; only that every section produced well-formed results."""
 import json
 
-from benchmarks.attention import loglog_slope, main
+import os
+
+import pytest
+
+from benchmarks.attention import loglog_slope, main, peak_memory
 
 
 def test_quick_benchmark_runs(tmp_path, capsys):
@@ -22,3 +26,12 @@ def test_quick_benchmark_runs(tmp_path, capsys):
 def test_loglog_slope():
     assert abs(loglog_slope([1, 10, 100], [3, 30, 300]) - 1) < 1e-12
     assert abs(loglog_slope([1, 10, 100], [5, 500, 50000]) - 2) < 1e-12
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux only")
+def test_subprocess_peak_memory_sees_the_dense_scores():
+    import torch
+    # n=512, 2 heads: one [2, n, n] float32 matrix is 2 MiB; the math path
+    # keeps scores, weights and their gradients.
+    peak = peak_memory("math", 512, 0.0, torch.device("cpu"), threads=1)
+    assert 2 * 2**21 <= peak <= 16 * 2**21

@@ -1,0 +1,46 @@
+"""Command line: ``python -m sbm_pyg train ...`` and ``python -m sbm_pyg plot
+DIR...``. Bad arguments print a message and exit with code 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sbm_pyg")
+    sub = parser.add_subparsers(dest="command", required=True)
+    from sbm_pyg.experiments.train import add_train_arguments, check_train_arguments
+    train_parser = sub.add_parser("train", help="train an SBM-Transformer or a baseline")
+    add_train_arguments(train_parser)
+    plot_parser = sub.add_parser("plot", help="plot loss, accuracy and density of runs")
+    plot_parser.add_argument("runs", nargs="+", type=Path)
+    plot_parser.add_argument("--out", type=Path, default=Path("runs.png"))
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        check_train_arguments(train_parser, args)
+        from sbm_pyg.experiments.train import train
+        final = train(args)
+        print(json.dumps(final, indent=1))
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # A torchrun worker skips Python's teardown: destroying the gloo
+            # process group (torch 2.13) can deadlock, the main thread
+            # holding the GIL while joining gloo's thread, which needs the GIL
+            # to free the last collective's tensors (seen 1 run in 7).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        return 0
+    missing = [str(r) for r in args.runs if not (r / "metrics.jsonl").exists()]
+    if missing:
+        plot_parser.error(f"no metrics.jsonl in {', '.join(missing)}")
+    from sbm_pyg.experiments.plot import plot_runs
+    print(plot_runs(args.runs, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sbm_pyg.__main__ import main
+
+TINY = ["--seq-len", "8", "--dim", "16", "--clusters", "8", "--batch-size", "8",
+        "--log-every", "1", "--no-progress", "--eval-batches", "2"]
+
+
+def run(tmp_path, name, *extra):
+    out = tmp_path / name
+    main(["train", "--task", "repeat", "--out", str(out), *TINY, *extra])
+    return out
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_writes_metrics_checkpoint_and_final(tmp_path):
+    out = run(tmp_path, "a", "--steps", "6", "--eval-every", "3")
+    records = metrics(out)
+    train = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert all(0 <= r["density"] <= 1 and r["loss"] > 0 for r in train)
+    assert [r["step"] for r in records if r["split"] == "val"] == [3, 6]
+    final = json.loads((out / "final.json").read_text())
+    assert final["steps"] == 6 and 0 <= final["accuracy"] <= 1
+    assert len(final["density_per_layer_head"]) == 1
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert state["step"] == 6 and {"model", "optimizer", "rng"} <= set(state)
+
+
+def test_resume_gives_the_identical_next_step(tmp_path):
+    straight = run(tmp_path, "straight", "--steps", "5", "--checkpoint-every", "4")
+    resumed = run(tmp_path, "resumed", "--steps", "4")
+    run(tmp_path, "resumed", "--steps", "5", "--resume")
+    a = [r for r in metrics(straight) if r["split"] == "train"]
+    b = [r for r in metrics(resumed) if r["split"] == "train"]
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
+    assert a[4]["loss"] == b[4]["loss"] and a[4]["density"] == b[4]["density"]
+    sa = torch.load(straight / "checkpoint.pt", weights_only=False)["model"]
+    sb = torch.load(resumed / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("attention", ["full", "linear", "performer"])
+def test_baselines_train(tmp_path, attention):
+    out = run(tmp_path, attention, "--steps", "2", "--attention", attention)
+    assert json.loads((out / "final.json").read_text())["steps"] == 2
+
+
+def test_listops_task(tmp_path):
+    out = tmp_path / "lo"
+    main(["train", "--task", "listops", "--out", str(out), "--seq-len", "40",
+          "--listops-min-length", "10", "--listops-sizes", "40", "8", "8",
+          "--data-dir", str(tmp_path / "data"), "--dim", "16", "--clusters", "8",
+          "--batch-size", "8", "--steps", "3", "--no-progress", "--layers", "2",
+          "--heads", "2"])
+    final = json.loads((out / "final.json").read_text())
+    assert final["split"] == "test" and len(final["density_per_layer_head"]) == 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--task", "repeat", "--out", "x", "--steps", "0"],
+    ["train", "--task", "sorting", "--out", "x"],
+    ["train", "--task", "repeat", "--out", "x", "--lr", "-1"],
+    ["train", "--task", "repeat", "--out", "/nonexistent/x", "--resume"],
+    ["plot", "/nonexistent/run"],
+])
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    a = run(tmp_path, "a", "--steps", "3")
+    b = run(tmp_path, "b", "--steps", "3", "--attention", "full")
+    png = tmp_path / "plot.png"
+    main(["plot", str(a), str(b), "--out", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_ddp_two_processes_keep_identical_parameters(tmp_path):
+    out = tmp_path / "ddp"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+           "-m", "sbm_pyg", "train", "--task", "repeat", "--out", str(out),
+           *TINY, "--steps", "4"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = json.loads((out / "final.json").read_text())
+    assert final["world_size"] == 2 and final["ranks_identical"] is True

@@ -1,0 +1,132 @@
+import random
+
+import pytest
+import torch
+
+from sbm_pyg.experiments.tasks import (
+    OPERATORS,
+    VOCAB,
+    ListOps,
+    evaluate,
+    generate_expression,
+    repeat_batch,
+    tokenize,
+)
+
+
+def reference_eval(text: str) -> int:
+    """Independent stack evaluator over the token string (no tree)."""
+    stack = []
+    for token in text.split():
+        if token == "]":
+            args = []
+            while not isinstance(stack[-1], str):
+                args.append(stack.pop())
+            op = stack.pop()
+            args.sort()
+            if op == "[MIN":
+                stack.append(args[0])
+            elif op == "[MAX":
+                stack.append(args[-1])
+            elif op == "[MED":
+                mid = len(args) // 2
+                stack.append(args[mid] if len(args) % 2 else (args[mid - 1] + args[mid]) // 2)
+            else:
+                stack.append(sum(args) % 10)
+        else:
+            stack.append(token if token.startswith("[") else int(token))
+    assert len(stack) == 1
+    return stack[0]
+
+
+@pytest.mark.parametrize("text,value", [
+    ("[MAX 2 9 [MIN 4 7 ] 0 ]", 9),
+    ("[MIN 3 [MAX 5 1 ] 8 ]", 3),
+    ("[MED 1 8 3 4 ]", 3),          # median 3.5 truncated
+    ("[MED 2 9 5 ]", 5),
+    ("[SM 7 8 9 ]", 4),
+    ("[SM [MAX 9 9 ] [MED 0 1 ] 5 ]", 4),  # 9 + int(0.5) + 5 = 14 -> 4
+])
+def test_hand_written_expressions(text, value):
+    assert reference_eval(text) == value
+
+
+def parse(text: str):
+    tokens = text.split()
+
+    def node(i):
+        if tokens[i] in OPERATORS:
+            op, args, i = tokens[i], [], i + 1
+            while tokens[i] != "]":
+                arg, i = node(i)
+                args.append(arg)
+            return (op, args), i + 1
+        return int(tokens[i]), i + 1
+    return node(0)[0]
+
+
+@pytest.mark.parametrize("text", [
+    "[MAX 2 9 [MIN 4 7 ] 0 ]", "[MED 1 8 3 4 ]", "[SM [MAX 9 9 ] [MED 0 1 ] 5 ]",
+])
+def test_evaluate_matches_reference_on_hand_written(text):
+    tree = parse(text)
+    assert " ".join(tokenize(tree)) == text
+    assert evaluate(tree) == reference_eval(text)
+
+
+def test_generated_labels_match_reference_evaluator():
+    rng = random.Random(0)
+    for _ in range(300):
+        tree = generate_expression(rng, max_depth=6, max_args=5)
+        assert evaluate(tree) == reference_eval(" ".join(tokenize(tree)))
+
+
+def test_generator_rules():
+    rng = random.Random(1)
+    trees = [generate_expression(rng, max_depth=10, max_args=10) for _ in range(4000)]
+    # The root is a value with probability 0.75 (binomial bound, z < 4.5).
+    values = sum(isinstance(t, int) for t in trees)
+    assert abs(values - 3000) < 4.5 * (4000 * 0.75 * 0.25) ** 0.5
+    for tree in trees:
+        if not isinstance(tree, int):
+            assert tree[0] in OPERATORS and 2 <= len(tree[1]) <= 10
+    deep = generate_expression(random.Random(2), max_depth=1)
+    assert isinstance(deep, int)  # at max_depth always a value
+
+
+def test_listops_dataset_cached_disjoint_and_bounded(tmp_path):
+    data = ListOps(tmp_path, sizes=(60, 20, 20), min_length=10, max_length=40, seed=3)
+    seqs = {}
+    for name, (tokens, lengths, labels) in data.splits.items():
+        assert tokens.shape[1] == 39
+        assert bool(((lengths > 10) & (lengths < 40)).all())
+        assert bool(((labels >= 0) & (labels <= 9)).all())
+        for row, n, label in zip(tokens, lengths, labels):
+            text = " ".join(VOCAB[t] for t in row[:n].tolist())
+            assert bool((row[n:] == 0).all())
+            assert reference_eval(text) == int(label)
+            seqs.setdefault(name, set()).add(text)
+    assert not (seqs["train"] & seqs["val"]) and not (seqs["train"] & seqs["test"])
+    assert not (seqs["val"] & seqs["test"])
+    assert len(list(tmp_path.glob("listops-*.pt"))) == 1
+    again = ListOps(tmp_path, sizes=(60, 20, 20), min_length=10, max_length=40, seed=3)
+    assert torch.equal(again.splits["test"][0], data.splits["test"][0])
+    other = ListOps(tmp_path, sizes=(60, 20, 20), min_length=10, max_length=40, seed=4)
+    assert not torch.equal(other.splits["test"][0], data.splits["test"][0])
+
+
+def test_listops_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="min_length"):
+        ListOps(tmp_path, min_length=50, max_length=40)
+    with pytest.raises(ValueError, match="sizes"):
+        ListOps(tmp_path, sizes=(1, 2))
+
+
+def test_repeat_batch_labels():
+    tokens, labels = repeat_batch(64, 16, torch.Generator().manual_seed(0))
+    assert tokens.shape == labels.shape == (64, 16)
+    assert int(tokens.min()) >= 1 and int(tokens.max()) <= 16
+    for row, lab in zip(tokens.tolist(), labels.tolist()):
+        assert lab == [float(row.count(t) > 1) for t in row]
+    with pytest.raises(ValueError, match="length"):
+        repeat_batch(2, 1)
