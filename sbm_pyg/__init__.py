@@ -2,6 +2,7 @@
 from sbm_pyg.sampling import SampledGraph, bernoulli, expected_adjacency, fastrg
 from sbm_pyg.nn import SBMConv, SBMMultiheadAttention, StochasticBlockModel
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
+from sbm_pyg import experiments, models, theory  # noqa: E402  (submodules)
 
 __version__ = "0.1.0"
 
@@ -15,4 +16,7 @@ __all__ = [
     "StochasticBlockModel",
     "SBMConv",
     "SBMMultiheadAttention",
+    "models",
+    "experiments",
+    "theory",
 ]

@@ -2,11 +2,13 @@ r"""The SBM-Transformer attention as a PyG :class:`MessagePassing` layer."""
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple, Union
+from collections import OrderedDict
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.hooks import RemovableHandle
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
@@ -185,7 +187,17 @@ class SBMConv(MessagePassing):
         self.sampled_density: Optional[Tensor] = None
         self.expected_density: Optional[Tensor] = None
         self._alpha: Optional[Tensor] = None
+        self._graph_hooks: "OrderedDict[int, Callable]" = OrderedDict()
         self.reset_parameters()
+
+    def register_graph_hook(self, hook: Callable[["SBMConv", SampledGraph], None]
+                            ) -> RemovableHandle:
+        r"""Calls :obj:`hook(module, graph)` with every graph this layer
+        samples (e.g. :class:`sbm_pyg.theory.GraphRecorder`); returns a handle
+        whose :meth:`remove` unregisters it."""
+        handle = RemovableHandle(self._graph_hooks)
+        self._graph_hooks[handle.id] = hook
+        return handle
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
@@ -276,6 +288,8 @@ class SBMConv(MessagePassing):
                        exploration=self.exploration if self.training else 0.0,
                        self_loops=self.self_loops, max_edges=self.max_edges,
                        generator=generator)
+        for hook in self._graph_hooks.values():
+            hook(self, graph)
         edge_prob = None
         if torch.is_grad_enabled() and q_memb.requires_grad:
             edge_prob = edge_probability(q_memb, block, k_memb, graph)
