@@ -42,7 +42,7 @@ __all__ = [
     "check_self_loops", "check_reachability", "check_conditions",
     "ConditionReport", "proof_patterns", "proof_sbm", "proof_hamiltonian_path",
     "lemma1_probability", "expected_hamiltonian_cycles",
-    "hamiltonian_cycle_probability", "model_conditions",
+    "hamiltonian_cycle_probability", "model_conditions", "condition_frequencies",
 ]
 
 Pattern = Union[Tensor, np.ndarray, nx.DiGraph]
@@ -599,3 +599,19 @@ def model_conditions(model: torch.nn.Module, forward: Callable[[], object],
                     for mask in pattern_masks(graph, g)]
         reports.append(check_conditions(patterns, **kwargs))
     return reports
+
+
+def condition_frequencies(reports: Sequence[ConditionReport]) -> dict:
+    """How often each condition holds across inputs (fractions of
+    :obj:`reports`; a Hamiltonian path counts as held only when found)."""
+    if not reports:
+        raise ValueError("need at least one report")
+    n = len(reports)
+    return dict(
+        inputs=n,
+        self_loops=sum(r.self_loops for r in reports) / n,
+        hamiltonian_path=sum(r.has_hamiltonian_path is True for r in reports) / n,
+        hamiltonian_unknown=sum(r.has_hamiltonian_path is None for r in reports) / n,
+        reachability=sum(r.reachability_s is not None for r in reports) / n,
+        strongly_connected=sum(r.strongly_connected for r in reports) / n,
+        all_hold=sum(r.all_hold for r in reports) / n)

@@ -12,6 +12,7 @@ from sbm_pyg.theory import (
     check_conditions,
     check_reachability,
     check_self_loops,
+    condition_frequencies,
     count_hamiltonian_cycles,
     expected_hamiltonian_cycles,
     from_networkx,
@@ -200,6 +201,9 @@ def test_model_conditions_on_a_trained_model():
         if r.has_hamiltonian_path:
             assert len(r.hamiltonian_path) == 8
         assert (r.reachability_s is None) == bool(r.unreached)
+    freq = condition_frequencies(reports)
+    assert freq["inputs"] == 10 and freq["self_loops"] == 1.0
+    assert freq["all_hold"] == sum(r.all_hold for r in reports) / 10
 
 
 def test_lemma1_expectation_and_probability():
