@@ -202,19 +202,24 @@ def _check_sbm(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: PtrLike,
     return ptr_q, ptr_k, checks
 
 
-def _explored(q_memb: Tensor, block: Tensor, k_memb: Tensor,
-              exploration: float) -> Tuple[Tensor, Tensor, Tensor]:
-    r"""float64 SBM parameters; exploration :math:`\delta` becomes one more
-    cluster with membership 1 for every node and block entry :math:`\delta`,
-    so every pair's rate is :math:`p_{ij} + \delta` without any
-    :math:`n \times n` matrix."""
-    Y, B, Z = (t.detach().double() for t in (q_memb, block, k_memb))
+def _explored_block(block: Tensor, exploration: float) -> Tensor:
+    r"""float64 block matrices; exploration :math:`\delta` becomes one more
+    cluster (membership 1 for every node, see :class:`_Cdf`) with block entry
+    :math:`\delta`, so every pair's rate is :math:`p_{ij} + \delta` without
+    any :math:`n \times n` matrix."""
+    B = block.detach().double()
     if exploration > 0:
-        Y = torch.cat([Y, Y.new_ones(Y.shape[:2] + (1,))], dim=-1)
-        Z = torch.cat([Z, Z.new_ones(Z.shape[:2] + (1,))], dim=-1)
         B = torch.nn.functional.pad(B, (0, 1, 0, 1))
         B[:, -1, -1] = exploration
-    return Y, B, Z
+    return B
+
+
+def _explored_memberships(memb: Tensor, exploration: float) -> Tensor:
+    # float64 memberships with the exploration cluster (exact mode only).
+    memb = memb.detach().double()
+    if exploration > 0:
+        memb = torch.cat([memb, memb.new_ones(memb.shape[:2] + (1,))], dim=-1)
+    return memb
 
 
 def _segment_max(x: Tensor, ptr: Tensor) -> Tensor:
@@ -437,15 +442,13 @@ def fastrg(
     cdf_q = _Cdf(q_memb, ptr_q, explore, "q_memb")
     cdf_k = _Cdf(k_memb, ptr_k, explore, "k_memb")
     checks += [cdf_q.check, cdf_k.check]
-    B = block.detach().double()
-    if explore:
-        B = torch.nn.functional.pad(B, (0, 1, 0, 1))
-        B[:, -1, -1] = exploration
+    B = _explored_block(block, exploration)
     rate = (cdf_q.mass[:, :, :, None] * B[None]
             * cdf_k.mass[:, :, None, :])  # [G, H, k, k]
     inflation = None
     if mode == "exact":
-        Y, B, Z = _explored(q_memb, block, k_memb, exploration)
+        Y = _explored_memberships(q_memb, exploration)
+        Z = _explored_memberships(k_memb, exploration)
         bound = torch.einsum("ghu,huv,ghv->gh", _segment_max(Y, ptr_q), B,
                              _segment_max(Z, ptr_k))
         inflation = _inflation(bound)  # [G, H]

@@ -96,7 +96,7 @@ class _Task:
         mask = torch.arange(n)[None, :] < lengths[idx, None]
         return batch, mask, labels[idx]
 
-    def eval_splits(self) -> Iterator[Tuple[str, Tensor, Tensor, Tensor]]:
+    def test_batches(self) -> Iterator[Tuple[str, Tensor, Tensor, Tensor]]:
         """Every example of the listops test split, in batches."""
         tokens, lengths, labels = self.data.splits["test"]
         for start in range(0, tokens.size(0), self.args.batch_size):
@@ -257,7 +257,7 @@ def evaluate(model: SBMTransformer, task: _Task, device: torch.device,
     ``--eval-batches`` batches."""
     model.eval()
     if task.args.task == "listops" and split == "test":
-        batches = task.eval_splits()
+        batches = task.test_batches()
     else:
         batches = (task.batch(split) for _ in range(task.args.eval_batches))
     correct = count = 0
