@@ -16,7 +16,7 @@ from torch_geometric.utils import is_sparse, softmax
 
 from sbm_pyg._validation import require_tensor, sync
 from sbm_pyg.nn.block_model import StochasticBlockModel
-from sbm_pyg.nn.functional import edge_probability, sparse_attention
+from sbm_pyg.nn.functional import _heads_first, edge_probability, sparse_attention
 from sbm_pyg.sampling import MODES, SampledGraph, fastrg
 
 __all__ = ["SBMConv"]
@@ -302,13 +302,11 @@ class SBMConv(MessagePassing):
                 return_attention_weights=True)
             return out, graph, alpha
         _, col = graph.csr()
-        row = graph.head * Nq + graph.edge_index[1]
         out = self.propagate(
-            torch.stack([col, row]),
-            query=query.transpose(0, 1).reshape(H * Nq, C),
-            key=key.transpose(0, 1).reshape(H * Nk, C),
-            value=value.transpose(0, 1).reshape(H * Nk, C),
-            edge_prob=edge_prob, size=(H * Nk, H * Nq))
+            torch.stack([col, graph.row().long()]),
+            query=_heads_first(query), key=_heads_first(key),
+            value=_heads_first(value), edge_prob=edge_prob,
+            size=(H * Nk, H * Nq))
         alpha, self._alpha = self._alpha, None
         return out.view(H, Nq, C).transpose(0, 1), graph, alpha
 
