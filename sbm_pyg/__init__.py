@@ -1,6 +1,11 @@
 """sbm_pyg: SBM-Transformer attention as PyTorch Geometric components."""
 from sbm_pyg.sampling import SampledGraph, bernoulli, expected_adjacency, fastrg
-from sbm_pyg.nn import SBMConv, SBMMultiheadAttention, StochasticBlockModel
+from sbm_pyg.nn import (
+    SBMConv,
+    SBMGPSConv,
+    SBMMultiheadAttention,
+    StochasticBlockModel,
+)
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
 from sbm_pyg import experiments, models, theory  # noqa: E402  (submodules)
 
@@ -16,6 +21,7 @@ __all__ = [
     "StochasticBlockModel",
     "SBMConv",
     "SBMMultiheadAttention",
+    "SBMGPSConv",
     "models",
     "experiments",
     "theory",

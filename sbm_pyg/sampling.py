@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from sbm_pyg._validation import (
+    Check,
     as_ptr,
     check_memory,
     nonnegative_finite,
@@ -357,6 +358,33 @@ def _self_loop_keys(H: int, N: int, device: torch.device) -> Tensor:
     return ((h * N + i) * N + i).reshape(-1)
 
 
+def _included_keys(edges, ptr_q: Tensor, ptr_k: Tensor, H: int, Nq: int,
+                   Nk: int) -> Tuple[Tensor, Check]:
+    r"""Keys of :obj:`include_edges` (key :math:`j` → query :math:`i`) in
+    every head, and the deferred check that they are in range and stay
+    within their sequence."""
+    require_tensor("include_edges", edges, 2)
+    if edges.dtype != torch.long or edges.size(0) != 2:
+        raise TypeError(f"include_edges must be a LongTensor of shape [2, E], "
+                        f"got {edges.dtype} {tuple(edges.shape)}")
+    if edges.device != ptr_q.device:
+        raise ValueError(f"include_edges is on {edges.device}, the "
+                         f"memberships on {ptr_q.device}")
+    j, i = edges
+    in_range = (j >= 0) & (j < Nk) & (i >= 0) & (i < Nq)
+    same = (torch.searchsorted(ptr_k, j, right=True)
+            == torch.searchsorted(ptr_q, i, right=True))
+    bad = ~(in_range & same).all()
+    # Until the check raises (at the next sync), out-of-range pairs are
+    # dropped so that nothing indexes out of bounds.
+    i, j = i[in_range], j[in_range]
+    h = torch.arange(H, device=i.device)[:, None]
+    keys = ((h * Nq + i) * Nk + j).reshape(-1)
+    return keys, (bad, f"include_edges must hold pairs (key j, query i) with "
+                       f"0 <= j < N_k={Nk}, 0 <= i < N_q={Nq}, within one "
+                       f"sequence")
+
+
 @torch.compiler.disable  # data-dependent edge count: runs eagerly
 def fastrg(
     q_memb: Tensor,
@@ -368,6 +396,7 @@ def fastrg(
     mode: str = "poisson",
     exploration: float = 0.0,
     self_loops: bool = False,
+    include_edges: Optional[Tensor] = None,
     max_edges: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
 ) -> SampledGraph:
@@ -413,6 +442,10 @@ def fastrg(
         self_loops (bool): if set, query :math:`i` always gets key
             :math:`i` (the paper's "+I" variant); queries and keys must be
             the same sequences.
+        include_edges (LongTensor, optional): :obj:`[2, E]` pairs
+            (key :math:`j`, query :math:`i`) added to every head's graph
+            without duplicates, e.g. the input graph's :obj:`edge_index`
+            for structure-aware attention; a pair must not cross sequences.
         max_edges (int, optional): raise a :class:`ValueError` if more
             draws than this are made, before anything of that size is
             allocated. Independently, a draw that would not fit into the
@@ -438,6 +471,10 @@ def fastrg(
     Nq, H, _ = q_memb.shape
     Nk, device = k_memb.size(0), q_memb.device
 
+    included = None
+    if include_edges is not None:
+        included, check = _included_keys(include_edges, ptr_q, ptr_k, H, Nq, Nk)
+        checks.append(check)
     explore = exploration > 0
     cdf_q = _Cdf(q_memb, ptr_q, explore, "q_memb")
     cdf_k = _Cdf(k_memb, ptr_k, explore, "k_memb")
@@ -485,8 +522,11 @@ def fastrg(
     del i, j
     if inflation is not None:
         key = _thin(key, Y, B, Z, inflation, ptr_q, H, Nq, Nk, generator)
+    forced = [included] if included is not None else []
     if self_loops:
-        key = _sorted_unique(torch.cat([key, _self_loop_keys(H, Nq, device)]))
+        forced.append(_self_loop_keys(H, Nq, device))
+    if forced:
+        key = _sorted_unique(torch.cat([key, *forced]))
     return _from_keys(key, H, Nq, Nk, ptr_q, ptr_k, num_draws, expected)
 
 

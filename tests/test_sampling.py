@@ -109,6 +109,46 @@ def test_self_loops_need_same_sequences():
         fastrg(q, b, q, ptr_q=[0, 2, 6], ptr_k=[0, 3, 6], self_loops=True)
 
 
+def edge_set(graph: SampledGraph) -> set:
+    j, i = graph.edge_index
+    return set(zip(graph.head.tolist(), i.tolist(), j.tolist()))
+
+
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_include_edges_is_a_union(mode):
+    # Two sequences of 3 and 3 nodes; included edges (key j, query i), one
+    # repeated and one already likely to be sampled.
+    q, b, k = small_sbm()
+    ptr = [0, 3, 6]
+    include = torch.tensor([[0, 2, 2, 4, 5], [1, 0, 0, 3, 5]])
+    kwargs = dict(ptr_q=ptr, ptr_k=ptr, mode=mode)
+    plain = fastrg(q, b, q, generator=torch.Generator().manual_seed(3), **kwargs)
+    union = fastrg(q, b, q, include_edges=include,
+                   generator=torch.Generator().manual_seed(3), **kwargs)
+    forced = {(h, i, j) for h in range(H) for j, i in include.t().tolist()}
+    assert edge_set(union) == edge_set(plain) | forced
+    assert forced - edge_set(plain), "nothing was added: the test is vacuous"
+    assert union.num_edges == len(edge_set(union))  # no duplicates
+    key = (union.head * NQ + union.edge_index[1]) * NQ + union.edge_index[0]
+    assert torch.all(key.diff() > 0)  # still sorted by (head, query, key)
+
+
+def test_include_edges_bad_input():
+    q, b, k = small_sbm()
+    ptr = [0, 3, 6]
+    with pytest.raises(ValueError, match="include_edges.*within one sequence"):
+        fastrg(q, b, q, ptr_q=ptr, ptr_k=ptr,
+               include_edges=torch.tensor([[0], [4]]))  # crosses sequences
+    with pytest.raises(ValueError, match="include_edges.*N_k=5"):
+        fastrg(q, b, k, include_edges=torch.tensor([[5], [0]]))
+    with pytest.raises(ValueError, match="include_edges.*N_k=5"):
+        fastrg(q, b, k, include_edges=torch.tensor([[-1], [0]]))
+    with pytest.raises(TypeError, match="include_edges"):
+        fastrg(q, b, k, include_edges=torch.tensor([[0.0], [1.0]]))
+    with pytest.raises(TypeError, match="include_edges"):
+        fastrg(q, b, k, include_edges=torch.tensor([[0, 1, 2]]))
+
+
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_edge_count_matches_poisson_mean(mode):
     q, b, k = small_sbm(scale=0.5)

@@ -239,6 +239,7 @@ class SBMConv(MessagePassing):
         batch: Union[None, Tensor, Pair] = None,
         *,
         ptr: Union[None, Tensor, Pair] = None,
+        include_edges: Optional[Tensor] = None,
         return_attention_weights: Optional[bool] = None,
         generator: Optional[torch.Generator] = None,
     ):
@@ -252,6 +253,11 @@ class SBMConv(MessagePassing):
                 sequence index of each node (one sequence if :obj:`None`).
             ptr (LongTensor or pair, optional): CSR pointers instead of
                 :obj:`batch` (avoids a host sync).
+            include_edges (LongTensor, optional): :obj:`[2, E]` edges
+                (source/key, target/query), e.g. the input graph's
+                :obj:`edge_index`, added to every head's sampled graph
+                without duplicates (structure-aware attention); they get the
+                same straight-through gradient as sampled edges.
             return_attention_weights (bool, optional): also return
                 :obj:`(graph, alpha)`.
             generator (torch.Generator, optional): randomness of the
@@ -264,7 +270,8 @@ class SBMConv(MessagePassing):
         value = _project(self.lin_value, x_src, "x_src").view(-1, H, C)
         q_memb, block, k_memb = self.sbm(query, key)
         out, graph, alpha = self._sample_and_attend(
-            query, key, value, q_memb, block, k_memb, batch, ptr, generator)
+            query, key, value, q_memb, block, k_memb, batch, ptr,
+            include_edges, generator)
         Nq = query.size(0)
         out = out.reshape(Nq, H * C) if self.concat else out.mean(dim=1)
         if self.lin_skip is not None:
@@ -278,7 +285,8 @@ class SBMConv(MessagePassing):
     @torch.compiler.disable
     def _sample_and_attend(self, query: Tensor, key: Tensor, value: Tensor,
                            q_memb: Tensor, block: Tensor, k_memb: Tensor,
-                           batch, ptr, generator: Optional[torch.Generator]
+                           batch, ptr, include_edges: Optional[Tensor],
+                           generator: Optional[torch.Generator]
                            ) -> Tuple[Tensor, SampledGraph, Tensor]:
         H, C = self.heads, self.out_channels
         Nq, Nk = query.size(0), key.size(0)
@@ -286,7 +294,8 @@ class SBMConv(MessagePassing):
         graph = fastrg(q_memb.detach(), block.detach(), k_memb.detach(),
                        ptr_q=ptr_q, ptr_k=ptr_k, mode=self.mode,
                        exploration=self.exploration if self.training else 0.0,
-                       self_loops=self.self_loops, max_edges=self.max_edges,
+                       self_loops=self.self_loops,
+                       include_edges=include_edges, max_edges=self.max_edges,
                        generator=generator)
         for hook in self._graph_hooks.values():
             hook(self, graph)

@@ -1,0 +1,1 @@
+"""Runnable examples: ``python -m sbm_pyg.examples.gps``."""

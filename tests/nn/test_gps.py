@@ -1,0 +1,156 @@
+import pytest
+import torch
+from torch_geometric.data import Data
+from torch_geometric.loader import DataLoader
+from torch_geometric.nn import GINConv
+
+import sbm_pyg.nn.conv as conv_module
+from sbm_pyg.nn import SBMGPSConv
+from sbm_pyg.sampling import SampledGraph, _from_keys
+
+C = 8
+
+
+def ring(n: int, seed: int) -> Data:
+    i = torch.arange(n)
+    edge_index = torch.stack([torch.cat([i, (i + 1) % n]),
+                              torch.cat([(i + 1) % n, i])])
+    x = torch.randn(n, C, generator=torch.Generator().manual_seed(seed))
+    return Data(x=x, edge_index=edge_index)
+
+
+def make_layer(**kwargs) -> SBMGPSConv:
+    torch.manual_seed(0)
+    local = GINConv(torch.nn.Sequential(torch.nn.Linear(C, C), torch.nn.ReLU(),
+                                        torch.nn.Linear(C, C)))
+    kwargs.setdefault("attn_kwargs", dict(num_clusters=4))
+    return SBMGPSConv(C, local, heads=2, **kwargs)
+
+
+def batch_of(sizes=(5, 7, 4)):
+    return next(iter(DataLoader([ring(n, s) for s, n in enumerate(sizes)],
+                                batch_size=len(sizes))))
+
+
+def record_graphs(layer):
+    graphs = []
+    layer.attn.register_graph_hook(lambda _, graph: graphs.append(graph))
+    return graphs
+
+
+def restrict(graph: SampledGraph, start: int, stop: int) -> SampledGraph:
+    """The edges of nodes [start, stop) renumbered as a one-sequence graph."""
+    j, i = graph.edge_index
+    keep = (i >= start) & (i < stop)
+    n, H = stop - start, graph.num_heads
+    key = (graph.head[keep] * n + i[keep] - start) * n + j[keep] - start
+    ptr = torch.tensor([0, n])
+    return _from_keys(key, H, n, n, ptr, ptr, int(keep.sum()), 0.0)
+
+
+@pytest.mark.parametrize("include_input_edges", [False, True])
+def test_output_shape_and_repr(include_input_edges):
+    layer = make_layer(include_input_edges=include_input_edges)
+    data = batch_of()
+    out = layer(data.x, data.edge_index, data.batch)
+    assert out.shape == (16, C)
+    assert torch.isfinite(out).all()
+    assert layer.sampled_density.shape == (2,)
+    assert layer.expected_density.shape == (2,)
+    assert repr(layer).startswith("SBMGPSConv(8, conv=GINConv(")
+    assert repr(layer).endswith(
+        f"heads=2, num_clusters=4, include_input_edges={include_input_edges})")
+
+
+def test_no_attention_edge_crosses_graphs():
+    layer = make_layer()
+    graphs = record_graphs(layer)
+    data = batch_of((30, 40, 25))
+    layer(data.x, data.edge_index, data.batch,
+          generator=torch.Generator().manual_seed(0))
+    (graph,) = graphs
+    j, i = graph.edge_index
+    assert graph.num_edges > 100
+    assert torch.equal(data.batch[i], data.batch[j])
+    # Every graph does get edges: the check is not vacuous.
+    assert set(data.batch[i].tolist()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("include_input_edges", [False, True])
+def test_batched_equals_per_graph(include_input_edges, monkeypatch):
+    layer = make_layer(include_input_edges=include_input_edges).eval()
+    data = batch_of()
+    graphs = record_graphs(layer)
+    batched = layer(data.x, data.edge_index, data.batch,
+                    generator=torch.Generator().manual_seed(0))
+    (graph,) = graphs
+    sampled = iter([restrict(graph, int(a), int(b))
+                    for a, b in zip(data.ptr[:-1], data.ptr[1:])])
+    # Each graph alone, given the edges the batched forward sampled for it.
+    monkeypatch.setattr(conv_module, "fastrg", lambda *args, **kw: next(sampled))
+    for g, item in enumerate(data.to_data_list()):
+        alone = layer(item.x, item.edge_index)
+        assert torch.allclose(batched[data.batch == g], alone, atol=1e-6)
+
+
+def test_include_input_edges_contains_every_edge():
+    layer = make_layer(include_input_edges=True,
+                       attn_kwargs=dict(num_clusters=4, exploration=0.0))
+    with torch.no_grad():  # a nearly empty SBM: the input edges must remain
+        layer.attn.sbm.clusters.mul_(0).add_(-10.0)
+    graphs = record_graphs(layer)
+    data = batch_of((30, 40, 25))
+    layer(data.x, data.edge_index, data.batch)
+    (graph,) = graphs
+    j, i = graph.edge_index
+    got = set(zip(graph.head.tolist(), i.tolist(), j.tolist()))
+    want = {(h, int(dst), int(src)) for h in range(2)
+            for src, dst in data.edge_index.t()}
+    assert want <= got
+    assert graph.num_edges == len(got)  # no duplicates
+
+
+def test_training_step_on_a_dataloader_batch():
+    layer = make_layer(attn_kwargs=dict(num_clusters=4, dropout=0.1),
+                       dropout=0.1)
+    head = torch.nn.Linear(C, 1)
+    params = list(layer.parameters()) + list(head.parameters())
+    before = [p.detach().clone() for p in params]
+    optimizer = torch.optim.Adam(params, lr=1e-2)
+    loader = DataLoader([ring(n, s) for s, n in enumerate((6, 9, 5, 8))],
+                        batch_size=4)
+    for data in loader:
+        out = layer(data.x, data.edge_index, data.batch)
+        loss = head(out).pow(2).mean() + 0.1 * layer.expected_density.mean()
+        optimizer.zero_grad()
+        loss.backward()
+        grads = [p.grad for p in params]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+        # The SBM is trained: by the STE and by the density penalty.
+        assert layer.attn.sbm.clusters.grad.abs().sum() > 0
+        optimizer.step()
+    assert all(not torch.equal(a, p) for a, p in zip(before, params))
+
+
+def test_without_local_conv_and_norm():
+    layer = SBMGPSConv(C, None, heads=4, norm=None,
+                       attn_kwargs=dict(num_clusters=2))
+    data = batch_of()
+    assert layer(data.x, data.edge_index, data.batch).shape == (16, C)
+    layer.reset_parameters()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="heads"):
+        SBMGPSConv(C, None, heads=3)
+    with pytest.raises(ValueError, match="channels"):
+        SBMGPSConv(0, None)
+    layer = make_layer()
+    data = batch_of()
+    with pytest.raises(ValueError, match="x must have 8 channels"):
+        layer(data.x[:, :4], data.edge_index, data.batch)
+    layer = make_layer(include_input_edges=True)
+    with pytest.raises(TypeError, match="include_input_edges"):
+        adj = torch.sparse_coo_tensor(data.edge_index, torch.ones(data.num_edges),
+                                  (16, 16))
+        layer(data.x, adj, data.batch)
