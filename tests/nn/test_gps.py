@@ -154,3 +154,12 @@ def test_bad_arguments():
         adj = torch.sparse_coo_tensor(data.edge_index, torch.ones(data.num_edges),
                                   (16, 16))
         layer(data.x, adj, data.batch)
+
+
+def test_torch_compile_matches_eager():
+    layer = make_layer(include_input_edges=True).eval()
+    data = batch_of()
+    args = (data.x, data.edge_index, data.batch)
+    eager = layer(*args, generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(layer)(*args, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(compiled, eager, atol=1e-5)
