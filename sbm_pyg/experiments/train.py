@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--steps", type=int, default=1000)
     add("--batch-size", type=int, default=32)
     add("--lr", type=float, default=1e-3)
+    add("--sbm-lr", type=float, default=None,
+        help="learning rate of the SBMs (cluster embeddings and membership "
+             "MLPs; default --lr)")
     add("--dropout", type=float, default=0.0)
     add("--exploration", type=float, default=0.01)
     add("--seed", type=int, default=0)
@@ -58,6 +61,8 @@ def check_train_arguments(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.task == "repeat" and args.seq_len < 2:
         parser.error("--seq-len must be >= 2 for the repeat task")
+    if args.sbm_lr is not None and args.sbm_lr <= 0:
+        parser.error("--sbm-lr must be > 0")
     if args.lr <= 0 or args.lam < 0 or not 0 <= args.dropout < 1 or args.exploration < 0:
         parser.error("--lr must be > 0, --lam >= 0, --dropout in [0, 1), "
                      "--exploration >= 0")
@@ -140,6 +145,13 @@ def _log(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def _parameter_groups(model: SBMTransformer, args) -> List[dict]:
+    sbm = [p for name, p in model.named_parameters() if ".sbm." in name]
+    rest = [p for name, p in model.named_parameters() if ".sbm." not in name]
+    return [dict(params=rest),
+            dict(params=sbm, lr=args.sbm_lr if args.sbm_lr is not None else args.lr)]
+
+
 def train(args) -> dict:
     """Trains, checkpoints, evaluates; returns the final metrics (rank 0
     writes OUT/metrics.jsonl, OUT/checkpoint.pt and OUT/final.json)."""
@@ -160,7 +172,7 @@ def train(args) -> dict:
         token_classes=1, seq_classes=10, dropout=args.dropout,
         **({"exploration": args.exploration} if args.attention == "sbm" else {}),
     ).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.Adam(_parameter_groups(model, args), lr=args.lr)
     step = 0
     args.out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = args.out / "checkpoint.pt"

@@ -50,6 +50,15 @@ def test_resume_gives_the_identical_next_step(tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_sbm_lr_sets_the_sbm_parameter_group(tmp_path):
+    out = run(tmp_path, "lr", "--steps", "1", "--lr", "1e-3", "--sbm-lr", "1e-4")
+    groups = torch.load(out / "checkpoint.pt", weights_only=False)["optimizer"]["param_groups"]
+    assert [g["lr"] for g in groups] == [1e-3, 1e-4]
+    model = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    sbm = [k for k in model if ".sbm." in k]
+    assert len(groups[1]["params"]) == len(sbm) == 5  # 2 MLP layers + clusters
+
+
 @pytest.mark.parametrize("attention", ["full", "linear", "performer"])
 def test_baselines_train(tmp_path, attention):
     out = run(tmp_path, attention, "--steps", "2", "--attention", attention)
@@ -71,6 +80,7 @@ def test_listops_task(tmp_path):
     ["train", "--task", "repeat", "--out", "x", "--steps", "0"],
     ["train", "--task", "sorting", "--out", "x"],
     ["train", "--task", "repeat", "--out", "x", "--lr", "-1"],
+    ["train", "--task", "repeat", "--out", "x", "--sbm-lr", "0"],
     ["train", "--task", "repeat", "--out", "/nonexistent/x", "--resume"],
     ["plot", "/nonexistent/run"],
 ])
