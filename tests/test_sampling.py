@@ -344,3 +344,18 @@ def test_to_device_roundtrip(device):
     moved = graph.to("cpu")
     assert torch.equal(moved.edge_index, graph.edge_index.cpu())
     assert moved.num_draws == graph.num_draws
+
+
+def test_poisson_mode_caps_an_sbm_transformer_head_at_1_minus_1_over_e():
+    # Saturated memberships and a block summing to 1: p_ij = 1, the largest
+    # an SBM-Transformer head can reach. Poisson merging samples each pair
+    # with 1 - 1/e; exact mode gives full attention.
+    n, k = 300, 4
+    memb = torch.ones(n, 1, k, dtype=torch.float64)
+    block = torch.full((1, k, k), 1.0 / k**2, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    poisson = fastrg(memb, block, memb, generator=gen).density().item()
+    exact = fastrg(memb, block, memb, mode="exact", generator=gen).density().item()
+    cap = 1 - math.exp(-1)
+    assert abs(poisson - cap) < 4 * math.sqrt(cap * (1 - cap) / n**2)
+    assert exact == 1.0

@@ -39,6 +39,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "MLPs; default --lr)")
     add("--dropout", type=float, default=0.0)
     add("--exploration", type=float, default=0.01)
+    add("--mode", choices=["poisson", "exact"], default="poisson",
+        help="sampler merge mode; poisson caps the density at 1 - 1/e")
     add("--seed", type=int, default=0)
     add("--out", type=Path, required=True, help="run directory")
     add("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -170,7 +172,8 @@ def train(args) -> dict:
         task.num_tokens, task.max_len, dim=args.dim, layers=args.layers,
         heads=args.heads, attention=args.attention, clusters=args.clusters,
         token_classes=1, seq_classes=10, dropout=args.dropout,
-        **({"exploration": args.exploration} if args.attention == "sbm" else {}),
+        **(dict(exploration=args.exploration, mode=args.mode)
+           if args.attention == "sbm" else {}),
     ).to(device)
     optimizer = torch.optim.Adam(_parameter_groups(model, args), lr=args.lr)
     step = 0
@@ -231,7 +234,9 @@ def train(args) -> dict:
     if progress is not None:
         progress.close()
     final = dict(evaluate(model, task, device, graph_generator, "test"),
-                 steps=step, seconds=time.perf_counter() - start_time, world_size=world)
+                 steps=step, seconds=time.perf_counter() - start_time, world_size=world,
+                 args={k: str(v) if isinstance(v, Path) else v
+                       for k, v in vars(args).items()})
     if world > 1:
         final["ranks_identical"] = _ranks_identical(model)
     if rank == 0:

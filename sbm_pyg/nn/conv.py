@@ -112,7 +112,11 @@ class SBMConv(MessagePassing):
             (the paper's "+I"; needs queries and keys to be the same
             nodes). (default: :obj:`False`)
         mode (str): :obj:`"poisson"` (the paper's sampler) or
-            :obj:`"exact"`, see :func:`~sbm_pyg.sampling.fastrg`.
+            :obj:`"exact"`, see :func:`~sbm_pyg.sampling.fastrg`. Since
+            :math:`p_{ij} < 1` here (sigmoid memberships, :math:`\hat{\mathbf{S}}`
+            sums to 1), :obj:`"poisson"` samples no pair with probability
+            above :math:`1 - e^{-1-\delta} \approx 0.63`: a head that needs
+            full attention needs :obj:`"exact"`. (default: :obj:`"poisson"`)
         max_edges (int, optional): raise instead of sampling more edges
             than this in one forward.
         **kwargs (optional): additional arguments of

@@ -51,7 +51,10 @@ def test_resume_gives_the_identical_next_step(tmp_path):
 
 
 def test_sbm_lr_sets_the_sbm_parameter_group(tmp_path):
-    out = run(tmp_path, "lr", "--steps", "1", "--lr", "1e-3", "--sbm-lr", "1e-4")
+    out = run(tmp_path, "lr", "--steps", "1", "--lr", "1e-3", "--sbm-lr", "1e-4",
+              "--mode", "exact")
+    args = json.loads((out / "final.json").read_text())["args"]
+    assert (args["mode"], args["sbm_lr"]) == ("exact", 1e-4)
     groups = torch.load(out / "checkpoint.pt", weights_only=False)["optimizer"]["param_groups"]
     assert [g["lr"] for g in groups] == [1e-3, 1e-4]
     model = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
