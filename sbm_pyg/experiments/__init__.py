@@ -1,4 +1,6 @@
 """Tasks and training for the paper's experiments."""
 from sbm_pyg.experiments.tasks import ListOps, evaluate, generate_expression, repeat_batch, tokenize
+from sbm_pyg.experiments.train import build_model, load_run
 
-__all__ = ["repeat_batch", "ListOps", "generate_expression", "evaluate", "tokenize"]
+__all__ = ["repeat_batch", "ListOps", "generate_expression", "evaluate", "tokenize",
+           "build_model", "load_run"]

@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,37 @@ def check_train_arguments(parser: argparse.ArgumentParser, args) -> None:
         parser.error(f"--resume: no checkpoint at {args.out / 'checkpoint.pt'}")
 
 
+def build_model(args) -> SBMTransformer:
+    """The model a run trains, from its arguments (token and sequence heads
+    for both tasks; the vocabulary and length follow from the task)."""
+    if args.task == "listops":
+        num_tokens, max_len = len(VOCAB), args.seq_len - 1
+    else:
+        num_tokens, max_len = args.seq_len + 1, args.seq_len
+    return SBMTransformer(
+        num_tokens, max_len, dim=args.dim, layers=args.layers,
+        heads=args.heads, attention=args.attention, clusters=args.clusters,
+        token_classes=1, seq_classes=10, dropout=args.dropout,
+        **(dict(exploration=args.exploration, mode=args.mode)
+           if args.attention == "sbm" else {}),
+    )
+
+
+def load_run(run: Union[str, Path]) -> Tuple[SBMTransformer, dict]:
+    """The trained model of a run directory (from its last checkpoint) in
+    eval mode, and the run's arguments."""
+    path = Path(run) / "checkpoint.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (not a training run?)")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if "args" not in state:
+        raise ValueError(f"{path} has no arguments (written by an older version)")
+    args = argparse.Namespace(**state["args"])
+    model = build_model(args)
+    model.load_state_dict(state["model"])
+    return model.eval(), state["args"]
+
+
 class _Task:
     """Batches, loss and accuracy of one task, on one rank."""
 
@@ -85,9 +116,6 @@ class _Task:
             self.data = ListOps(args.data_dir, sizes=tuple(args.listops_sizes),
                                 min_length=args.listops_min_length,
                                 max_length=args.seq_len, seed=args.seed)
-            self.num_tokens, self.max_len = len(VOCAB), args.seq_len - 1
-        else:
-            self.num_tokens, self.max_len = args.seq_len + 1, args.seq_len
 
     def batch(self, split: str = "train") -> Tuple[Tensor, Tensor, Tensor]:
         """tokens [B, N], mask [B, N], labels ([B, N] repeat, [B] listops)."""
@@ -168,13 +196,7 @@ def train(args) -> dict:
     graph_generator = generator if device.type == "cpu" else \
         torch.Generator(device).manual_seed(args.seed * 1000 + rank)
     task = _Task(args, generator, rank, world)
-    model = SBMTransformer(
-        task.num_tokens, task.max_len, dim=args.dim, layers=args.layers,
-        heads=args.heads, attention=args.attention, clusters=args.clusters,
-        token_classes=1, seq_classes=10, dropout=args.dropout,
-        **(dict(exploration=args.exploration, mode=args.mode)
-           if args.attention == "sbm" else {}),
-    ).to(device)
+    model = build_model(args).to(device)
     optimizer = torch.optim.Adam(_parameter_groups(model, args), lr=args.lr)
     step = 0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -230,13 +252,12 @@ def train(args) -> dict:
         if step % args.checkpoint_every == 0 or step == args.steps:
             _save_checkpoint(model, optimizer, step,
                              _rng_state(generator, graph_generator), world,
-                             checkpoint_path, rank)
+                             checkpoint_path, rank, _jsonable(args))
     if progress is not None:
         progress.close()
     final = dict(evaluate(model, task, device, graph_generator, "test"),
                  steps=step, seconds=time.perf_counter() - start_time, world_size=world,
-                 args={k: str(v) if isinstance(v, Path) else v
-                       for k, v in vars(args).items()})
+                 args=_jsonable(args))
     if world > 1:
         final["ranks_identical"] = _ranks_identical(model)
     if rank == 0:
@@ -246,7 +267,12 @@ def train(args) -> dict:
     return final
 
 
-def _save_checkpoint(model, optimizer, step, rng: dict, world, path, rank) -> None:
+def _jsonable(args) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
+def _save_checkpoint(model, optimizer, step, rng: dict, world, path, rank,
+                     args: dict) -> None:
     # Every rank's RNG states go into the one checkpoint that rank 0 writes.
     states = [rng]
     if world > 1:
@@ -255,7 +281,7 @@ def _save_checkpoint(model, optimizer, step, rng: dict, world, path, rank) -> No
     if rank == 0:
         tmp = path.with_suffix(".tmp")
         torch.save(dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                        step=step, rng=states), tmp)
+                        step=step, rng=states, args=args), tmp)
         tmp.replace(path)
 
 

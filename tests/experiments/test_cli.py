@@ -62,6 +62,20 @@ def test_sbm_lr_sets_the_sbm_parameter_group(tmp_path):
     assert len(groups[1]["params"]) == len(sbm) == 5  # 2 MLP layers + clusters
 
 
+def test_load_run_rebuilds_the_trained_model(tmp_path):
+    from sbm_pyg.experiments.train import load_run
+    out = run(tmp_path, "load", "--steps", "2", "--layers", "2", "--heads", "2")
+    model, args = load_run(out)
+    assert (args["layers"], args["heads"], args["steps"]) == (2, 2, 2)
+    saved = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    assert not model.training
+    tokens = torch.randint(1, 9, (3, 8))
+    assert model(tokens).token_logits.shape == (3, 8, 1)
+    with pytest.raises(FileNotFoundError, match="checkpoint.pt"):
+        load_run(tmp_path / "missing")
+
+
 @pytest.mark.parametrize("attention", ["full", "linear", "performer"])
 def test_baselines_train(tmp_path, attention):
     out = run(tmp_path, attention, "--steps", "2", "--attention", attention)
