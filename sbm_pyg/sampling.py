@@ -94,6 +94,7 @@ class SampledGraph:
 
     @property
     def num_edges(self) -> int:
+        """The number of distinct sampled edges :math:`E` (all heads)."""
         return self.edge_index.size(1)
 
     @property
@@ -103,6 +104,7 @@ class SampledGraph:
 
     @property
     def device(self) -> torch.device:
+        """The device of the edge tensors."""
         return self.edge_index.device
 
     def csr(self) -> Tuple[Tensor, Tensor]:
@@ -146,6 +148,7 @@ class SampledGraph:
         return torch.where(pairs > 0, counts / pairs.clamp(min=1), 0.0)
 
     def to(self, device: Union[str, torch.device]) -> "SampledGraph":
+        """A copy with every tensor on :obj:`device`."""
         moved = {name: getattr(self, name).to(device) for name in
                  ("edge_index", "head", "ptr_q", "ptr_k", "rowptr", "perm",
                   "colptr")}

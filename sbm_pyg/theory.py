@@ -398,16 +398,19 @@ class ConditionReport:
 
     @property
     def self_loops(self) -> bool:
+        """Condition 1: every node has a self-loop in every pattern."""
         return not self.missing_self_loops
 
     @property
     def has_hamiltonian_path(self) -> Optional[bool]:
+        """Condition 2; :obj:`None` when the search ran out of time."""
         if self.hamiltonian_path == "unknown":
             return None
         return self.hamiltonian_path is not None
 
     @property
     def all_hold(self) -> bool:
+        """Conditions 1-3 all hold (an unknown path counts as not held)."""
         return (self.self_loops and self.has_hamiltonian_path is True
                 and self.reachability_s is not None)
 

@@ -56,6 +56,7 @@ class SBMMultiheadAttention(torch.nn.Module):
                                    bias=attn_out_bias)
 
     def reset_parameters(self) -> None:
+        r"""Resets all learnable parameters of the module."""
         self.conv.reset_parameters()
         self.out.reset_parameters()
 

@@ -326,7 +326,9 @@ class SBMConv(MessagePassing):
     def message(self, query_i: Tensor, key_j: Tensor, value_j: Tensor,
                 edge_prob: Optional[Tensor], index: Tensor,
                 ptr: Optional[Tensor], size_i: Optional[int]) -> Tensor:
-        # Reference path (self.fuse = False), TransformerConv-style.
+        r"""The reference path (:obj:`self.fuse = False`), TransformerConv
+        style: scores, segment softmax and weighted values per edge, with
+        :obj:`[E, H, d]` gathers; same result as the fused kernels."""
         score = (query_i * key_j).sum(dim=-1) / math.sqrt(self.out_channels)
         if edge_prob is not None:
             # Straight-through: value unchanged, d score / d p = score.
