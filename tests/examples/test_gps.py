@@ -20,8 +20,12 @@ def test_anchor_colour_labels():
         assert torch.equal(torch.bincount(data.edge_index[1], minlength=n),
                            torch.full((n,), 2))
     labels = torch.cat([d.y[d.x[:, 3] == 0] for d in graphs])
-    # Non-anchor labels are Bernoulli(1/2): a 4-sigma band (fixed seed).
-    assert abs(labels.mean() - 0.5) < 4 * (0.25 / labels.numel()) ** 0.5
+    # Non-anchor labels are Bernoulli(1/3): a 4-sigma band (fixed seed).
+    assert abs(labels.mean() - 1 / 3) < 4 * (2 / 9 / labels.numel()) ** 0.5
+    # Colours are uniform whatever the anchor's: no local clue to the label.
+    colours = torch.cat([d.x[:, :3].argmax(1) for d in graphs])
+    counts = torch.bincount(colours, minlength=3).double()
+    assert ((counts - counts.mean()).abs() < 4 * (colours.numel() * 2 / 9) ** 0.5).all()
     assert not torch.equal(graphs[0].x, anchor_colour_graphs(1, 5, 9, 3, seed=1)[0].x)
 
 
