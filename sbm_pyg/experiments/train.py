@@ -217,6 +217,12 @@ def train(args) -> dict:
             model, find_unused_parameters=True)
 
     metrics_path = args.out / "metrics.jsonl"
+    if args.resume and rank == 0 and metrics_path.exists():
+        # A run killed after its last checkpoint logged steps that will be
+        # trained again: drop them so that each step is logged once.
+        kept = [line for line in metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= step]
+        metrics_path.write_text("".join(line + "\n" for line in kept))
     progress = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm

@@ -40,6 +40,10 @@ def test_train_writes_metrics_checkpoint_and_final(tmp_path):
 def test_resume_gives_the_identical_next_step(tmp_path):
     straight = run(tmp_path, "straight", "--steps", "5", "--checkpoint-every", "4")
     resumed = run(tmp_path, "resumed", "--steps", "4")
+    # As if killed after logging step 5 but before checkpointing it: the
+    # stale record is dropped and step 5 is logged once, by the resumed run.
+    with open(resumed / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(dict(step=5, split="train", loss=-1.0, density=-1.0)) + "\n")
     run(tmp_path, "resumed", "--steps", "5", "--resume")
     a = [r for r in metrics(straight) if r["split"] == "train"]
     b = [r for r in metrics(resumed) if r["split"] == "train"]
