@@ -28,12 +28,13 @@ def _signature(obj) -> str:
 
 
 def _members(cls) -> list:
-    # Public methods and properties defined on the class itself.
+    # Public methods and properties written in the class's own module (PyG
+    # adds generated ones, e.g. `propagate`, when a layer is instantiated).
     out = []
     for name, value in vars(cls).items():
-        if name.startswith("_"):
-            continue
-        if isinstance(value, property) or inspect.isfunction(value):
+        target = value.fget if isinstance(value, property) else value
+        if (not name.startswith("_") and inspect.isfunction(target)
+                and target.__module__ == cls.__module__):
             out.append((name, value))
     return out
 

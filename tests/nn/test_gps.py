@@ -152,7 +152,7 @@ def test_bad_arguments():
     layer = make_layer(include_input_edges=True)
     with pytest.raises(TypeError, match="include_input_edges"):
         adj = torch.sparse_coo_tensor(data.edge_index, torch.ones(data.num_edges),
-                                  (16, 16))
+                                  (16, 16), check_invariants=True)
         layer(data.x, adj, data.batch)
 
 
