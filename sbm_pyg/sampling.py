@@ -378,9 +378,9 @@ def _included_keys(edges, ptr_q: Tensor, ptr_k: Tensor, H: int, Nq: int,
     same = (torch.searchsorted(ptr_k, j, right=True)
             == torch.searchsorted(ptr_q, i, right=True))
     bad = ~(in_range & same).all()
-    # Until the check raises (at the next sync), out-of-range pairs are
-    # dropped so that nothing indexes out of bounds.
-    i, j = i[in_range], j[in_range]
+    # Until the check raises (at fastrg's one sync), out-of-range pairs are
+    # clamped so that nothing indexes out of bounds; a mask would sync.
+    i, j = i.clamp(0, max(Nq - 1, 0)), j.clamp(0, max(Nk - 1, 0))
     h = torch.arange(H, device=i.device)[:, None]
     keys = ((h * Nq + i) * Nk + j).reshape(-1)
     return keys, (bad, f"include_edges must hold pairs (key j, query i) with "
