@@ -1,5 +1,8 @@
 # `make test` and `make demo` create .venv on first use. torch is pinned to
 # 2.13.0 and installed first: an unpinned torch pulls GBs of CUDA packages.
+# The package is installed without build isolation so that its compiled
+# kernels (setup.py, csrc/) build against that torch; without a compiler it
+# installs on its pure-PyTorch path.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,10 +10,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py csrc/fastrg.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install torch==2.13.0 "setuptools>=77" wheel
+	$(PY) -m pip install --no-build-isolation -e ".[test]"
 	touch $(STAMP)
 
 test: $(STAMP)

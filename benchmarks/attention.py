@@ -48,6 +48,7 @@ from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 from torch_geometric.utils import softmax as pyg_softmax
 
+from sbm_pyg import _fastrg_compiled
 from sbm_pyg.nn import SBMConv
 from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.sampling import SampledGraph, bernoulli, fastrg
@@ -119,14 +120,19 @@ def _memory_case(spec: dict) -> int:
     libc = ctypes.CDLL("libc.so.6")
     libc.mallopt(-3, 64 * 2**10)  # M_MMAP_THRESHOLD
     torch.set_num_threads(spec["threads"])
-    fn = _case(spec["method"], spec["n"], spec["density"], torch.device("cpu"))
-    fn()  # warm-up: lazily built state (the graph's row index) is not counted
+    sampler = spec["method"].startswith("fastrg")
+    fn = (_sampler_case(spec, torch.device("cpu")) if sampler else
+          _case(spec["method"], spec["n"], spec["density"], torch.device("cpu")))
+    out = fn()  # warm-up: lazily built state (the graph's row index) is not counted
+    edges = out.num_edges if sampler else None
+    del out
     libc.malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _status("VmRSS:")
-    fn()
-    return max(_status("VmHWM:") - base, 0)
+    out = fn()
+    peak = max(_status("VmHWM:") - base, 0)
+    return f"{peak} {edges}" if sampler else peak
 
 
 MEMORY = {"method": "subprocess"}  # main() sets "profiler" for --quick
@@ -306,6 +312,124 @@ def bench_sampler(sizes, densities, device, repeats, log,
     return rows
 
 
+def kaiming_sbm(batch: int, n: int, device: torch.device, seed: int = 0):
+    """A random SBM-Transformer head at initialization: memberships
+    sigmoid(N(0, 1)) and the block softmax(C C^T) of kaiming-normal cluster
+    embeddings C [k, D]."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch * n, HEADS, CLUSTERS, generator=g).sigmoid()
+    k = torch.randn(batch * n, HEADS, CLUSTERS, generator=g).sigmoid()
+    C = torch.randn(HEADS, CLUSTERS, HEAD_DIM, generator=g) * math.sqrt(2 / HEAD_DIM)
+    block = (C @ C.transpose(1, 2)).flatten(1).softmax(-1).view(HEADS, CLUSTERS, CLUSTERS)
+    ptr = torch.arange(batch + 1) * n
+    return q.to(device), block.to(device), k.to(device), ptr.to(device)
+
+
+def published_fastrg(q_memb: Tensor, block: Tensor, k_memb: Tensor, batch: int,
+                     n: int, generator: torch.Generator) -> int:
+    """Baseline written from the description of the published SBM-Transformer
+    sampler: a Python loop over sequences x heads; per (sequence, head) a
+    Poisson edge count, a multinomial over the k^2 cluster pairs, then the
+    endpoints of all draws from a cluster by one padded ``torch.multinomial``
+    (k rows, as many samples as the busiest cluster needs) and duplicates
+    merged. Returns the number of distinct edges."""
+    kc = block.size(-1)
+    edges = 0
+    for b in range(batch):
+        for h in range(block.size(0)):
+            X = q_memb[b * n:(b + 1) * n, h]
+            Y = k_memb[b * n:(b + 1) * n, h]
+            rate = X.sum(0)[:, None] * block[h] * Y.sum(0)[None, :]
+            m = int(torch.poisson(rate.sum(), generator=generator))
+            if m == 0:
+                continue
+            cell = torch.multinomial(rate.flatten(), m, replacement=True,
+                                     generator=generator)
+            ends = []
+            for side, memb in ((cell // kc, X), (cell % kc, Y)):
+                count = torch.bincount(side, minlength=kc)
+                pad = torch.multinomial(memb.t(), int(count.max()),
+                                        replacement=True, generator=generator)
+                order = torch.argsort(side, stable=True)
+                start = torch.cumsum(count, 0) - count
+                rank = torch.empty_like(order)
+                rank[order] = torch.arange(m) - start[side[order]]
+                ends.append(pad[side, rank])
+            edges += torch.unique(ends[0] * n + ends[1]).numel()
+    return edges
+
+
+def bench_published(device, repeats, log, batch=8, n=1024) -> dict:
+    """fastrg against the published-style batched sampler on the same random
+    kaiming-initialized SBM, in turns."""
+    q, b, k, ptr = kaiming_sbm(batch, n, device)
+    gen = torch.Generator(device).manual_seed(0)
+    fns = dict(fastrg=lambda: fastrg(q, b, k, ptr_q=ptr, ptr_k=ptr, generator=gen),
+               published=lambda: published_fastrg(q, b, k, batch, n, gen))
+    times = median_times(fns, device, repeats)
+    result = dict(batch=batch, n=n, heads=HEADS, clusters=CLUSTERS,
+                  edges=fns["fastrg"]().num_edges,
+                  published_edges=fns["published"](),
+                  fastrg_time=times["fastrg"], published_time=times["published"])
+    result["speedup"] = result["published_time"] / result["fastrg_time"]
+    log(f"  B={batch} H={HEADS} n={n} k={CLUSTERS}: fastrg {times['fastrg'] * 1e3:.1f} ms "
+        f"({result['edges']} edges), published-style {times['published'] * 1e3:.1f} ms "
+        f"({result['published_edges']} edges): {result['speedup']:.1f}x")
+    return result
+
+
+def bench_exact_dense(n, density, device, repeats, log) -> dict:
+    """Time per distinct edge of exact vs poisson mode on the same SBM at a
+    high expected density, in turns."""
+    q, b, k, ptr = sbm_memberships(n, density, device)
+    gen = torch.Generator(device).manual_seed(0)
+    fns = {mode: (lambda mode=mode: fastrg(q, b, k, mode=mode, generator=gen))
+           for mode in ("poisson", "exact")}
+    times = median_times(fns, device, repeats)
+    result = dict(n=n, expected_density=density)
+    for mode, fn in fns.items():
+        edges = fn().num_edges
+        result[mode] = dict(time=times[mode], edges=edges,
+                            ns_per_edge=1e9 * times[mode] / edges)
+    result["ratio"] = result["exact"]["ns_per_edge"] / result["poisson"]["ns_per_edge"]
+    log(f"  n={n} expected density {density}: poisson {result['poisson']['ns_per_edge']:.1f} "
+        f"ns/edge ({result['poisson']['edges']} edges), exact "
+        f"{result['exact']['ns_per_edge']:.1f} ns/edge ({result['exact']['edges']} edges): "
+        f"exact/poisson {result['ratio']:.2f}")
+    return result
+
+
+def sampler_memory(n: int, density: float, mode: str, device: torch.device,
+                   threads: int) -> dict:
+    """Peak bytes of one fastrg call per distinct edge, output included
+    (subprocess resident set on Linux CPU, max_memory_allocated on CUDA)."""
+    spec = dict(method=f"fastrg_{mode}", n=n, density=density, threads=threads)
+    if device.type == "cuda":
+        fn = _sampler_case(spec, device)
+        edges = fn().num_edges
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        _sync(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        result = subprocess.run(
+            [sys.executable, "-m", "benchmarks.attention", "--memory-case",
+             json.dumps(spec)], capture_output=True, text=True, check=True,
+            cwd=Path(__file__).resolve().parent.parent)
+        peak, edges = map(int, result.stdout.strip().splitlines()[-1].split())
+    return dict(n=n, density=density, mode=mode, peak=peak, edges=edges,
+                bytes_per_edge=peak / max(edges, 1))
+
+
+def _sampler_case(spec: dict, device: torch.device):
+    q, b, k, ptr = sbm_memberships(spec["n"], spec["density"], device)
+    gen = torch.Generator(device).manual_seed(0)
+    mode = spec["method"].split("_", 1)[1]
+    return lambda: fastrg(q, b, k, ptr_q=ptr, ptr_k=ptr, mode=mode, generator=gen)
+
+
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
     lx, ly = [math.log(a) for a in x], [math.log(b) for b in y]
     mx, my = statistics.mean(lx), statistics.mean(ly)
@@ -359,7 +483,7 @@ def calibrated_conv(channels: int, density: float, device: torch.device,
     closed-form expected density (no sampling needed)."""
     torch.manual_seed(0)
     conv = SBMConv(channels, HEAD_DIM, heads=HEADS, num_clusters=CLUSTERS,
-                   root_weight=False).to(device)
+                   root_weight=False, exploration=0.0).to(device)
     opt = torch.optim.Adam(conv.sbm.parameters(), lr=1e-2)
     x = torch.randn(512, channels, device=device)
     for _ in range(steps):
@@ -440,9 +564,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2,
                         help="torch CPU threads (default 2)")
-    parser.add_argument("--sections", nargs="+",
-                        default=["attention", "sampler", "scaling", "layer"],
-                        choices=["attention", "sampler", "scaling", "layer"])
+    sections = ["attention", "sampler", "published", "exact", "memory",
+                "scaling", "layer"]
+    parser.add_argument("--sections", nargs="+", default=sections,
+                        choices=sections)
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output (default benchmarks/results-DEVICE.json)")
     parser.add_argument("--memory", choices=["subprocess", "profiler"], default=None,
@@ -463,10 +588,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if args.quick:
         sizes, densities, scaling_n = [256, 512], [0.01, 0.05], 512
         scaling_densities, layer_n, batch_case = [0.01, 0.1], 256, (4, 128)
+        published_case, exact_n, memory_n = (2, 128), 256, 512
     else:
         sizes, densities, scaling_n = [1024, 4096, 16384], [0.005, 0.01, 0.05, 0.2], 4096
         scaling_densities = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
         layer_n, batch_case = 4096, (32, 1024)
+        published_case, exact_n, memory_n = (8, 1024), 4096, 16384
 
     results = dict(device=str(device), threads=args.threads,
                    torch=torch.__version__, machine=platform.machine(),
@@ -474,10 +601,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                    cpu_count=os.cpu_count(), memory_method="cuda" if device.type == "cuda" else MEMORY["method"],
                    gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                    heads=HEADS, head_dim=HEAD_DIM, repeats=args.repeats,
-                   quick=args.quick)
+                   quick=args.quick,
+                   fastrg_backend="compiled" if _fastrg_compiled.available()
+                   and device.type == "cpu" else "torch")
     log = lambda s: print(s, flush=True)  # noqa: E731
     log(f"sbm_pyg benchmarks on {device} ({args.threads} threads), H={HEADS}, "
-        f"D={HEAD_DIM}, forward+backward, median of {args.repeats}")
+        f"D={HEAD_DIM}, forward+backward, median of {args.repeats}, fastrg "
+        f"backend {results['fastrg_backend']}")
     if "attention" in args.sections:
         log("\n[attention] fixed sampled graph, time in ms")
         results["attention"] = bench_attention(sizes, densities, device,
@@ -486,13 +616,35 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         log(f"\n[sampler] k={CLUSTERS}, distinct edges per second")
         results["sampler"] = bench_sampler(sizes, densities[1:3], device,
                                            args.repeats, log, batch_case)
+    if "published" in args.sections:
+        log("\n[published] fastrg vs the published-style batched fastRG, "
+            "random kaiming-initialized SBM")
+        results["published"] = bench_published(device, args.repeats, log,
+                                               *published_case)
+    if "exact" in args.sections:
+        log("\n[exact] time per distinct edge, exact vs poisson mode")
+        results["exact"] = bench_exact_dense(exact_n, 0.9, device,
+                                             args.repeats, log)
+    if "memory" in args.sections:
+        log(f"\n[memory] fastrg peak bytes per distinct edge, output included, n={memory_n}")
+        results["memory"] = []
+        for density in densities[1:3]:
+            for mode in ("poisson", "exact"):
+                row = sampler_memory(memory_n, density, mode, device, args.threads)
+                results["memory"].append(row)
+                log(f"  density {density} {mode}: {row['peak'] / 2**20:.1f} MiB for "
+                    f"{row['edges']} edges, {row['bytes_per_edge']:.1f} B/edge")
     if "scaling" in args.sections:
         log(f"\n[scaling] n={scaling_n}")
         results["scaling"] = bench_scaling(scaling_n, scaling_densities, device,
                                            args.repeats, args.threads, log)
     if "layer" in args.sections:
-        log(f"\n[layer] n={layer_n}, width {HEADS * HEAD_DIM}, calibrated to ~5% density")
-        results["layer"] = bench_layer(layer_n, 0.05, device, args.repeats, log)
+        results["layer"] = []
+        for density in (0.05, 0.01):
+            log(f"\n[layer] n={layer_n}, width {HEADS * HEAD_DIM}, calibrated to "
+                f"~{density:.0%} expected density")
+            results["layer"].append(bench_layer(layer_n, density, device,
+                                                args.repeats, log))
     out = args.out or Path(__file__).parent / f"results-{device.type}.json"
     out.write_text(json.dumps(results, indent=1))
     log(f"\nwritten to {out}")

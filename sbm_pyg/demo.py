@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from sbm_pyg import _fastrg_compiled
 from sbm_pyg.experiments.tasks import repeat_batch
 from sbm_pyg.nn import SBMMultiheadAttention
 
@@ -65,10 +66,11 @@ def sample_table(attn: SBMMultiheadAttention, lengths: Sequence[int],
 def print_table(title: str, rows: List[dict]) -> None:
     print(title)
     print(f"{'seq_len':>8} {'edges':>10} {'density':>8} {'expected':>9} "
-          f"{'time_ms':>8}")
+          f"{'time_ms':>8} {'Medges/s':>9}")
     for r in rows:
         print(f"{r['n']:>8} {r['edges']:>10} {r['density']:>8.4f} "
-              f"{r['expected']:>9.4f} {r['ms']:>8.1f}")
+              f"{r['expected']:>9.4f} {r['ms']:>8.1f} "
+              f"{r['edges'] / r['ms'] / 1e3:>9.2f}")
 
 
 def train(model: _RepeatModel, length: int, seconds: float, lam: float,
@@ -112,6 +114,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
     model = _RepeatModel(args.train_length + 1, args.train_length, args.clusters)
+    backend = "compiled" if _fastrg_compiled.available() else "torch"
+    print(f"fastrg backend: {backend}; time_ms and Medges/s are one whole "
+          f"forward pass (projections, SBM, sampling, attention)\n")
     print_table(f"SBM head at initialization (k={args.clusters}, head dim "
                 f"{HEAD_DIM}, kaiming-normal clusters), random inputs:",
                 sample_table(model.attn, args.lengths, generator))

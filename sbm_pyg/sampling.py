@@ -30,6 +30,7 @@ from sbm_pyg._validation import (
     require_tensor,
     sync,
 )
+from sbm_pyg import _fastrg_compiled as _compiled
 from sbm_pyg.sparse import row_index, sddmm
 
 __all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency"]
@@ -37,6 +38,7 @@ __all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency"]
 PtrLike = Union[None, Tensor, Sequence[int]]
 
 MODES = ("poisson", "exact")
+BACKENDS = ("compiled", "torch")
 # Largest rate inflation used by mode="exact": exp(-40) = 4e-18 is below the
 # float64 resolution near 1, so an edge with p >= 1 is kept with probability
 # 1 - exp(-40 p), which is 1 in float64.
@@ -361,11 +363,11 @@ def _self_loop_keys(H: int, N: int, device: torch.device) -> Tensor:
     return ((h * N + i) * N + i).reshape(-1)
 
 
-def _included_keys(edges, ptr_q: Tensor, ptr_k: Tensor, H: int, Nq: int,
-                   Nk: int) -> Tuple[Tensor, Check]:
-    r"""Keys of :obj:`include_edges` (key :math:`j` → query :math:`i`) in
-    every head, and the deferred check that they are in range and stay
-    within their sequence."""
+def _included_pairs(edges, ptr_q: Tensor, ptr_k: Tensor, Nq: int,
+                    Nk: int) -> Tuple[Tensor, Tensor, Check]:
+    r"""Queries :math:`i` and keys :math:`j` of :obj:`include_edges` (key
+    :math:`j` → query :math:`i`), and the deferred check that they are in
+    range and stay within their sequence."""
     require_tensor("include_edges", edges, 2)
     if edges.dtype != torch.long or edges.size(0) != 2:
         raise TypeError(f"include_edges must be a LongTensor of shape [2, E], "
@@ -381,9 +383,7 @@ def _included_keys(edges, ptr_q: Tensor, ptr_k: Tensor, H: int, Nq: int,
     # Until the check raises (at fastrg's one sync), out-of-range pairs are
     # clamped so that nothing indexes out of bounds; a mask would sync.
     i, j = i.clamp(0, max(Nq - 1, 0)), j.clamp(0, max(Nk - 1, 0))
-    h = torch.arange(H, device=i.device)[:, None]
-    keys = ((h * Nq + i) * Nk + j).reshape(-1)
-    return keys, (bad, f"include_edges must hold pairs (key j, query i) with "
+    return i, j, (bad, f"include_edges must hold pairs (key j, query i) with "
                        f"0 <= j < N_k={Nk}, 0 <= i < N_q={Nq}, within one "
                        f"sequence")
 
@@ -402,6 +402,7 @@ def fastrg(
     include_edges: Optional[Tensor] = None,
     max_edges: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
+    backend: Optional[str] = None,
 ) -> SampledGraph:
     r"""Samples a query→key graph per sequence and head with fastRG
     (Rohe et al., 2018; Algorithm 1 of the SBM-Transformer paper).
@@ -464,6 +465,23 @@ def fastrg(
         clusters and rows; a row's probability is exact up to float64
         rounding of that sum (about :math:`10^{-16}` of the total mass).
     """
+    if backend not in (None,) + BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got "
+                         f"{backend!r}")
+    device = q_memb.device if isinstance(q_memb, Tensor) else None
+    if backend is None:
+        backend = ("compiled" if _compiled.available() and device is not None
+                   and device.type == "cpu" else "torch")
+    elif backend == "compiled" and not _compiled.available():
+        raise ValueError("backend='compiled' needs the compiled kernels "
+                         "(sbm_pyg._C), which are not built; reinstall with "
+                         "pip install --no-build-isolation . and a C++ "
+                         "compiler")
+    elif backend == "compiled" and device is not None and device.type != "cpu":
+        raise ValueError(f"backend='compiled' runs on the CPU, the "
+                         f"memberships are on {device}")
+    compiled = backend == "compiled"
+    # Both backends check the memberships in their own first pass.
     ptr_q, ptr_k, checks = _check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
                                       mode, exploration, self_loops,
                                       check_memberships=False)
@@ -472,12 +490,31 @@ def fastrg(
         raise ValueError(f"max_edges must be a non-negative int or None, got "
                          f"{max_edges!r}")
     Nq, H, _ = q_memb.shape
-    Nk, device = k_memb.size(0), q_memb.device
-
+    Nk = k_memb.size(0)
     included = None
     if include_edges is not None:
-        included, check = _included_keys(include_edges, ptr_q, ptr_k, H, Nq, Nk)
+        *included, check = _included_pairs(include_edges, ptr_q, ptr_k, Nq, Nk)
         checks.append(check)
+    if compiled:
+        fields = _compiled.sample(q_memb, block, k_memb, ptr_q, ptr_k, checks,
+                                  mode, exploration, self_loops, included,
+                                  max_edges, generator)
+        return SampledGraph(num_queries=Nq, num_keys=Nk, num_heads=H,
+                            ptr_q=ptr_q, ptr_k=ptr_k, **fields)
+    return _fastrg_torch(q_memb, block, k_memb, ptr_q, ptr_k, checks, mode,
+                         exploration, self_loops, included, max_edges,
+                         generator)
+
+
+def _fastrg_torch(q_memb: Tensor, block: Tensor, k_memb: Tensor,
+                  ptr_q: Tensor, ptr_k: Tensor, checks: list, mode: str,
+                  exploration: float, self_loops: bool, included,
+                  max_edges: Optional[int],
+                  generator: Optional[torch.Generator]) -> SampledGraph:
+    r"""The pure-PyTorch backend of :func:`fastrg` (any device): cell-major
+    fastRG with one float64 CDF over all heads, clusters and rows."""
+    Nq, H, _ = q_memb.shape
+    Nk, device = k_memb.size(0), q_memb.device
     explore = exploration > 0
     cdf_q = _Cdf(q_memb, ptr_q, explore, "q_memb")
     cdf_k = _Cdf(k_memb, ptr_k, explore, "k_memb")
@@ -525,7 +562,11 @@ def fastrg(
     del i, j
     if inflation is not None:
         key = _thin(key, Y, B, Z, inflation, ptr_q, H, Nq, Nk, generator)
-    forced = [included] if included is not None else []
+    forced = []
+    if included is not None:
+        i, j = included
+        h = torch.arange(H, device=device)[:, None]
+        forced.append(((h * Nq + i) * Nk + j).reshape(-1))
     if self_loops:
         forced.append(_self_loop_keys(H, Nq, device))
     if forced:

@@ -19,7 +19,11 @@ def test_quick_benchmark_runs(tmp_path, capsys):
             assert row[method]["time"] > 0 and row[method]["memory"] >= 0
     assert all("fastrg_poisson" in row for row in results["sampler"])
     assert len(results["scaling"]["points"]) >= 2
-    assert results["layer"]["sbmconv_time"] > 0
+    assert all(row["sbmconv_time"] > 0 for row in results["layer"])
+    assert results["published"]["edges"] > 0
+    assert results["published"]["published_edges"] > 0
+    assert results["exact"]["exact"]["edges"] > 0
+    assert all(row["bytes_per_edge"] > 0 for row in results["memory"])
     assert "[layer]" in capsys.readouterr().out
 
 
@@ -35,3 +39,19 @@ def test_subprocess_peak_memory_sees_the_dense_scores():
     # keeps scores, weights and their gradients.
     peak = peak_memory("math", 512, 0.0, torch.device("cpu"), threads=1)
     assert 2 * 2**21 <= peak <= 16 * 2**21
+
+
+def test_published_baseline_samples_the_same_sbm():
+    # The baseline must sample the SBM it is compared on: its mean edge
+    # count matches fastrg's (poisson mode) within 4 standard errors.
+    import torch
+    from benchmarks.attention import kaiming_sbm, published_fastrg
+    from sbm_pyg.sampling import expected_adjacency
+    q, b, k, ptr = kaiming_sbm(2, 64, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    runs = 20
+    counts = torch.tensor([float(published_fastrg(q, b, k, 2, 64, gen))
+                           for _ in range(runs)], dtype=torch.float64)
+    P = expected_adjacency(q, b, k, ptr_q=ptr, ptr_k=ptr)
+    mean, var = float(P.sum()), float((P * (1 - P)).sum())
+    assert abs(float(counts.mean()) - mean) < 4 * (var / runs) ** 0.5

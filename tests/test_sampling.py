@@ -1,8 +1,12 @@
+import functools
 import math
+import os
 
 import pytest
 import torch
 
+from sbm_pyg import _fastrg_compiled
+from sbm_pyg import sampling
 from sbm_pyg.sampling import (
     SampledGraph,
     bernoulli,
@@ -10,6 +14,30 @@ from sbm_pyg.sampling import (
     fastrg,
 )
 from tests.helpers import max_binomial_z, z_bound
+
+needs_compiled = pytest.mark.skipif(not _fastrg_compiled.available(),
+                                    reason="sbm_pyg._C not built")
+# Every fastrg test of this module runs on each backend: the pure-PyTorch
+# reference, the compiled one as configured, and the compiled one with all
+# rows sampled densely (one Bernoulli per key) or all by drawing.
+BACKENDS = [
+    ("torch", None),
+    pytest.param(("compiled", None), marks=needs_compiled),
+    pytest.param(("compiled", 0.0), marks=needs_compiled, id="compiled-dense"),
+    pytest.param(("compiled", math.inf), marks=needs_compiled,
+                 id="compiled-drawn"),
+]
+
+
+@pytest.fixture(autouse=True, params=BACKENDS,
+                ids=lambda p: p[0] if isinstance(p, tuple) else None)
+def backend(request, monkeypatch):
+    name, threshold = request.param
+    if threshold is not None:
+        monkeypatch.setattr(_fastrg_compiled, "DENSE_ROW_THRESHOLD", threshold)
+    monkeypatch.setitem(globals(), "fastrg",
+                        functools.partial(sampling.fastrg, backend=name))
+    return request.param
 
 NQ, NK, H, K = 6, 5, 2, 3
 TRIALS = 3000
@@ -47,7 +75,7 @@ def sample_counts(sampler, mode, exploration=0.0, self_loops=False, scale=1.0,
         k = q
     kwargs = dict(mode=mode, exploration=exploration, self_loops=self_loops)
     gen = torch.Generator().manual_seed(seed)
-    if sampler is fastrg:  # one call on TRIALS copies of the sequence
+    if sampler is not bernoulli:  # one call on TRIALS copies of the sequence
         qq, b, kk, ptr_q, ptr_k = repeated(q, b, k)
         graph = fastrg(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, generator=gen,
                        **kwargs)
@@ -59,9 +87,10 @@ def sample_counts(sampler, mode, exploration=0.0, self_loops=False, scale=1.0,
     return counts, prob, (q, b, k)
 
 
-@pytest.mark.parametrize("sampler", [fastrg, bernoulli])
+@pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
-def test_marginals(sampler, mode):
+def test_marginals(dense, mode):
+    sampler = bernoulli if dense else fastrg
     counts, prob, (q, b, k) = sample_counts(sampler, mode)
     rate = torch.einsum("ihu,huv,jhv->hij", q, b, k)
     assert 0.05 < float(rate.min()) and float(rate.max()) < 0.95
@@ -150,7 +179,9 @@ def test_include_edges_bad_input():
 
 
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
-def test_edge_count_matches_poisson_mean(mode):
+def test_edge_count_matches_poisson_mean(mode, backend):
+    if backend == ("compiled", 0.0):
+        pytest.skip("dense rows draw no Poisson multigraph")
     q, b, k = small_sbm(scale=0.5)
     gen = torch.Generator().manual_seed(2)
     runs = 400
@@ -359,3 +390,96 @@ def test_poisson_mode_caps_an_sbm_transformer_head_at_1_minus_1_over_e():
     cap = 1 - math.exp(-1)
     assert abs(poisson - cap) < 4 * math.sqrt(cap * (1 - cap) / n**2)
     assert exact == 1.0
+
+
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_marginals_few_draws_over_many_keys(mode):
+    # A handful of draws per query over 8192 keys: the compiled backend then
+    # merges duplicates by sorting a short list instead of a bitmap. Keys
+    # are grouped into 4 classes (cluster 0 or 1, weight 0.5 or 1) whose
+    # pairs share a probability, so the counts of each (query, class) are
+    # binomial.
+    nq, nk, trials = 4, 8192, 400
+    j = torch.arange(nk)
+    cluster, weight = j // (nk // 2), 0.5 + 0.5 * (j % 2).double()
+    k_memb = torch.zeros(nk, 1, 2, dtype=torch.float64)
+    k_memb[j, 0, cluster] = weight
+    q_memb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.3, 0.7]],
+                          dtype=torch.float64)[:, None]
+    block = torch.tensor([[[4e-4, 1e-4], [2e-4, 8e-4]]], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    cls = cluster * 2 + j % 2  # class of each key
+    counts = torch.zeros(nq, 4, dtype=torch.float64)
+    for _ in range(trials):
+        graph = fastrg(q_memb, block, k_memb, mode=mode, generator=gen)
+        key, query = graph.edge_index
+        counts.index_put_((query, cls[key]), torch.ones(key.numel(),
+                                                        dtype=torch.float64),
+                          accumulate=True)
+    p = expected_adjacency(q_memb, block, k_memb, mode=mode)[0]  # [nq, nk]
+    prob = torch.stack([p[:, cls == c][:, 0] for c in range(4)], dim=1)
+    size = trials * nk // 4
+    assert 2 < float(p.sum(1).max()) < 8  # a few draws per query
+    z = (counts - size * prob) / (size * prob * (1 - prob)).sqrt()
+    assert float(z.abs().max()) < z_bound(z.numel())
+
+
+@needs_compiled
+@pytest.mark.parametrize("threshold", [0.0, 0.5, math.inf])
+def test_compiled_equals_torch_where_the_graph_is_determined(threshold,
+                                                             monkeypatch):
+    # p_ij is 0 or >= 1 in exact mode: every backend must return exactly the
+    # same graph, with self-loops and included edges, over a ragged batch.
+    monkeypatch.setattr(_fastrg_compiled, "DENSE_ROW_THRESHOLD", threshold)
+    g = torch.Generator().manual_seed(0)
+    n, H, k = 40, 2, 3
+    memb = torch.nn.functional.one_hot(torch.randint(k, (n, H), generator=g),
+                                       k).double()
+    block = torch.eye(k, dtype=torch.float64).repeat(H, 1, 1) * 1.5
+    block[1, 0, 0] = 0.0  # head 1 never links cluster 0 to itself
+    ptr = [0, 7, 7, 25, 40]
+    include = torch.tensor([[0, 3, 10, 30, 39], [6, 3, 24, 35, 25]])
+    kwargs = dict(ptr_q=ptr, ptr_k=ptr, mode="exact", self_loops=True,
+                  include_edges=include)
+    ref = sampling.fastrg(memb, block, memb, backend="torch", **kwargs)
+    out = sampling.fastrg(memb, block, memb, backend="compiled",
+                          generator=torch.Generator().manual_seed(1), **kwargs)
+    assert ref.num_edges > 100
+    for name in ("edge_index", "head", "rowptr", "perm", "colptr", "ptr_q",
+                 "ptr_k"):
+        assert torch.equal(getattr(out, name), getattr(ref, name)), name
+
+
+@needs_compiled
+def test_compiled_graph_does_not_depend_on_the_thread_count():
+    q, b, k = small_sbm(scale=2.0)
+    qq, b, kk, ptr_q, ptr_k = repeated(q, b, k, trials=300)
+    threads = torch.get_num_threads()
+    graphs = []
+    try:
+        for num in (1, 2, 3):
+            torch.set_num_threads(num)
+            graphs.append(sampling.fastrg(
+                qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, mode="exact",
+                exploration=0.1, backend="compiled",
+                generator=torch.Generator().manual_seed(0)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in graphs[1:]:
+        assert torch.equal(other.edge_index, graphs[0].edge_index)
+        assert torch.equal(other.perm, graphs[0].perm)
+
+
+def test_backend_argument():
+    q, b, k = small_sbm()
+    with pytest.raises(ValueError, match="backend"):
+        sampling.fastrg(q, b, k, backend="cuda")
+    if not _fastrg_compiled.available():
+        with pytest.raises(ValueError, match="backend='compiled'"):
+            sampling.fastrg(q, b, k, backend="compiled")
+
+
+@pytest.mark.skipif(os.environ.get("CI") is None, reason="CI only")
+def test_ci_builds_the_compiled_backend():
+    # CI tests both backends: the compiled one must have been built.
+    assert _fastrg_compiled.available()

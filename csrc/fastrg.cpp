@@ -1,0 +1,715 @@
+// Compiled fastRG sampler for sbm_pyg (CPU).
+//
+// Query-major sampling of a mixed-membership SBM over a ragged batch. For
+// query row r = (head h, query i) of sequence g with keys [ks, ke):
+//
+//   w_v    = (Y_i B_h)_v * s_v,   s_v = sum_{j in g} Z_{jv}   (key cluster mass)
+//   lambda = sum_v w_v (+ delta * n_k with exploration)     (Poisson degree mean)
+//
+// A "sparse" row draws d ~ Poisson(c * lambda) multi-edges; each picks a key
+// cluster v with probability w_v / lambda (a guide table over the k entries)
+// and then a key j with probability Z_{jv} / s_v (Walker's alias table of
+// (g, h, v), O(1) per draw). The multiplicity of (i, j) is Poisson(c p_ij),
+// so merging duplicates (a bitmap or a short sort per row) gives
+// P(i -> j) = 1 - exp(-c p_ij). Poisson mode uses c = 1; exact mode draws at
+// c = -log(1 - P) / P for the row bound P >= max_j p_ij and keeps each
+// distinct edge with probability min(p, 1) / (1 - exp(-c p)).
+//
+// A "dense" row tests every key of its sequence with one Bernoulli: it is
+// chosen when c * lambda >= threshold * n_k, where drawing would cost more
+// than testing every pair. Both kinds give the same marginals; the dense
+// rows keep exact mode as cheap per edge as poisson mode at any density.
+//
+// Randomness: every row has its own counter-based stream derived from one
+// 64-bit seed and the row's index, so the graph depends on the seed only,
+// not on the number of threads.
+//
+// Two entry points, so that the caller can check the draw count (max_edges,
+// the memory guard) before anything of that size is allocated:
+//   plan   -> per-row degree (or -1 for a dense row) and inflation c
+//   sample -> rowptr, edge_index, head, perm, colptr
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+using at::Tensor;
+
+constexpr double kMaxInflation = 40.0;
+
+// ---------------------------------------------------------------------------
+// Random numbers: SplitMix64 (Steele, Lea & Flood 2014), one stream per row.
+
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+struct Rng {
+  uint64_t state;
+  Rng(uint64_t seed, uint64_t row, uint64_t purpose)
+      : state(mix64(seed ^ mix64(row * 4 + purpose + 0x632BE59BD9B4E019ULL))) {}
+  inline uint64_t next() {
+    state += 0x9E3779B97F4A7C15ULL;
+    return mix64(state);
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  inline double uniform() { return (next() >> 11) * 0x1.0p-53; }
+  // Uniform integer in [0, n) (Lemire's multiply-shift with 64 random bits,
+  // bias below n / 2^64) and the fractional part of u * n, uniform in [0, 1)
+  // given the integer: one draw picks an alias slot and tosses its coin.
+  inline uint64_t bounded(uint64_t n, double* frac) {
+    unsigned __int128 m = (unsigned __int128)next() * n;
+    *frac = ((uint64_t)m >> 11) * 0x1.0p-53;
+    return (uint64_t)(m >> 64);
+  }
+};
+
+// Poisson(mu) for finite mu >= 0: inversion for small means, Hoermann's
+// transformed rejection (PTRS, 1993) otherwise.
+int64_t poisson(Rng& rng, double mu) {
+  if (mu <= 0.0) return 0;
+  if (mu < 10.0) {
+    double p = std::exp(-mu), F = p, u = rng.uniform();
+    int64_t x = 0;
+    // p underflows only far in the tail; the bound stops rounding loops.
+    while (u > F && p > 0.0 && x < 1000) {
+      ++x;
+      p *= mu / x;
+      F += p;
+    }
+    return x;
+  }
+  const double slam = std::sqrt(mu), loglam = std::log(mu);
+  const double b = 0.931 + 2.53 * slam;
+  const double a = -0.059 + 0.02483 * b;
+  const double inv_alpha = 1.1239 + 1.1328 / (b - 3.4);
+  const double vr = 0.9277 - 3.6224 / (b - 2.0);
+  for (;;) {
+    const double U = rng.uniform() - 0.5;
+    const double V = rng.uniform();
+    const double us = 0.5 - std::fabs(U);
+    const double k = std::floor((2.0 * a / us + b) * U + mu + 0.43);
+    if (us >= 0.07 && V <= vr) return (int64_t)k;
+    if (k < 0.0 || (us < 0.013 && V > us)) continue;
+    if (std::log(V) + std::log(inv_alpha) - std::log(a / (us * us) + b) <=
+        -mu + k * loglam - std::lgamma(k + 1.0))
+      return (int64_t)k;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Dot products over the k clusters: 8 independent accumulators so that the
+// compiler vectorizes without reassociating a single sum; cloned for AVX2
+// and AVX-512 and picked at load time, so the build needs no -march.
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    defined(__linux__)
+#define SBM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SBM_CLONES
+#endif
+
+template <typename scalar_t>
+inline double dot_impl(const scalar_t* a, const scalar_t* b, int64_t k) {
+  // GCC vector extensions: 32-byte vectors, two accumulators; unaligned
+  // loads through memcpy.
+  typedef scalar_t vec __attribute__((vector_size(32)));
+  constexpr int L = 32 / sizeof(scalar_t);
+  vec acc0 = {}, acc1 = {};
+  int64_t v = 0;
+  for (; v + 2 * L <= k; v += 2 * L) {
+    vec x0, y0, x1, y1;
+    std::memcpy(&x0, a + v, 32);
+    std::memcpy(&y0, b + v, 32);
+    std::memcpy(&x1, a + v + L, 32);
+    std::memcpy(&y1, b + v + L, 32);
+    acc0 += x0 * y0;
+    acc1 += x1 * y1;
+  }
+  acc0 += acc1;
+  double s = 0.0;
+  for (int l = 0; l < L; ++l) s += (double)acc0[l];
+  for (; v < k; ++v) s += (double)a[v] * (double)b[v];
+  return s;
+}
+
+SBM_CLONES double dot(const float* a, const float* b, int64_t k) {
+  return dot_impl(a, b, k);
+}
+SBM_CLONES double dot(const double* a, const double* b, int64_t k) {
+  return dot_impl(a, b, k);
+}
+
+// ---------------------------------------------------------------------------
+// Shapes and pointers shared by both passes.
+
+template <typename scalar_t>
+struct Problem {
+  const scalar_t* W;   // [H, Nq, k]  Y B
+  const scalar_t* Z;   // [Nk, H, k]
+  const double* mass;  // [G, H, k]   s_v
+  const int64_t* ptr_q;
+  const int64_t* ptr_k;
+  int64_t G, H, Nq, Nk, k;
+  double delta;
+  bool exact;
+  std::vector<int32_t> seq;  // sequence of each query
+
+  Problem(const Tensor& W_, const Tensor& Z_, const Tensor& mass_,
+          const Tensor& ptr_q_, const Tensor& ptr_k_, double delta_,
+          bool exact_)
+      : W(W_.data_ptr<scalar_t>()), Z(Z_.data_ptr<scalar_t>()),
+        mass(mass_.data_ptr<double>()), ptr_q(ptr_q_.data_ptr<int64_t>()),
+        ptr_k(ptr_k_.data_ptr<int64_t>()), G(ptr_q_.numel() - 1),
+        H(W_.size(0)), Nq(W_.size(1)), Nk(Z_.size(0)), k(W_.size(2)),
+        delta(delta_), exact(exact_), seq(Nq) {
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t i = ptr_q[g]; i < ptr_q[g + 1]; ++i) seq[i] = (int32_t)g;
+  }
+  inline const scalar_t* w_row(int64_t h, int64_t i) const {
+    return W + (h * Nq + i) * k;
+  }
+  inline const scalar_t* z_row(int64_t j, int64_t h) const {
+    return Z + (j * H + h) * k;
+  }
+  inline const double* mass_row(int64_t g, int64_t h) const {
+    return mass + (g * H + h) * k;
+  }
+};
+
+inline int num_threads() { return std::max(1, at::get_num_threads()); }
+
+// ---------------------------------------------------------------------------
+// Pass 1: key cluster masses, per-row degree and inflation.
+
+// Whether x holds a negative, NaN or infinite entry.
+template <typename scalar_t>
+bool bad_values(const scalar_t* x, int64_t n) {
+  int64_t bad = 0;
+#pragma omp parallel for schedule(static) num_threads(num_threads()) \
+    reduction(+ : bad)
+  for (int64_t t = 0; t < n; ++t) bad += !(x[t] >= 0 && x[t] <= std::numeric_limits<scalar_t>::max());
+  return bad > 0;
+}
+
+// s_v = sum_j Z_jv and m_v = max_j Z_jv of each (sequence, head), [G, H, k].
+template <typename scalar_t>
+void key_masses(const scalar_t* Z, const int64_t* ptr_k, int64_t G, int64_t H,
+                int64_t k, double* mass, double* max_k) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads())
+  for (int64_t b = 0; b < G * H; ++b) {
+    const int64_t g = b / H, h = b % H;
+    double* s = mass + b * k;
+    double* m = max_k + b * k;
+    std::fill(s, s + k, 0.0);
+    std::fill(m, m + k, 0.0);
+    for (int64_t j = ptr_k[g]; j < ptr_k[g + 1]; ++j) {
+      const scalar_t* z = Z + (j * H + h) * k;
+      for (int64_t v = 0; v < k; ++v) {
+        s[v] += (double)z[v];
+        m[v] = std::max(m[v], (double)z[v]);
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+void plan_rows(const Problem<scalar_t>& P, const double* max_k, uint64_t seed,
+               double threshold, int64_t* degree, double* inflation,
+               double* stats) {
+  const int64_t R = P.H * P.Nq;
+  double draws = 0.0, expected = 0.0, edges = 0.0, bad = 0.0;
+#pragma omp parallel for schedule(static) num_threads(num_threads()) \
+    reduction(+ : draws, expected, edges, bad)
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t h = r / P.Nq, i = r % P.Nq, g = P.seq[i];
+    const int64_t nk = P.ptr_k[g + 1] - P.ptr_k[g];
+    const scalar_t* w = P.w_row(h, i);
+    const double* s = P.mass_row(g, h);
+    double lam = P.delta * nk, bound = P.delta;
+    for (int64_t v = 0; v < P.k; ++v) lam += (double)w[v] * s[v];
+    double c = 1.0;
+    if (P.exact) {
+      const double* m = max_k + (g * P.H + h) * P.k;
+      for (int64_t v = 0; v < P.k; ++v) bound += (double)w[v] * m[v];
+      if (bound >= 1.0)
+        c = kMaxInflation;
+      else if (bound > 0.0)
+        c = std::min(-std::log1p(-bound) / bound, kMaxInflation);
+    }
+    inflation[r] = c;
+    const double mu = c * lam;
+    if (!(mu >= 0.0 && mu < 1e300) || nk == 0) {
+      // NaN, inf or a negative rate: nothing is drawn; the caller's checks
+      // raise. An empty key sequence has no pairs.
+      bad += (nk > 0) ? 1.0 : 0.0;
+      degree[r] = 0;
+      continue;
+    }
+    if (mu > 0.0 && mu >= threshold * nk) {  // dense: one Bernoulli per key
+      degree[r] = -1;
+      draws += nk;
+      expected += nk;
+      edges += std::min(lam, (double)nk);
+    } else {
+      Rng rng(seed, r, 0);
+      const int64_t d = poisson(rng, mu);
+      degree[r] = d;
+      draws += d;
+      expected += mu;
+      edges += d;
+    }
+  }
+  stats[0] = draws;
+  stats[1] = expected;
+  stats[2] = edges;
+  stats[3] = bad;
+}
+
+// ---------------------------------------------------------------------------
+// Alias tables: one per (sequence, head, key cluster) over the keys of the
+// sequence, stored at ((h * k + v) * Nk + j).
+
+struct AliasEntry {
+  float prob;     // keep the slot's own key when frac < prob
+  int32_t alias;  // global key index otherwise
+};
+
+template <typename scalar_t>
+std::vector<AliasEntry> build_alias(const Problem<scalar_t>& P) {
+  std::vector<AliasEntry> table((size_t)(P.H * P.k * P.Nk));
+  // A task is a tile of clusters of one (sequence, head): it reads the
+  // tile's columns row by row (Z is [N_k, H, k]) into contiguous weights.
+  constexpr int64_t kTile = 8;
+  const int64_t tiles = (P.k + kTile - 1) / kTile;
+  const int64_t tasks = P.G * P.H * tiles;
+#pragma omp parallel num_threads(num_threads())
+  {
+    std::vector<int32_t> small, large;
+    std::vector<double> weights;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t g = t / (P.H * tiles), h = t / tiles % P.H;
+      const int64_t v0 = t % tiles * kTile, nv = std::min(kTile, P.k - v0);
+      const int64_t ks = P.ptr_k[g], n = P.ptr_k[g + 1] - ks;
+      if (n == 0) continue;
+      weights.resize(nv * n);
+      for (int64_t j = 0; j < n; ++j) {
+        const scalar_t* z = P.z_row(ks + j, h) + v0;
+        for (int64_t c = 0; c < nv; ++c) weights[c * n + j] = (double)z[c];
+      }
+      for (int64_t c = 0; c < nv; ++c) {
+        double* q = weights.data() + c * n;
+        AliasEntry* out = table.data() + (h * P.k + v0 + c) * P.Nk + ks;
+        double total = 0.0;
+        for (int64_t j = 0; j < n; ++j) total += q[j];
+        if (!(total > 0.0)) {  // never drawn: its cluster has rate 0
+          for (int64_t j = 0; j < n; ++j) out[j] = {1.0f, (int32_t)(ks + j)};
+          continue;
+        }
+        // Vose's alias method.
+        small.clear();
+        large.clear();
+        for (int64_t j = 0; j < n; ++j) {
+          q[j] *= n / total;
+          (q[j] < 1.0 ? small : large).push_back((int32_t)j);
+        }
+        while (!small.empty() && !large.empty()) {
+          const int32_t s = small.back(), l = large.back();
+          small.pop_back();
+          out[s] = {(float)q[s], (int32_t)(ks + l)};
+          q[l] -= 1.0 - q[s];
+          if (q[l] < 1.0) {
+            large.pop_back();
+            small.push_back(l);
+          }
+        }
+        // Leftovers are 1 up to rounding.
+        for (int32_t j : large) out[j] = {1.0f, (int32_t)(ks + j)};
+        for (int32_t j : small) out[j] = {1.0f, (int32_t)(ks + j)};
+      }
+    }
+  }
+  return table;
+}
+
+// ---------------------------------------------------------------------------
+// Pass 2: sampling the rows.
+
+struct RowBuffers {
+  std::vector<uint64_t> bits;
+  std::vector<int32_t> list, keys, extra;
+  std::vector<double> cum;
+  std::vector<int32_t> guide;
+};
+
+// Draws are resolved in batches: the alias entries (random reads in tables
+// of H * k * N_k entries) are prefetched for a whole batch first.
+constexpr int kBatch = 16;
+
+template <typename scalar_t>
+struct Sampler {
+  const Problem<scalar_t>& P;
+  const int64_t* degree;
+  const double* inflation;
+  const AliasEntry* alias;
+  const int64_t* inc_ptr;  // [Nq + 1] or null
+  const int64_t* inc_col;
+  bool self_loops;
+  uint64_t seed;
+
+  // Draws the row's d multi-edges as local key offsets into buf.list.
+  void draw(Rng& rng, int64_t h, int64_t g, const scalar_t* w, int64_t d,
+            int64_t nk, RowBuffers& buf) const {
+    const double* s = P.mass_row(g, h);
+    const int64_t K = P.k + (P.delta > 0.0 ? 1 : 0);
+    buf.cum.resize(K);
+    buf.guide.resize(K);
+    double total = 0.0;
+    int64_t last = 0;
+    for (int64_t v = 0; v < P.k; ++v) {
+      const double x = (double)w[v] * s[v];
+      if (x > 0.0) last = v;
+      total += x;
+      buf.cum[v] = total;
+    }
+    if (K > P.k) {
+      total += P.delta * nk;
+      buf.cum[P.k] = total;
+      last = P.k;
+    }
+    // Guide table (Chen & Asau 1974): guide[m] is the first cluster whose
+    // cumulative weight exceeds m / K of the total.
+    for (int64_t m = 0, v = 0; m < K; ++m) {
+      const double x = total * m / K;
+      while (v < last && buf.cum[v] <= x) ++v;
+      buf.guide[m] = (int32_t)v;
+    }
+    const int64_t ks = P.ptr_k[g];
+    const AliasEntry* table = alias + ks;
+    const AliasEntry* entry[kBatch];
+    double frac[kBatch];
+    int64_t slot[kBatch];
+    buf.list.resize(d);
+    for (int64_t t0 = 0; t0 < d; t0 += kBatch) {
+      const int n = (int)std::min<int64_t>(kBatch, d - t0);
+      for (int b = 0; b < n; ++b) {
+        const double u = rng.uniform();
+        int64_t v = buf.guide[(int64_t)(u * K)];
+        const double x = u * total;
+        while (v < last && buf.cum[v] <= x) ++v;
+        slot[b] = (int64_t)rng.bounded((uint64_t)nk, &frac[b]);
+        if (v == P.k) {  // exploration: uniform over the sequence
+          entry[b] = nullptr;
+        } else {
+          entry[b] = table + (h * P.k + v) * P.Nk + slot[b];
+          __builtin_prefetch(entry[b]);
+        }
+      }
+      for (int b = 0; b < n; ++b) {
+        const AliasEntry* e = entry[b];
+        buf.list[t0 + b] = (int32_t)(
+            (e == nullptr || frac[b] < (double)e->prob) ? slot[b]
+                                                        : e->alias - ks);
+      }
+    }
+  }
+
+  // Exact-mode thinning of the row's sorted distinct drawn keys (local, in
+  // place): keeps key j with probability q(p) = min(p, 1) / (1 - exp(-c p)).
+  // Since 1 - exp(-c p) <= c p, q >= 1 / c: a uniform below 1 / c keeps the
+  // key without computing p (a squeeze; c is close to 1 for a sparse row,
+  // so most keys never read their memberships).
+  void thin(Rng& rng, const scalar_t* w, int64_t h, int64_t ks, double c,
+            std::vector<int32_t>& keys) const {
+    const size_t n = keys.size();
+    const double squeeze = 1.0 / c;
+    size_t kept = 0;
+    for (size_t t = 0; t < n; ++t) {
+      const double u = rng.uniform();
+      if (u >= squeeze) {
+        const double p = dot(w, P.z_row(ks + keys[t], h), P.k) + P.delta;
+        if (!(p > 0.0 && u < std::min(p, 1.0) / -std::expm1(-c * p)))
+          continue;
+      }
+      keys[kept++] = keys[t];
+    }
+    keys.resize(kept);
+  }
+
+  // Sorted distinct forced keys (self-loop, included edges) of query i.
+  void forced(int64_t i, int64_t ks, std::vector<int32_t>& extra) const {
+    extra.clear();
+    if (inc_ptr)  // sorted and distinct
+      for (int64_t e = inc_ptr[i]; e < inc_ptr[i + 1]; ++e)
+        extra.push_back((int32_t)(inc_col[e] - ks));
+    if (self_loops) {
+      const int32_t j = (int32_t)(i - ks);
+      auto it = std::lower_bound(extra.begin(), extra.end(), j);
+      if (it == extra.end() || *it != j) extra.insert(it, j);
+    }
+  }
+
+  // Samples row r and appends its sorted distinct global keys to out.
+  void row(int64_t r, RowBuffers& buf, std::vector<int32_t>& out) const {
+    const int64_t h = r / P.Nq, i = r % P.Nq, g = P.seq[i];
+    const int64_t ks = P.ptr_k[g], nk = P.ptr_k[g + 1] - ks;
+    if (nk == 0) return;
+    const scalar_t* w = P.w_row(h, i);
+    const int64_t d = degree[r];
+    Rng rng(seed, r, 1);
+    auto& keys = buf.keys;  // sorted distinct local keys
+    keys.clear();
+    if (d < 0) {
+      dense_row(rng, h, w, ks, nk, keys);
+    } else if (d > 0) {
+      draw(rng, h, g, w, d, nk, buf);
+      const int64_t words = (nk + 63) >> 6;
+      if (d * 16 < words) {  // few draws over many keys: sort them
+        keys.assign(buf.list.begin(), buf.list.end());
+        std::sort(keys.begin(), keys.end());
+        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+      } else {  // a bitmap over the sequence's keys
+        auto& bits = buf.bits;
+        bits.assign(words, 0);
+        for (int32_t j : buf.list) bits[j >> 6] |= 1ULL << (j & 63);
+        for (int64_t q = 0; q < words; ++q)
+          for (uint64_t word = bits[q]; word; word &= word - 1)
+            keys.push_back((int32_t)((q << 6) + __builtin_ctzll(word)));
+      }
+      if (P.exact) thin(rng, w, h, ks, inflation[r], keys);
+    }
+    forced(i, ks, buf.extra);
+    if (buf.extra.empty()) {
+      for (int32_t j : keys) out.push_back((int32_t)(ks + j));
+      return;
+    }
+    // Merge the two sorted lists without duplicates.
+    auto a = keys.begin(), b = buf.extra.begin();
+    while (a != keys.end() || b != buf.extra.end()) {
+      int32_t j;
+      if (b == buf.extra.end() || (a != keys.end() && *a < *b)) {
+        j = *a++;
+      } else {
+        if (a != keys.end() && *a == *b) ++a;
+        j = *b++;
+      }
+      out.push_back((int32_t)(ks + j));
+    }
+  }
+
+  // One Bernoulli per key of the sequence.
+  void dense_row(Rng& rng, int64_t h, const scalar_t* w, int64_t ks,
+                 int64_t nk, std::vector<int32_t>& keys) const {
+    for (int64_t j = 0; j < nk; ++j) {
+      const double p = dot(w, P.z_row(ks + j, h), P.k) + P.delta;
+      const double prob = P.exact ? std::min(p, 1.0) : -std::expm1(-p);
+      if (rng.uniform() < prob) keys.push_back((int32_t)j);
+    }
+  }
+};
+
+template <typename scalar_t>
+std::vector<Tensor> sample_impl(const Problem<scalar_t>& P,
+                                const Tensor& degree_t,
+                                const Tensor& inflation_t, bool self_loops,
+                                const Tensor& inc_ptr, const Tensor& inc_col,
+                                uint64_t seed) {
+  const int64_t R = P.H * P.Nq;
+  const int64_t* degree = degree_t.data_ptr<int64_t>();
+  bool any_draws = false;
+  for (int64_t r = 0; r < R && !any_draws; ++r) any_draws = degree[r] > 0;
+  std::vector<AliasEntry> alias;
+  if (any_draws) alias = build_alias(P);
+
+  const bool has_inc = inc_ptr.numel() > 0;
+  Sampler<scalar_t> S{P,
+                      degree,
+                      inflation_t.data_ptr<double>(),
+                      alias.data(),
+                      has_inc ? inc_ptr.data_ptr<int64_t>() : nullptr,
+                      has_inc ? inc_col.data_ptr<int64_t>() : nullptr,
+                      self_loops,
+                      seed};
+
+  // Rows in chunks, scheduled dynamically (rows differ in cost); each chunk
+  // appends to its own buffer, so no pre-sized scratch over all draws.
+  const int nt = num_threads();
+  const int64_t chunk = std::max<int64_t>(1, R / (64 * (int64_t)nt));
+  const int64_t num_chunks = R == 0 ? 0 : (R + chunk - 1) / chunk;
+  std::vector<std::vector<int32_t>> parts(num_chunks);
+  Tensor counts = at::zeros({R + 1}, degree_t.options());
+  int64_t* count = counts.data_ptr<int64_t>();
+#pragma omp parallel num_threads(nt)
+  {
+    RowBuffers buf;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      auto& out = parts[c];
+      const int64_t r0 = c * chunk, r1 = std::min(R, r0 + chunk);
+      int64_t reserve = 0;
+      for (int64_t r = r0; r < r1; ++r) reserve += std::max<int64_t>(degree[r], 0);
+      out.reserve(reserve);
+      for (int64_t r = r0; r < r1; ++r) {
+        const size_t before = out.size();
+        S.row(r, buf, out);
+        count[r + 1] = (int64_t)(out.size() - before);
+      }
+      out.shrink_to_fit();
+    }
+  }
+  Tensor rowptr = counts.cumsum(0);
+  const int64_t* rp = rowptr.data_ptr<int64_t>();
+  const int64_t E = rp[R];
+  auto opts = degree_t.options();
+  TORCH_CHECK(E < (int64_t(1) << 40), "too many edges");
+  Tensor edge_index = at::empty({2, E}, opts);
+  Tensor head = at::empty({E}, opts);
+  int64_t* key = edge_index.data_ptr<int64_t>();
+  int64_t* query = key + E;
+  int64_t* hd = head.data_ptr<int64_t>();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const int64_t r0 = c * chunk, r1 = std::min(R, r0 + chunk);
+    const int32_t* src = parts[c].data();
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t h = r / P.Nq, i = r % P.Nq;
+      for (int64_t e = rp[r]; e < rp[r + 1]; ++e) {
+        key[e] = *src++;
+        query[e] = i;
+        hd[e] = h;
+      }
+    }
+    std::vector<int32_t>().swap(parts[c]);  // free as we go
+  }
+  parts.clear();
+
+  // (head, key, query) order by a counting sort inside each (sequence,
+  // head) block: its edges are contiguous in both orders, at the same
+  // offsets, so blocks are independent. Two radix passes (coarse key
+  // buckets, then keys within a bucket) keep the scatter's write streams
+  // few enough for the caches and the TLB.
+  Tensor perm = at::empty({E}, opts);
+  Tensor colptr = at::empty({P.H * P.Nk + 1}, opts);
+  int64_t* pm = perm.data_ptr<int64_t>();
+  int64_t* cp = colptr.data_ptr<int64_t>();
+  cp[P.H * P.Nk] = E;
+  const int64_t blocks = P.G * P.H;
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<int64_t> pos, coarse;
+    std::vector<int64_t> tmp;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t h = b / P.G, g = b % P.G;
+      const int64_t ks = P.ptr_k[g], nk = P.ptr_k[g + 1] - ks;
+      const int64_t e0 = rp[h * P.Nq + P.ptr_q[g]];
+      const int64_t e1 = rp[h * P.Nq + P.ptr_q[g + 1]];
+      pos.assign(nk + 1, 0);
+      for (int64_t e = e0; e < e1; ++e) ++pos[key[e] - ks + 1];
+      pos[0] = e0;
+      for (int64_t j = 0; j < nk; ++j) pos[j + 1] += pos[j];
+      for (int64_t j = 0; j < nk; ++j) cp[h * P.Nk + ks + j] = pos[j];
+      int shift = 0;  // coarse bucket = local key >> shift, at most 256
+      while ((nk - 1) >> shift >= 256) ++shift;
+      if (shift == 0) {
+        for (int64_t e = e0; e < e1; ++e) pm[pos[key[e] - ks]++] = e;
+        continue;
+      }
+      // Pass 1 stores (edge << shift) | (key within its bucket), so that
+      // pass 2 reads no key at random.
+      const int64_t nb = ((nk - 1) >> shift) + 1, mask = (1LL << shift) - 1;
+      coarse.resize(nb + 1);
+      for (int64_t c = 0; c <= nb; ++c)
+        coarse[c] = pos[std::min(c << shift, nk)];
+      for (int64_t e = e0; e < e1; ++e) {
+        const int64_t j = key[e] - ks;
+        pm[coarse[j >> shift]++] = (e << shift) | (j & mask);
+      }
+      for (int64_t c = 0; c < nb; ++c) {
+        const int64_t j0 = c << shift, j1 = std::min((c + 1) << shift, nk);
+        tmp.assign(pm + pos[j0], pm + pos[j1]);
+        for (int64_t x : tmp) pm[pos[j0 + (x & mask)]++] = x >> shift;
+      }
+    }
+  }
+  return {rowptr, edge_index, head, perm, colptr};
+}
+
+void check_inputs(const Tensor& W, const Tensor& Z, const Tensor& mass,
+                  const Tensor& ptr_q, const Tensor& ptr_k) {
+  TORCH_CHECK(W.device().is_cpu() && Z.device().is_cpu(), "CPU tensors only");
+  TORCH_CHECK(W.dim() == 3 && Z.dim() == 3 && W.size(0) == Z.size(1) &&
+                  W.size(2) == Z.size(2),
+              "W must be [H, Nq, k] and Z [Nk, H, k]");
+  TORCH_CHECK(W.scalar_type() == Z.scalar_type(), "W and Z dtypes differ");
+  TORCH_CHECK(W.is_contiguous() && Z.is_contiguous() && mass.is_contiguous(),
+              "contiguous inputs expected");
+  TORCH_CHECK(mass.scalar_type() == at::kDouble, "mass must be float64");
+  TORCH_CHECK(ptr_q.scalar_type() == at::kLong && ptr_k.scalar_type() == at::kLong,
+              "pointers must be int64");
+  TORCH_CHECK(Z.size(0) < (int64_t(1) << 31), "N_k must be below 2^31");
+}
+
+std::vector<Tensor> fastrg_plan(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q,
+                                Tensor ptr_k, double delta, bool exact,
+                                int64_t seed, double threshold) {
+  TORCH_CHECK(Y.is_contiguous() && Y.scalar_type() == W.scalar_type(),
+              "Y must be contiguous in W's dtype");
+  const int64_t G = ptr_q.numel() - 1, H = W.size(0), k = W.size(2);
+  Tensor mass = at::empty({G, H, k}, W.options().dtype(at::kDouble));
+  Tensor max_k = at::empty({G, H, k}, mass.options());
+  check_inputs(W, Z, mass, ptr_q, ptr_k);
+  const int64_t R = H * W.size(1);
+  Tensor degree = at::empty({R}, ptr_q.options());
+  Tensor inflation = at::empty({R}, mass.options());
+  Tensor stats = at::zeros({6}, mass.options());
+  AT_DISPATCH_FLOATING_TYPES(W.scalar_type(), "fastrg_plan", [&] {
+    double* st = stats.data_ptr<double>();
+    st[4] = bad_values(Y.data_ptr<scalar_t>(), Y.numel());
+    st[5] = bad_values(Z.data_ptr<scalar_t>(), Z.numel());
+    key_masses(Z.data_ptr<scalar_t>(), ptr_k.data_ptr<int64_t>(), G, H, k,
+               mass.data_ptr<double>(), max_k.data_ptr<double>());
+    Problem<scalar_t> P(W, Z, mass, ptr_q, ptr_k, delta, exact);
+    plan_rows(P, max_k.data_ptr<double>(), (uint64_t)seed, threshold,
+              degree.data_ptr<int64_t>(), inflation.data_ptr<double>(), st);
+  });
+  return {degree, inflation, mass, stats};
+}
+
+std::vector<Tensor> fastrg_sample(Tensor W, Tensor Z, Tensor mass,
+                                  Tensor ptr_q, Tensor ptr_k, double delta,
+                                  bool exact, int64_t seed, Tensor degree,
+                                  Tensor inflation, bool self_loops,
+                                  Tensor inc_ptr, Tensor inc_col) {
+  check_inputs(W, Z, mass, ptr_q, ptr_k);
+  std::vector<Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(W.scalar_type(), "fastrg_sample", [&] {
+    Problem<scalar_t> P(W, Z, mass, ptr_q, ptr_k, delta, exact);
+    out = sample_impl(P, degree, inflation, self_loops, inc_ptr, inc_col,
+                      (uint64_t)seed);
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "sbm_pyg compiled kernels (CPU)";
+  m.def("fastrg_plan", &fastrg_plan, "fastRG pass 1: row degrees");
+  m.def("fastrg_sample", &fastrg_sample, "fastRG pass 2: the graph");
+}
