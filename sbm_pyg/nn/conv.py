@@ -16,7 +16,7 @@ from torch_geometric.utils import is_sparse, softmax
 
 from sbm_pyg._validation import require_tensor, sync
 from sbm_pyg.nn.block_model import StochasticBlockModel
-from sbm_pyg.nn.functional import _heads_first, edge_probability, sparse_attention
+from sbm_pyg.nn.functional import _heads_first, _ste_probability, sparse_attention
 from sbm_pyg.sampling import MODES, SampledGraph, fastrg
 
 __all__ = ["SBMConv"]
@@ -305,7 +305,9 @@ class SBMConv(MessagePassing):
             hook(self, graph)
         edge_prob = None
         if torch.is_grad_enabled() and q_memb.requires_grad:
-            edge_prob = edge_probability(q_memb, block, k_memb, graph)
+            # Only its gradient is used (the straight-through estimator):
+            # the values are never computed.
+            edge_prob = _ste_probability(q_memb, block, k_memb, graph)
         self._record_density(graph, q_memb, block, k_memb)
 
         if self.fuse:

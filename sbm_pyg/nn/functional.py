@@ -95,6 +95,27 @@ def edge_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
                         _heads_first(k_memb))
 
 
+class _SDDMMGradOnly(_SDDMM):
+    r"""The gradients of :class:`_SDDMM` with zeros for values: for the
+    straight-through estimator, whose forward never reads :math:`p_e`, so
+    the :math:`O(E k)` forward product is skipped."""
+
+    @staticmethod
+    def forward(ctx, graph: SampledGraph, a: Tensor, b: Tensor) -> Tensor:
+        ctx.graph = graph
+        ctx.save_for_backward(a, b)
+        return a.new_zeros(graph.num_edges)
+
+
+@torch.compiler.disable
+def _ste_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
+                     graph: SampledGraph) -> Tensor:
+    # edge_probability's backward with placeholder values (see above).
+    q_block = torch.bmm(q_memb.transpose(0, 1), block)
+    return _SDDMMGradOnly.apply(graph, q_block.reshape(-1, q_block.size(-1)),
+                                _heads_first(k_memb))
+
+
 def _check_graph(graph: SampledGraph, Nq: int, Nk: int, H: int, q_name: str,
                  k_name: str) -> None:
     if not isinstance(graph, SampledGraph):

@@ -114,6 +114,23 @@ def test_edge_probability(graph):
         (q.requires_grad_(), b.requires_grad_(), k.requires_grad_()))
 
 
+def test_ste_probability_has_the_gradients_of_edge_probability(graph):
+    # SBMConv's straight-through path skips the forward product: its values
+    # are placeholders, its gradients those of edge_probability.
+    from sbm_pyg.nn.functional import _ste_probability
+    q, b, k = sbm()
+    weight = torch.randn(graph.num_edges, dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(0))
+    grads = []
+    for fn in (edge_probability, _ste_probability):
+        inputs = [t.detach().clone().requires_grad_() for t in (q, b, k)]
+        (fn(*inputs, graph) * weight).sum().backward()
+        grads.append([t.grad for t in inputs])
+    assert graph.num_edges > 0
+    for ref, out in zip(*grads):
+        assert torch.allclose(out, ref, atol=1e-12) and bool(ref.abs().sum() > 0)
+
+
 def test_zero_edges_give_zeros_not_nan():
     q, b, k = sbm()
     graph = fastrg(q, torch.zeros_like(b), k, ptr_q=PTR_Q, ptr_k=PTR_K)
