@@ -455,15 +455,38 @@ def fastrg(
             allocated. Independently, a draw that would not fit into the
             available memory raises too.
         generator (torch.Generator, optional): source of randomness; the
-            same state gives the same graph.
+            same state gives the same graph (for a backend).
+        backend (str, optional): :obj:`"compiled"` (the C++ kernels of
+            :obj:`sbm_pyg._C`, CPU), :obj:`"torch"` (pure PyTorch, any
+            device) or :obj:`None`: compiled where it is built and the
+            memberships are on the CPU, else torch. Both sample the same
+            distribution; their random streams differ.
 
     Returns:
         :class:`SampledGraph`.
 
     Notes:
-        Endpoints are found in one float64 cumulative sum over all heads,
-        clusters and rows; a row's probability is exact up to float64
-        rounding of that sum (about :math:`10^{-16}` of the total mass).
+        The torch backend draws all cells :math:`(g, h, u, v)` at once and
+        finds endpoints in one float64 cumulative sum over all heads,
+        clusters and rows (exact up to float64 rounding of that sum).
+
+        The compiled backend samples query-major: each :math:`(h, i)` row
+        draws its Poisson degree :math:`\mathrm{Poisson}(c \lambda_i)`,
+        :math:`\lambda_i = \mathbf{Y}_i \mathbf{B} \mathbf{s}^Z`, picks
+        each draw's key cluster from the :math:`k` weights
+        :math:`(\mathbf{Y}_i \mathbf{B})_v s^Z_v` (a guide table) and its
+        key from an alias table of :math:`(g, h, v)` (float32
+        probabilities), and merges duplicates within the row. Exact mode
+        bounds each row separately, :math:`P_i = \mathbf{Y}_i \mathbf{B}
+        \max_j \mathbf{Z}_j`, and thins with a squeeze (a uniform below
+        :math:`1/c` keeps an edge without computing :math:`p_{ij}`). A row
+        whose drawing would cost more than testing its keys (expected
+        draws :math:`\geq` half its keys) is sampled with one Bernoulli per
+        key instead, so a dense head costs :math:`O(n_k)` per query in
+        either mode; :obj:`num_draws` then counts those tested pairs.
+        Each row has its own counter-based random stream, seeded from
+        :obj:`generator`, so the graph does not depend on the number of
+        threads.
     """
     if backend not in (None,) + BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got "
