@@ -130,7 +130,7 @@ def _memory_case(spec: dict) -> int:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _status("VmRSS:")
-    out = fn()
+    fn()
     peak = max(_status("VmHWM:") - base, 0)
     return f"{peak} {edges}" if sampler else peak
 

@@ -483,3 +483,17 @@ def test_backend_argument():
 def test_ci_builds_the_compiled_backend():
     # CI tests both backends: the compiled one must have been built.
     assert _fastrg_compiled.available()
+
+
+def test_without_the_compiled_kernels_fastrg_falls_back_to_torch(monkeypatch):
+    # As after an install without a compiler: the default backend is torch.
+    monkeypatch.setattr(_fastrg_compiled, "_C", None)
+    assert not _fastrg_compiled.available()
+    q, b, k = small_sbm()
+    gen = torch.Generator().manual_seed(0)
+    graph = sampling.fastrg(q, b, k, generator=gen)
+    ref = sampling.fastrg(q, b, k, backend="torch",
+                          generator=torch.Generator().manual_seed(0))
+    assert torch.equal(graph.edge_index, ref.edge_index)
+    with pytest.raises(ValueError, match="backend='compiled'"):
+        sampling.fastrg(q, b, k, backend="compiled")
