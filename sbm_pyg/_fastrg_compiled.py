@@ -15,7 +15,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from sbm_pyg._validation import Check, check_memory, sync
+from sbm_pyg._validation import Check, check_draws, invalid_values, sync
 
 try:
     from sbm_pyg import _C
@@ -66,21 +66,15 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
         DENSE_ROW_THRESHOLD)
     del Y
     checks = checks + [
-        (stats[4] > 0, "q_memb must be finite and non-negative (found NaN, "
-                       "inf or < 0)"),
-        (stats[5] > 0, "k_memb must be finite and non-negative (found NaN, "
-                       "inf or < 0)"),
+        (stats[4] > 0, invalid_values("q_memb")),
+        (stats[5] > 0, invalid_values("k_memb")),
         ((stats[3] > 0) | ~torch.isfinite(stats[1]),
          "the SBM's edge rates overflow (q_memb, block or k_memb too large)")]
     # Invalid input raises here, before anything of the graph's size exists.
     num_draws, expected, edges = sync(checks, stats[0], stats[1], stats[2])
-    what = (f"fastrg over {ptr_q.numel() - 1} sequence(s), {H} head(s), "
-            f"N_q={Nq}, N_k={Nk} drew {num_draws:.0f} edges (expected "
-            f"{expected:.1f})")
-    if max_edges is not None and num_draws > max_edges:
-        raise ValueError(f"{what}, more than max_edges={max_edges}")
-    check_memory(edges * BYTES_PER_EDGE + H * k * Nk * BYTES_PER_ALIAS_ENTRY,
-                 q_memb.device, what)
+    check_draws(num_draws, expected,
+                edges * BYTES_PER_EDGE + H * k * Nk * BYTES_PER_ALIAS_ENTRY,
+                max_edges, q_memb.device, ptr_q.numel() - 1, H, Nq, Nk)
     inc_ptr = inc_col = ptr_q.new_empty(0)
     if included is not None:
         inc_ptr, inc_col = _included_csr(*included, Nq, Nk)

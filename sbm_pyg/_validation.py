@@ -27,9 +27,14 @@ def require_tensor(name: str, x: object, ndim: Optional[int] = None,
     return x
 
 
+def invalid_values(name: str) -> str:
+    """The message of a failed :func:`nonnegative_finite` check."""
+    return f"{name} must be finite and non-negative (found NaN, inf or < 0)"
+
+
 def nonnegative_finite(name: str, x: Tensor) -> Check:
     bad = ~(torch.isfinite(x) & (x >= 0)).all()
-    return bad, f"{name} must be finite and non-negative (found NaN, inf or < 0)"
+    return bad, invalid_values(name)
 
 
 def as_ptr(name: str, ptr: Union[None, Tensor, Sequence[int]], num_rows: int,
@@ -84,6 +89,19 @@ def available_memory(device: torch.device) -> Optional[int]:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     return None
+
+
+def check_draws(num_draws: float, expected: float, num_bytes: float,
+                max_edges: Optional[int], device: torch.device, G: int,
+                H: int, Nq: int, Nk: int) -> None:
+    """fastrg's guard, before anything of the graph's size is allocated:
+    raises if more than :obj:`max_edges` edges were drawn or if
+    :obj:`num_bytes` would not fit on :obj:`device`."""
+    what = (f"fastrg over {G} sequence(s), {H} head(s), N_q={Nq}, N_k={Nk} "
+            f"drew {num_draws:.0f} edges (expected {expected:.1f})")
+    if max_edges is not None and num_draws > max_edges:
+        raise ValueError(f"{what}, more than max_edges={max_edges}")
+    check_memory(num_bytes, device, what)
 
 
 def check_memory(num_bytes: float, device: torch.device, what: str) -> None:

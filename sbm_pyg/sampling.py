@@ -25,7 +25,9 @@ from torch import Tensor
 from sbm_pyg._validation import (
     Check,
     as_ptr,
+    check_draws,
     check_memory,
+    invalid_values,
     nonnegative_finite,
     require_tensor,
     sync,
@@ -267,8 +269,7 @@ class _Cdf:
         flat.cumsum_(0)
         # NaN fails the comparison; inf makes the total non-finite.
         self.check = (~(minimum >= 0) | ~torch.isfinite(self.cum[-1]),
-                      f"{name} must be finite and non-negative (found NaN, "
-                      f"inf or < 0)")
+                      invalid_values(name))
         # Start of segment (head, cluster, sequence) in the flat order.
         base = torch.arange(H * k, device=memb.device) * N
         start = base[None, :] + ptr[:-1, None]  # [G, H*k]
@@ -560,12 +561,8 @@ def _fastrg_torch(q_memb: Tensor, block: Tensor, k_memb: Tensor,
     counts = torch.poisson(torch.nan_to_num(rate, 0.0, 0.0, 0.0).clamp(min=0),
                            generator=generator)
     num_draws, expected = sync(checks, counts.sum(), rate.sum())
-    what = (f"fastrg over {ptr_q.numel() - 1} sequence(s), {H} head(s), "
-            f"N_q={Nq}, N_k={Nk} drew {num_draws:.0f} edges (expected "
-            f"{expected:.1f})")
-    if max_edges is not None and num_draws > max_edges:
-        raise ValueError(f"{what}, more than max_edges={max_edges}")
-    check_memory(num_draws * BYTES_PER_DRAW, device, what)
+    check_draws(num_draws, expected, num_draws * BYTES_PER_DRAW, max_edges,
+                device, ptr_q.numel() - 1, H, Nq, Nk)
     num_draws = int(num_draws)
 
     # Per cell (g, h, u, v): the query segment (g, h, u), the key segment
