@@ -60,7 +60,8 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     Y = q_memb.detach().to(dtype).contiguous()
     Z = k_memb.detach().to(dtype).contiguous()
     W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
-    seed = int(torch.randint(2**62, (), generator=generator))
+    seed = int(torch.randint(2**62, (), generator=generator,
+                             device=q_memb.device))
     degree, inflation, mass, stats = _C.fastrg_plan(
         Y, W, Z, ptr_q, ptr_k, float(exploration), exact, seed,
         DENSE_ROW_THRESHOLD)

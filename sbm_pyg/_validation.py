@@ -27,6 +27,20 @@ def require_tensor(name: str, x: object, ndim: Optional[int] = None,
     return x
 
 
+def check_generator(generator: object, device: torch.device) -> None:
+    """A generator must be a :class:`torch.Generator` on the device of the
+    tensors it draws for (torch's kernels refuse any other)."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got "
+                        f"{type(generator).__name__}")
+    if generator.device.type != device.type:
+        raise ValueError(f"generator is on {generator.device} but the tensors "
+                         f"are on {device}; pass torch.Generator("
+                         f"device='{device.type}')")
+
+
 def invalid_values(name: str) -> str:
     """The message of a failed :func:`nonnegative_finite` check."""
     return f"{name} must be finite and non-negative (found NaN, inf or < 0)"
@@ -82,7 +96,11 @@ def sync(checks: Sequence[Check], *scalars: Tensor) -> List[float]:
 def available_memory(device: torch.device) -> Optional[int]:
     """Bytes that can still be allocated on :obj:`device`, or :obj:`None`."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        # mem_get_info counts only what the driver has left; blocks that the
+        # caching allocator holds but no tensor uses can be allocated too.
+        free = torch.cuda.mem_get_info(device)[0]
+        return free + (torch.cuda.memory_reserved(device)
+                       - torch.cuda.memory_allocated(device))
     if device.type == "cpu" and os.path.exists("/proc/meminfo"):
         with open("/proc/meminfo") as f:
             for line in f:

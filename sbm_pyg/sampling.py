@@ -26,6 +26,7 @@ from sbm_pyg._validation import (
     Check,
     as_ptr,
     check_draws,
+    check_generator,
     check_memory,
     invalid_values,
     nonnegative_finite,
@@ -509,6 +510,7 @@ def fastrg(
     ptr_q, ptr_k, checks = _check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
                                       mode, exploration, self_loops,
                                       check_memberships=False)
+    check_generator(generator, q_memb.device)
     if max_edges is not None and (not isinstance(max_edges, int)
                                   or max_edges < 0):
         raise ValueError(f"max_edges must be a non-negative int or None, got "
@@ -664,6 +666,7 @@ def bernoulli(
     P = expected_adjacency(q_memb, block, k_memb, ptr_q=ptr_q, ptr_k=ptr_k,
                            mode=mode, exploration=exploration,
                            self_loops=self_loops)
+    check_generator(generator, P.device)
     H, Nq, Nk = P.shape
     mask = torch.bernoulli(P.double(), generator=generator).bool()
     key = mask.reshape(-1).nonzero().view(-1)  # (h * N_q + i) * N_k + j

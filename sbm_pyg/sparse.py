@@ -30,9 +30,11 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _csr(rowptr: Tensor, col: Tensor, values: Tensor, num_cols: int) -> Tensor:
+    # The device is named: left out, torch's default device would win over
+    # the inputs' (torch.set_default_device).
     return torch.sparse_csr_tensor(rowptr, col, values,
                                    (rowptr.numel() - 1, num_cols),
-                                   check_invariants=False)
+                                   device=values.device, check_invariants=False)
 
 
 def sddmm(rowptr: Tensor, col: Tensor, a: Tensor, b: Tensor,

@@ -1,9 +1,48 @@
+"""The test device switch.
+
+``SBM_PYG_TEST_DEVICE=cuda pytest`` runs every device-relevant test with
+torch's default device set to CUDA, so the tensors, modules and generators
+the tests create (through :func:`tests.helpers.seeded`) live there and the
+library runs its CUDA paths. Tests of host-side tools (CLI, demo, docs,
+notebooks, benchmarks) carry the ``host`` marker and stay on the CPU.
+
+Without a GPU the Triton kernels run under Triton's interpreter
+(``TRITON_INTERPRET=1``, set before anything imports them).
+"""
+import os
+
 import pytest
 import torch
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+from tests.helpers import TEST_DEVICE
+
+if TEST_DEVICE.type == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-@pytest.fixture(params=DEVICES)
-def device(request):
-    return torch.device(request.param)
+def pytest_configure(config):
+    # Set for the whole session, so that tensors the test modules build at
+    # import (constants, masks) are on the test device too.
+    torch.set_default_device(TEST_DEVICE)
+    config.addinivalue_line(
+        "markers", "host: a host-side test that runs on the CPU whatever "
+        "SBM_PYG_TEST_DEVICE says")
+
+
+def pytest_report_header(config):
+    return f"sbm_pyg test device: {TEST_DEVICE}"
+
+
+@pytest.fixture(autouse=True)
+def _default_device(request):
+    device = "cpu" if request.node.get_closest_marker("host") else TEST_DEVICE
+    previous = torch.get_default_device()
+    torch.set_default_device(device)
+    yield
+    torch.set_default_device(previous)
+
+
+@pytest.fixture
+def device():
+    """The device the test runs on (see the module docstring)."""
+    return torch.get_default_device()

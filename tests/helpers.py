@@ -1,10 +1,19 @@
 """Statistical helpers: every bound holds with probability >= 1 - ALPHA for
 a correct sampler, and every test runs with a fixed seed."""
+import os
 from statistics import NormalDist
 
 import torch
 
 ALPHA = 1e-3
+
+# The device of the device-relevant tests (see tests/conftest.py).
+TEST_DEVICE = torch.device(os.environ.get("SBM_PYG_TEST_DEVICE", "cpu"))
+
+
+def seeded(seed: int) -> torch.Generator:
+    """A generator on the test's default device, seeded."""
+    return torch.Generator(torch.get_default_device()).manual_seed(seed)
 
 
 def z_bound(num_tests: int, alpha: float = ALPHA) -> float:

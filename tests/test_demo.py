@@ -1,6 +1,11 @@
 import re
 
+import pytest
+
 from sbm_pyg.demo import main
+
+# Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
+pytestmark = pytest.mark.host
 
 
 def test_demo_prints_both_tables(capsys):

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
+pytestmark = pytest.mark.host
+
 MAKE_API = Path(__file__).parents[1] / "docs" / "make_api.py"
 make_api = runpy.run_path(str(MAKE_API))
 

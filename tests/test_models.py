@@ -3,6 +3,7 @@ import torch
 
 from sbm_pyg.experiments.tasks import repeat_batch
 from sbm_pyg.models import ATTENTIONS, FullAttention, LinearAttention, SBMTransformer
+from tests.helpers import seeded
 
 MASK = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]).bool()
 
@@ -16,13 +17,13 @@ def make(attention, **kwargs):
 
 
 def tokens():
-    return torch.randint(1, 10, (3, 6), generator=torch.Generator().manual_seed(1))
+    return torch.randint(1, 10, (3, 6), generator=seeded(1))
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_forward_backward_on_ragged_batch(attention):
     model = make(attention)
-    out = model(tokens(), MASK, generator=torch.Generator().manual_seed(2))
+    out = model(tokens(), MASK, generator=seeded(2))
     assert out.token_logits.shape == (3, 6, 3) and out.seq_logits.shape == (3, 4)
     loss = out.token_logits[MASK].sum() + out.seq_logits.sum() + out.density_loss
     loss.backward()
@@ -43,8 +44,8 @@ def test_padding_does_not_change_real_tokens(attention):
     t = tokens()
     other = t.clone()
     other[~MASK] = 9 - other[~MASK] + 1
-    a = model(t, MASK, generator=torch.Generator().manual_seed(3))
-    b = model(other, MASK, generator=torch.Generator().manual_seed(3))
+    a = model(t, MASK, generator=seeded(3))
+    b = model(other, MASK, generator=seeded(3))
     assert torch.allclose(a.token_logits[MASK], b.token_logits[MASK], atol=1e-5)
     assert torch.allclose(a.seq_logits, b.seq_logits, atol=1e-5)
 
@@ -67,7 +68,7 @@ def test_dense_baselines_against_explicit_attention():
 
 def test_sbm_loss_falls_on_tiny_repeat_task():
     torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(0)
+    gen = seeded(0)
     model = SBMTransformer(num_tokens=9, max_len=8, dim=32, layers=1, heads=1,
                            attention="sbm", clusters=16, token_classes=1)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)

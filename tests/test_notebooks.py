@@ -5,6 +5,9 @@ import nbclient
 import nbformat
 import pytest
 
+# Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
+pytestmark = pytest.mark.host
+
 NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
 
 

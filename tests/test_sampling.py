@@ -13,10 +13,11 @@ from sbm_pyg.sampling import (
     expected_adjacency,
     fastrg,
 )
-from tests.helpers import max_binomial_z, z_bound
+from tests.helpers import TEST_DEVICE, max_binomial_z, seeded, z_bound
 
-needs_compiled = pytest.mark.skipif(not _fastrg_compiled.available(),
-                                    reason="sbm_pyg._C not built")
+needs_compiled = pytest.mark.skipif(
+    not _fastrg_compiled.available() or TEST_DEVICE.type != "cpu",
+    reason="sbm_pyg._C not built, or the tests run on another device")
 # Every fastrg test of this module runs on each backend: the pure-PyTorch
 # reference, the compiled one as configured, and the compiled one with all
 # rows sampled densely (one Bernoulli per key) or all by drawing.
@@ -43,8 +44,8 @@ NQ, NK, H, K = 6, 5, 2, 3
 TRIALS = 3000
 
 
-def small_sbm(dtype=torch.float64, scale=1.0, device="cpu"):
-    g = torch.Generator().manual_seed(0)
+def small_sbm(dtype=torch.float64, scale=1.0, device=None):
+    g = seeded(0)
     q = torch.rand(NQ, H, K, generator=g, dtype=dtype)
     k = torch.rand(NK, H, K, generator=g, dtype=dtype)
     b = torch.rand(H, K, K, generator=g, dtype=dtype) * 0.28 * scale
@@ -74,7 +75,7 @@ def sample_counts(sampler, mode, exploration=0.0, self_loops=False, scale=1.0,
     if self_loops:  # queries and keys must be the same sequences
         k = q
     kwargs = dict(mode=mode, exploration=exploration, self_loops=self_loops)
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded(seed)
     if sampler is not bernoulli:  # one call on TRIALS copies of the sequence
         qq, b, kk, ptr_q, ptr_k = repeated(q, b, k)
         graph = fastrg(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, generator=gen,
@@ -151,9 +152,9 @@ def test_include_edges_is_a_union(mode):
     ptr = [0, 3, 6]
     include = torch.tensor([[0, 2, 2, 4, 5], [1, 0, 0, 3, 5]])
     kwargs = dict(ptr_q=ptr, ptr_k=ptr, mode=mode)
-    plain = fastrg(q, b, q, generator=torch.Generator().manual_seed(3), **kwargs)
+    plain = fastrg(q, b, q, generator=seeded(3), **kwargs)
     union = fastrg(q, b, q, include_edges=include,
-                   generator=torch.Generator().manual_seed(3), **kwargs)
+                   generator=seeded(3), **kwargs)
     forced = {(h, i, j) for h in range(H) for j, i in include.t().tolist()}
     assert edge_set(union) == edge_set(plain) | forced
     assert forced - edge_set(plain), "nothing was added: the test is vacuous"
@@ -183,7 +184,7 @@ def test_edge_count_matches_poisson_mean(mode, backend):
     if backend == ("compiled", 0.0):
         pytest.skip("dense rows draw no Poisson multigraph")
     q, b, k = small_sbm(scale=0.5)
-    gen = torch.Generator().manual_seed(2)
+    gen = seeded(2)
     runs = 400
     draws, edges = [], []
     for _ in range(runs):
@@ -216,7 +217,7 @@ def test_heads_are_independent():
     q[:, 1], b[1], k[:, 1] = q[:, 0], b[0], k[:, 0]
     qq, b, kk, ptr_q, ptr_k = repeated(q, b, k)
     graph = fastrg(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k,
-                   generator=torch.Generator().manual_seed(3))
+                   generator=seeded(3))
     j, i = graph.edge_index
     key = i * kk.size(0) + j  # (sequence, query, key) without the head
     values, seen = torch.unique(key, return_counts=True)
@@ -240,7 +241,7 @@ def test_ragged_batch_marginals_and_no_crossing():
     ptr_q = torch.cat([torch.zeros(1, dtype=torch.long), lens_q.cumsum(0)])
     ptr_k = torch.cat([torch.zeros(1, dtype=torch.long), lens_k.cumsum(0)])
     graph = fastrg(q[rows_q], b, k[rows_k], ptr_q=ptr_q, ptr_k=ptr_k,
-                   generator=torch.Generator().manual_seed(4))
+                   generator=seeded(4))
     j, i = graph.edge_index
     seq_q = torch.searchsorted(ptr_q, i, right=True) - 1
     seq_k = torch.searchsorted(ptr_k, j, right=True) - 1
@@ -257,7 +258,7 @@ def test_graph_structure():
     q, b, k = small_sbm(scale=2.0)
     qq, b, kk, ptr_q, ptr_k = repeated(q, b, k, trials=20)
     graph = fastrg(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, exploration=0.1,
-                   generator=torch.Generator().manual_seed(5))
+                   generator=seeded(5))
     Nq, Nk, E = qq.size(0), kk.size(0), graph.num_edges
     j, i = graph.edge_index
     key = (graph.head * Nq + i) * Nk + j
@@ -280,7 +281,7 @@ def test_graph_structure():
 
 def test_generator_determinism():
     q, b, k = small_sbm()
-    graphs = [fastrg(q, b, k, mode=m, generator=torch.Generator().manual_seed(s))
+    graphs = [fastrg(q, b, k, mode=m, generator=seeded(s))
               for m, s in [("poisson", 7), ("poisson", 7), ("poisson", 8),
                            ("exact", 7), ("exact", 7)]]
     assert torch.equal(graphs[0].edge_index, graphs[1].edge_index)
@@ -292,7 +293,7 @@ def test_generator_determinism():
 def test_empty_sequences_and_zero_edges():
     q, b, k = small_sbm()
     graph = fastrg(q, b, k, ptr_q=[0, 3, 3, 6], ptr_k=[0, 2, 2, 5],
-                   generator=torch.Generator().manual_seed(0))
+                   generator=seeded(0))
     assert graph.num_graphs == 3
     assert torch.all(graph.edge_counts()[1] == 0)
     assert torch.all(graph.density()[1] == 0)
@@ -354,7 +355,7 @@ def test_max_edges_error_names_counts():
     with pytest.raises(ValueError, match=r"N_q=6, N_k=5 drew \d+ edges "
                                          r"\(expected [\d.]+\), more than "
                                          r"max_edges=3"):
-        fastrg(q, b, k, max_edges=3, generator=torch.Generator().manual_seed(0))
+        fastrg(q, b, k, max_edges=3, generator=seeded(0))
 
 
 def test_dense_head_at_64k_raises_instead_of_allocating():
@@ -384,7 +385,7 @@ def test_poisson_mode_caps_an_sbm_transformer_head_at_1_minus_1_over_e():
     n, k = 300, 4
     memb = torch.ones(n, 1, k, dtype=torch.float64)
     block = torch.full((1, k, k), 1.0 / k**2, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(0)
+    gen = seeded(0)
     poisson = fastrg(memb, block, memb, generator=gen).density().item()
     exact = fastrg(memb, block, memb, mode="exact", generator=gen).density().item()
     cap = 1 - math.exp(-1)
@@ -407,7 +408,7 @@ def test_marginals_few_draws_over_many_keys(mode):
     q_memb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.3, 0.7]],
                           dtype=torch.float64)[:, None]
     block = torch.tensor([[[4e-4, 1e-4], [2e-4, 8e-4]]], dtype=torch.float64)
-    gen = torch.Generator().manual_seed(0)
+    gen = seeded(0)
     cls = cluster * 2 + j % 2  # class of each key
     counts = torch.zeros(nq, 4, dtype=torch.float64)
     for _ in range(trials):
@@ -431,7 +432,7 @@ def test_compiled_equals_torch_where_the_graph_is_determined(threshold,
     # p_ij is 0 or >= 1 in exact mode: every backend must return exactly the
     # same graph, with self-loops and included edges, over a ragged batch.
     monkeypatch.setattr(_fastrg_compiled, "DENSE_ROW_THRESHOLD", threshold)
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     n, H, k = 40, 2, 3
     memb = torch.nn.functional.one_hot(torch.randint(k, (n, H), generator=g),
                                        k).double()
@@ -443,7 +444,7 @@ def test_compiled_equals_torch_where_the_graph_is_determined(threshold,
                   include_edges=include)
     ref = sampling.fastrg(memb, block, memb, backend="torch", **kwargs)
     out = sampling.fastrg(memb, block, memb, backend="compiled",
-                          generator=torch.Generator().manual_seed(1), **kwargs)
+                          generator=seeded(1), **kwargs)
     assert ref.num_edges > 100
     for name in ("edge_index", "head", "rowptr", "perm", "colptr", "ptr_q",
                  "ptr_k"):
@@ -462,7 +463,7 @@ def test_compiled_graph_does_not_depend_on_the_thread_count():
             graphs.append(sampling.fastrg(
                 qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, mode="exact",
                 exploration=0.1, backend="compiled",
-                generator=torch.Generator().manual_seed(0)))
+                generator=seeded(0)))
     finally:
         torch.set_num_threads(threads)
     for other in graphs[1:]:
@@ -490,10 +491,10 @@ def test_without_the_compiled_kernels_fastrg_falls_back_to_torch(monkeypatch):
     monkeypatch.setattr(_fastrg_compiled, "_C", None)
     assert not _fastrg_compiled.available()
     q, b, k = small_sbm()
-    gen = torch.Generator().manual_seed(0)
+    gen = seeded(0)
     graph = sampling.fastrg(q, b, k, generator=gen)
     ref = sampling.fastrg(q, b, k, backend="torch",
-                          generator=torch.Generator().manual_seed(0))
+                          generator=seeded(0))
     assert torch.equal(graph.edge_index, ref.edge_index)
     with pytest.raises(ValueError, match="backend='compiled'"):
         sampling.fastrg(q, b, k, backend="compiled")

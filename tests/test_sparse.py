@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from sbm_pyg.sparse import row_index, sddmm, segment_softmax, segment_sum, spmm
+from tests.helpers import seeded
 
 # Rows 0 and 2 have edges, row 1 and row 3 are empty.
 ROWPTR = torch.tensor([0, 2, 2, 5, 5])
@@ -11,7 +12,7 @@ ROW = torch.tensor([0, 0, 2, 2, 2])
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_sddmm_and_spmm_match_dense(dtype):
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     a = torch.randn(4, 3, generator=g, dtype=dtype)
     b = torch.randn(4, 3, generator=g, dtype=dtype)
     values = sddmm(ROWPTR, COL, a, b)

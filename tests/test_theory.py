@@ -27,6 +27,7 @@ from sbm_pyg.theory import (
     proof_sbm,
     to_networkx,
 )
+from tests.helpers import seeded
 
 
 def random_digraph(n, p, seed):
@@ -127,7 +128,7 @@ def test_fastrg_exact_samples_the_proof_patterns(n, k):
     for (q, b, kk), expected in zip(proof_sbm(n, k), proof_patterns(n, k)):
         for seed in range(3):
             graph = fastrg(q, b, kk, mode="exact", self_loops=True,
-                           generator=torch.Generator().manual_seed(seed))
+                           generator=seeded(seed))
             assert torch.equal(pattern_masks(graph)[0], expected)
 
 
@@ -182,7 +183,7 @@ def test_model_conditions_on_a_trained_model():
     from sbm_pyg.experiments.tasks import repeat_batch
     from sbm_pyg.models import SBMTransformer
     torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(0)
+    gen = seeded(0)
     model = SBMTransformer(9, 8, dim=16, layers=2, heads=2, clusters=8, self_loops=True)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(30):

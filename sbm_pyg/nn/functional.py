@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from sbm_pyg._validation import require_tensor
+from sbm_pyg._validation import check_generator, require_tensor
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.sparse import segment_softmax, segment_sum, sddmm, spmm
 
@@ -256,6 +256,7 @@ def sparse_attention(
                              f"({graph.num_edges}), got {edge_prob.numel()}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    check_generator(generator, query.device)
     out, alpha = _SparseAttention.apply(
         graph, _heads_first(query), _heads_first(key), _heads_first(value),
         edge_prob, 1.0 / math.sqrt(D), dropout if training else 0.0,

@@ -9,6 +9,9 @@ import torch
 
 from sbm_pyg.__main__ import main
 
+# Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
+pytestmark = pytest.mark.host
+
 TINY = ["--seq-len", "8", "--dim", "16", "--clusters", "8", "--batch-size", "8",
         "--log-every", "1", "--no-progress", "--eval-batches", "2"]
 

@@ -12,6 +12,7 @@ from sbm_pyg.experiments.tasks import (
     repeat_batch,
     tokenize,
 )
+from tests.helpers import seeded
 
 
 def reference_eval(text: str) -> int:
@@ -123,7 +124,7 @@ def test_listops_bad_arguments(tmp_path):
 
 
 def test_repeat_batch_labels():
-    tokens, labels = repeat_batch(64, 16, torch.Generator().manual_seed(0))
+    tokens, labels = repeat_batch(64, 16, seeded(0))
     assert tokens.shape == labels.shape == (64, 16)
     assert int(tokens.min()) >= 1 and int(tokens.max()) <= 16
     for row, lab in zip(tokens.tolist(), labels.tolist()):

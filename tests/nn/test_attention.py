@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from sbm_pyg.nn import SBMMultiheadAttention
+from tests.helpers import seeded
 
 MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]).bool()
 
@@ -12,11 +13,11 @@ def make_attn():
 
 
 def run(attn, x, mask=None, seed=0):
-    return attn(x, mask, generator=torch.Generator().manual_seed(seed))
+    return attn(x, mask, generator=seeded(seed))
 
 
 def x_input(seed=1):
-    return torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(3, 5, 16, generator=seeded(seed))
 
 
 def test_shape_and_repr():
@@ -40,7 +41,7 @@ def test_equals_sbmconv_on_the_ragged_batch():
     attn = make_attn()
     x = x_input()
     ptr = torch.tensor([0, 3, 8, 9])
-    ragged = attn.conv(x[MASK], ptr=ptr, generator=torch.Generator().manual_seed(0))
+    ragged = attn.conv(x[MASK], ptr=ptr, generator=seeded(0))
     assert torch.allclose(run(attn, x, MASK)[MASK], attn.out(ragged))
     assert attn.sampled_density.shape == (2,)
     assert attn.expected_density.requires_grad

@@ -4,6 +4,7 @@ from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 
 from sbm_pyg.nn import SBMConv
 from sbm_pyg.sampling import expected_adjacency
+from tests.helpers import seeded
 
 BATCH = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])
 PTR = torch.tensor([0, 3, 7, 9])
@@ -16,11 +17,11 @@ def make_conv(**kwargs):
 
 
 def run(conv, x, seed=0, **kwargs):
-    return conv(x, generator=torch.Generator().manual_seed(seed), **kwargs)
+    return conv(x, generator=seeded(seed), **kwargs)
 
 
 def x_input(n=9, channels=8, seed=1):
-    return torch.randn(n, channels, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(n, channels, generator=seeded(seed))
 
 
 @pytest.mark.parametrize("concat,root_weight,shape", [
@@ -178,7 +179,7 @@ def test_torch_compile_matches_eager():
 
 def test_torch_sparse_features():
     conv = make_conv()
-    x = x_input() * (torch.rand(9, 8, generator=torch.Generator().manual_seed(2)) < 0.3)
+    x = x_input() * (torch.rand(9, 8, generator=seeded(2)) < 0.3)
     dense = run(conv, x, batch=BATCH)
     for sparse in (x.to_sparse(), x.to_sparse_csr()):
         assert torch.allclose(run(conv, sparse, batch=BATCH), dense, atol=1e-6)

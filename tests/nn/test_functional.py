@@ -5,13 +5,14 @@ import torch
 
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
 from sbm_pyg.sampling import SampledGraph, fastrg
+from tests.helpers import seeded
 
 NQ, NK, H, K, D = 7, 6, 2, 3, 4
 PTR_Q, PTR_K = [0, 3, 7], [0, 2, 6]
 
 
 def sbm(seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = seeded(seed)
     q = torch.rand(NQ, H, K, generator=g, dtype=torch.float64)
     k = torch.rand(NK, H, K, generator=g, dtype=torch.float64)
     b = torch.rand(H, K, K, generator=g, dtype=torch.float64) * 0.15
@@ -22,7 +23,7 @@ def sbm(seed=0):
 def graph() -> SampledGraph:
     q, b, k = sbm()
     graph = fastrg(q, b, k, ptr_q=PTR_Q, ptr_k=PTR_K,
-                   generator=torch.Generator().manual_seed(1))
+                   generator=seeded(1))
     degree = graph.rowptr.diff()
     # The fixture must exercise queries without edges and with several.
     assert bool((degree == 0).any()) and bool((degree > 1).any())
@@ -30,7 +31,7 @@ def graph() -> SampledGraph:
 
 
 def qkv(seed=2, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
+    g = seeded(seed)
     return [torch.randn(n, H, D, generator=g, dtype=dtype).requires_grad_()
             for n in (NQ, NK, NK)]
 
@@ -73,7 +74,7 @@ def test_gradcheck_with_dropout(graph):
     # A re-seeded generator makes the dropout mask a fixed function.
     def fn(q, k, v):
         return sparse_attention(q, k, v, graph, dropout=0.4, training=True,
-                                generator=torch.Generator().manual_seed(3))
+                                generator=seeded(3))
     assert torch.autograd.gradcheck(fn, qkv())
     q, k, v = qkv()
     plain = sparse_attention(q, k, v, graph)
@@ -120,7 +121,7 @@ def test_ste_probability_has_the_gradients_of_edge_probability(graph):
     from sbm_pyg.nn.functional import _ste_probability
     q, b, k = sbm()
     weight = torch.randn(graph.num_edges, dtype=torch.float64,
-                         generator=torch.Generator().manual_seed(0))
+                         generator=seeded(0))
     grads = []
     for fn in (edge_probability, _ste_probability):
         inputs = [t.detach().clone().requires_grad_() for t in (q, b, k)]

@@ -7,6 +7,7 @@ from torch_geometric.nn import GINConv
 import sbm_pyg.nn.conv as conv_module
 from sbm_pyg.nn import SBMGPSConv
 from sbm_pyg.sampling import SampledGraph, _from_keys
+from tests.helpers import seeded
 
 C = 8
 
@@ -15,7 +16,7 @@ def ring(n: int, seed: int) -> Data:
     i = torch.arange(n)
     edge_index = torch.stack([torch.cat([i, (i + 1) % n]),
                               torch.cat([(i + 1) % n, i])])
-    x = torch.randn(n, C, generator=torch.Generator().manual_seed(seed))
+    x = torch.randn(n, C, generator=seeded(seed))
     return Data(x=x, edge_index=edge_index)
 
 
@@ -67,7 +68,7 @@ def test_no_attention_edge_crosses_graphs():
     graphs = record_graphs(layer)
     data = batch_of((30, 40, 25))
     layer(data.x, data.edge_index, data.batch,
-          generator=torch.Generator().manual_seed(0))
+          generator=seeded(0))
     (graph,) = graphs
     j, i = graph.edge_index
     assert graph.num_edges > 100
@@ -82,7 +83,7 @@ def test_batched_equals_per_graph(include_input_edges, monkeypatch):
     data = batch_of()
     graphs = record_graphs(layer)
     batched = layer(data.x, data.edge_index, data.batch,
-                    generator=torch.Generator().manual_seed(0))
+                    generator=seeded(0))
     (graph,) = graphs
     sampled = iter([restrict(graph, int(a), int(b))
                     for a, b in zip(data.ptr[:-1], data.ptr[1:])])
@@ -160,6 +161,6 @@ def test_torch_compile_matches_eager():
     layer = make_layer(include_input_edges=True).eval()
     data = batch_of()
     args = (data.x, data.edge_index, data.batch)
-    eager = layer(*args, generator=torch.Generator().manual_seed(0))
-    compiled = torch.compile(layer)(*args, generator=torch.Generator().manual_seed(0))
+    eager = layer(*args, generator=seeded(0))
+    compiled = torch.compile(layer)(*args, generator=seeded(0))
     assert torch.allclose(compiled, eager, atol=1e-5)
