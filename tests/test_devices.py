@@ -13,7 +13,11 @@ import torch
 
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn import SBMConv, SBMGPSConv, SBMMultiheadAttention
-from sbm_pyg.nn.functional import edge_probability, sparse_attention
+from sbm_pyg.nn.functional import (
+    ATTENTION_BACKENDS,
+    edge_probability,
+    sparse_attention,
+)
 from sbm_pyg.sampling import BACKENDS, bernoulli, expected_adjacency, fastrg
 from tests.helpers import seeded
 
@@ -57,7 +61,11 @@ def test_sampler_makes_nothing_on_the_default_device(device, backend, mode):
     assert all(t.device == device for t in tensors)
 
 
-def test_attention_makes_nothing_on_the_default_device(device):
+@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+def test_attention_makes_nothing_on_the_default_device(device, backend):
+    from sbm_pyg import _triton_attention
+    if backend == "triton" and not _triton_attention.available(device):
+        pytest.skip("triton not installed")
     q, b, k = memberships(device)
     graph = fastrg(q, b, k, exploration=0.5, generator=seeded(2))
     g = seeded(3)
@@ -68,9 +76,10 @@ def test_attention_makes_nothing_on_the_default_device(device):
     with torch.device("meta"):
         prob = edge_probability(*memb, graph)
         out, alpha = sparse_attention(query, key, value, graph, prob,
-                                      dropout=0.2, training=True,
-                                      generator=dropout_gen,
-                                      return_attention_weights=True)
+                                      dropout=0.2 * (backend == "torch"),
+                                      training=True, generator=dropout_gen,
+                                      return_attention_weights=True,
+                                      backend=backend)
         (out.sum() + alpha.sum()).backward()
     assert out.device == alpha.device == device
     for t in (query, key, value, *memb):

@@ -275,7 +275,7 @@ class SBMConv(MessagePassing):
         q_memb, block, k_memb = self.sbm(query, key)
         out, graph, alpha = self._sample_and_attend(
             query, key, value, q_memb, block, k_memb, batch, ptr,
-            include_edges, generator)
+            include_edges, generator, bool(return_attention_weights))
         Nq = query.size(0)
         out = out.reshape(Nq, H * C) if self.concat else out.mean(dim=1)
         if self.lin_skip is not None:
@@ -290,8 +290,9 @@ class SBMConv(MessagePassing):
     def _sample_and_attend(self, query: Tensor, key: Tensor, value: Tensor,
                            q_memb: Tensor, block: Tensor, k_memb: Tensor,
                            batch, ptr, include_edges: Optional[Tensor],
-                           generator: Optional[torch.Generator]
-                           ) -> Tuple[Tensor, SampledGraph, Tensor]:
+                           generator: Optional[torch.Generator],
+                           need_alpha: bool
+                           ) -> Tuple[Tensor, SampledGraph, Optional[Tensor]]:
         H, C = self.heads, self.out_channels
         Nq, Nk = query.size(0), key.size(0)
         ptr_k, ptr_q = self._pointers(batch, ptr, Nk, Nq)
@@ -311,10 +312,12 @@ class SBMConv(MessagePassing):
         self._record_density(graph, q_memb, block, k_memb)
 
         if self.fuse:
-            out, alpha = sparse_attention(
+            # The weights cost a pass of their own on the Triton path.
+            out = sparse_attention(
                 query, key, value, graph, edge_prob, self.dropout,
                 self.training, generator=generator,
-                return_attention_weights=True)
+                return_attention_weights=need_alpha)
+            out, alpha = out if need_alpha else (out, None)
             return out, graph, alpha
         _, col = graph.csr()
         out = self.propagate(

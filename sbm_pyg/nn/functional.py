@@ -19,7 +19,8 @@ from sbm_pyg._validation import check_generator, require_tensor
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.sparse import segment_softmax, segment_sum, sddmm, spmm
 
-__all__ = ["sparse_attention", "edge_probability"]
+__all__ = ["sparse_attention", "edge_probability", "STE_MODES",
+           "ATTENTION_BACKENDS"]
 
 
 def _heads_first(x: Tensor) -> Tensor:
@@ -128,8 +129,17 @@ def _check_graph(graph: SampledGraph, Nq: int, Nk: int, H: int, q_name: str,
             f"N_k={Nk}, H={H}")
 
 
+def _ste_gradient(grad_score: Tensor, score: Optional[Tensor],
+                  ste: str) -> Tensor:
+    # dL/dp_e from dL/da_e (see sparse_attention's docstring).
+    if ste == "paper":
+        return grad_score * score
+    return grad_score.clamp(-1.0, 1.0)
+
+
 class _SparseAttention(torch.autograd.Function):
-    r"""Fused SDDMM → segment softmax → SpMM with a hand-written backward.
+    r"""Fused SDDMM → segment softmax → SpMM with a hand-written backward
+    (the PyTorch path).
 
     Saved for backward: the flattened :obj:`q, k, v` (:obj:`[H N, D]`), the
     attention weights and, when needed, the scores and the dropout mask
@@ -139,7 +149,7 @@ class _SparseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                 edge_prob: Optional[Tensor], scale: float, dropout: float,
-                generator: Optional[torch.Generator]) -> Tensor:
+                generator: Optional[torch.Generator], ste: str) -> Tensor:
         rowptr, col = graph.csr()
         score = sddmm(rowptr, col, q, k, scale)  # [E]
         alpha = segment_softmax(score, rowptr, graph.row())  # [E]
@@ -151,10 +161,11 @@ class _SparseAttention(torch.autograd.Function):
             keep = (keep >= dropout).to(alpha.dtype) / (1.0 - dropout)
             weight = alpha * keep
         out = spmm(rowptr, col, weight, v)  # [H * N_q, D]
-        ctx.graph, ctx.scale = graph, scale
+        ctx.graph, ctx.scale, ctx.ste = graph, scale, ste
         ctx.prob_dtype = edge_prob.dtype if edge_prob is not None else None
+        keep_score = edge_prob is not None and ste == "paper"
         ctx.save_for_backward(q, k, v, alpha, keep,
-                              score if edge_prob is not None else None)
+                              score if keep_score else None)
         ctx.mark_non_differentiable(alpha)
         return out.to(v.dtype), alpha
 
@@ -173,16 +184,62 @@ class _SparseAttention(torch.autograd.Function):
         row_dot = segment_sum(alpha * grad_alpha, rowptr)
         grad_score = grad_alpha.sub_(row_dot.index_select(0, graph.row()))
         grad_score.mul_(alpha)
-        # Straight-through: the score is s_e * m_e with m_e = 1 forward, so
-        # dL/dp_e := dL/da_e * s_e (the paper's STE equation).
-        grad_prob = grad_score * score if score is not None else None
+        grad_prob = None
+        if ctx.prob_dtype is not None:
+            grad_prob = _ste_gradient(grad_score, score, ctx.ste)
+            grad_prob = grad_prob.to(ctx.prob_dtype)
         grad_score.mul_(scale)
         grad_q = spmm(rowptr, col, grad_score, k)
         grad_k = _spmm_t(graph, grad_score, q)
         return (None, grad_q.to(q.dtype), grad_k.to(k.dtype),
-                grad_v.to(v.dtype),
-                grad_prob.to(ctx.prob_dtype) if grad_prob is not None else None,
-                None, None, None)
+                grad_v.to(v.dtype), grad_prob, None, None, None, None)
+
+
+class _TritonSparseAttention(torch.autograd.Function):
+    r"""The same attention with the fused Triton kernels of
+    :mod:`sbm_pyg._triton_attention`: one pass per row with an online
+    softmax; saved for backward: :obj:`q, k, v, out` and each row's
+    log-sum-exp, nothing per edge."""
+
+    @staticmethod
+    def forward(ctx, graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
+                edge_prob: Optional[Tensor], scale: float, ste: str
+                ) -> Tuple[Tensor, Tensor]:
+        from sbm_pyg import _triton_attention as kernels
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out, lse = kernels.attention_forward(*graph.csr(), q, k, v, scale)
+        ctx.graph, ctx.scale = graph, scale
+        ctx.ste = ste if edge_prob is not None else None
+        ctx.prob_dtype = edge_prob.dtype if edge_prob is not None else None
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
+        from sbm_pyg import _triton_attention as kernels
+        q, k, v, out, lse = ctx.saved_tensors
+        graph = ctx.graph
+        grad_q, grad_k, grad_v, grad_prob = kernels.attention_backward(
+            *graph.csr(), *graph.csr_t(), q, k, v, out, lse, grad_out,
+            ctx.scale, ctx.ste)
+        if grad_prob is not None:
+            grad_prob = grad_prob.to(ctx.prob_dtype)
+        return None, grad_q, grad_k, grad_v, grad_prob, None, None
+
+
+def _attention_weights(graph: SampledGraph, q: Tensor, k: Tensor,
+                       lse: Tensor, scale: float) -> Tensor:
+    # alpha_e = exp(s_e - logsumexp of its row), for the Triton path, which
+    # keeps no per-edge weights.
+    rowptr, col = graph.csr()
+    score = sddmm(rowptr, col, q.detach(), k.detach(), scale)
+    return score.sub_(lse.to(score.dtype).index_select(0, graph.row())).exp_()
+
+
+STE_MODES = ("paper", "published")
+ATTENTION_BACKENDS = ("torch", "triton")
 
 
 @torch.compiler.disable
@@ -195,8 +252,10 @@ def sparse_attention(
     dropout: float = 0.0,
     training: bool = False,
     *,
+    ste: str = "paper",
     generator: Optional[torch.Generator] = None,
     return_attention_weights: bool = False,
+    backend: Optional[str] = None,
 ) -> Tensor | Tuple[Tensor, Tensor]:
     r"""Masked softmax attention on the sampled edges only.
 
@@ -213,10 +272,23 @@ def sparse_attention(
 
     A query with no sampled key outputs zeros. With :obj:`edge_prob`
     (:math:`p_e`, e.g. from :func:`edge_probability`), the mask entry
-    :math:`m_e` passes its gradient straight through to :math:`p_e`:
-    :math:`\partial L / \partial p_e = \partial L / \partial a_e \cdot
-    \mathbf{q}_i^{\top}\mathbf{k}_j / \sqrt{D}`; the forward value does not
-    depend on :math:`p_e`.
+    :math:`m_e` passes a straight-through gradient to :math:`p_e`; the
+    forward value does not depend on :math:`p_e`. :obj:`ste` chooses it:
+
+    .. math::
+        \frac{\partial L}{\partial p_e} =
+        \begin{cases}
+        \dfrac{\partial L}{\partial a_e} \cdot
+        \dfrac{\mathbf{q}_i^{\top}\mathbf{k}_j}{\sqrt{D}}
+        & \text{"paper" (the paper's equation)} \\
+        \operatorname{clip}\left(\dfrac{\partial L}{\partial a_e},
+        -1, 1\right) & \text{"published" (the published code)}
+        \end{cases}
+
+    where :math:`\partial L / \partial a_e = \alpha_e (g_e -
+    \sum_{e' \in \mathcal{N}(i)} \alpha_{e'} g_{e'})` with :math:`g_e =
+    \partial L / \partial \alpha_e`: the published one sums to zero over a
+    query's edges before clipping, the paper's does not.
 
     Time :math:`O(E D)`, memory :math:`O(E + N H D)`: no :obj:`[E, D]`
     tensor is built or kept. Half precision inputs are computed in float32.
@@ -231,9 +303,17 @@ def sparse_attention(
         dropout (float): dropout on the attention weights (when
             :obj:`training`).
         training (bool): whether dropout is applied.
+        ste (str): the straight-through estimator, :obj:`"paper"` or
+            :obj:`"published"` (see above).
         generator (torch.Generator, optional): source of the dropout mask.
         return_attention_weights (bool): also return :math:`\alpha`
             :obj:`[E]` in edge order (before dropout).
+        backend (str, optional): :obj:`"triton"`, fused kernels that keep
+            nothing per edge for backward (CUDA; on the CPU only under
+            ``TRITON_INTERPRET=1``, for testing), or :obj:`"torch"`, CSR
+            kernels of PyTorch (any device). :obj:`None` takes Triton for
+            CUDA tensors where it is installed, except for attention
+            dropout, which only the PyTorch path has.
 
     Returns:
         Tensor :obj:`[N_q, H, D_v]`, or :obj:`(out, alpha)`.
@@ -256,10 +336,41 @@ def sparse_attention(
                              f"({graph.num_edges}), got {edge_prob.numel()}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if ste not in STE_MODES:
+        raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
     check_generator(generator, query.device)
-    out, alpha = _SparseAttention.apply(
-        graph, _heads_first(query), _heads_first(key), _heads_first(value),
-        edge_prob, 1.0 / math.sqrt(D), dropout if training else 0.0,
-        generator)
+    dropout = dropout if training else 0.0
+    backend = _attention_backend(backend, query.device, dropout)
+    scale = 1.0 / math.sqrt(D)
+    q, k, v = _heads_first(query), _heads_first(key), _heads_first(value)
+    if backend == "triton":
+        out, lse = _TritonSparseAttention.apply(graph, q, k, v, edge_prob,
+                                                scale, ste)
+        alpha = (_attention_weights(graph, q, k, lse, scale)
+                 if return_attention_weights else None)
+    else:
+        out, alpha = _SparseAttention.apply(graph, q, k, v, edge_prob, scale,
+                                            dropout, generator, ste)
     out = _nodes_first(out, H)
     return (out, alpha) if return_attention_weights else out
+
+
+def _attention_backend(backend: Optional[str], device: torch.device,
+                       dropout: float) -> str:
+    if backend not in (None,) + ATTENTION_BACKENDS:
+        raise ValueError(f"backend must be one of {ATTENTION_BACKENDS} or "
+                         f"None, got {backend!r}")
+    if backend == "torch" or (backend is None and device.type != "cuda"):
+        return "torch"
+    from sbm_pyg import _triton_attention
+    usable = _triton_attention.available(device)
+    if backend is None:
+        return "triton" if usable and dropout == 0 else "torch"
+    if not usable:
+        raise ValueError(f"backend='triton' needs triton and CUDA tensors "
+                         f"(or TRITON_INTERPRET=1 on the CPU); the tensors "
+                         f"are on {device}")
+    if dropout > 0:
+        raise ValueError("backend='triton' has no attention dropout; use "
+                         "backend='torch' or dropout=0")
+    return "triton"

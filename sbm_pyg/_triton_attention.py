@@ -1,0 +1,249 @@
+r"""Fused sparse attention kernels in Triton (the GPU path of
+:func:`~sbm_pyg.nn.functional.sparse_attention`).
+
+The PyTorch path runs SDDMM → segment softmax → SpMM as separate kernels
+and keeps the :obj:`[E]` attention weights for backward. Here one program
+per CSR row (a (head, query) pair) walks the row's sampled keys in blocks of
+:obj:`BLOCK_E` edges with FlashAttention's online softmax: it computes the
+scores, the running max and normalizer and the weighted sum of values in one
+pass, and keeps only the row's log-sum-exp (:obj:`[R]`) for backward.
+
+Backward recomputes the weights from the log-sum-exp, as FlashAttention
+does, in two kernels without atomics: one program per row for
+:math:`\partial L / \partial \mathbf{q}` (which also writes the
+straight-through gradient of each edge's probability), one per key column
+(over the transposed CSR) for :math:`\partial L / \partial \mathbf{k}` and
+:math:`\partial L / \partial \mathbf{v}`. Accumulation is in float32 (float64
+for float64 inputs); outputs are in the inputs' dtype.
+
+Without a GPU the kernels run under Triton's interpreter
+(``TRITON_INTERPRET=1`` set before this module is imported), which is how
+the tests check them against the PyTorch path on the CPU.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # triton is optional: the PyTorch path is the fallback
+    triton = None
+
+__all__ = ["available", "attention_forward", "attention_backward", "STE_MODES"]
+
+# Straight-through estimators of the edge probabilities' gradient, by the
+# code the backward kernel takes: none, the paper's equation
+# (dL/da_e * s_e), the published code's (clip(dL/da_e, -1, 1)).
+STE_MODES = {None: 0, "paper": 1, "published": 2}
+BLOCK_E = 32
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernels can run on :obj:`device`: Triton is installed and
+    the device is a GPU, or the interpreter is on (CPU tensors)."""
+    if triton is None:
+        return False
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and bool(triton.knobs.runtime.interpret)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rows(Ptr, index, live, cols, WIDTH: tl.constexpr, ACC: tl.constexpr):
+        # The rows index[live] of a contiguous [*, WIDTH] matrix, zeros
+        # elsewhere, as [BLOCK, BLOCK_WIDTH] in the accumulation dtype.
+        return tl.load(Ptr + index[:, None] * WIDTH + cols[None, :],
+                       mask=live[:, None] & (cols[None, :] < WIDTH),
+                       other=0.0).to(ACC)
+
+    @triton.jit
+    def _row(Ptr, index, cols, WIDTH: tl.constexpr, ACC: tl.constexpr):
+        # Row index of a contiguous [*, WIDTH] matrix, zero-padded.
+        return tl.load(Ptr + index * WIDTH + cols, mask=cols < WIDTH,
+                       other=0.0).to(ACC)
+
+    @triton.jit
+    def _forward_kernel(Q, K, V, Out, Lse, rowptr, col, scale,
+                        D: tl.constexpr, DV: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                        BLOCK: tl.constexpr, ACC: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        start = tl.load(rowptr + r)
+        end = tl.load(rowptr + r + 1)
+        d = tl.arange(0, BLOCK_D)
+        dv = tl.arange(0, BLOCK_DV)
+        q = _row(Q, r, d, D, ACC)
+        m = tl.full([], float("-inf"), ACC)
+        norm = tl.zeros([], ACC)
+        acc = tl.zeros([BLOCK_DV], ACC)
+        for e0 in range(start, end, BLOCK):
+            e = e0 + tl.arange(0, BLOCK)
+            live = e < end
+            c = tl.load(col + e, mask=live, other=0)
+            k = _rows(K, c, live, d, D, ACC)
+            s = tl.sum(k * q[None, :], 1) * scale
+            s = tl.where(live, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 0))
+            p = tl.exp(s - m_new)
+            rescale = tl.exp(m - m_new)
+            v = _rows(V, c, live, dv, DV, ACC)
+            acc = acc * rescale + tl.sum(p[:, None] * v, 0)
+            norm = norm * rescale + tl.sum(p, 0)
+            m = m_new
+        # A row without edges outputs zeros; its log-sum-exp is never read.
+        has = norm > 0
+        out = tl.where(has, acc / tl.where(has, norm, 1.0), 0.0)
+        tl.store(Out + r * DV + dv, out.to(Out.dtype.element_ty),
+                 mask=dv < DV)
+        tl.store(Lse + r, tl.where(has, m + tl.log(tl.where(has, norm, 1.0)),
+                                   0.0))
+
+    @triton.jit
+    def _backward_query_kernel(Q, K, V, GradOut, Lse, Delta, GradQ, GradProb,
+                               rowptr, col, scale,
+                               D: tl.constexpr, DV: tl.constexpr,
+                               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                               BLOCK: tl.constexpr, ACC: tl.constexpr,
+                               STE: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        start = tl.load(rowptr + r)
+        end = tl.load(rowptr + r + 1)
+        d = tl.arange(0, BLOCK_D)
+        dv = tl.arange(0, BLOCK_DV)
+        q = _row(Q, r, d, D, ACC)
+        g = _row(GradOut, r, dv, DV, ACC)
+        lse = tl.load(Lse + r)
+        delta = tl.load(Delta + r)
+        grad_q = tl.zeros([BLOCK_D], ACC)
+        for e0 in range(start, end, BLOCK):
+            e = e0 + tl.arange(0, BLOCK)
+            live = e < end
+            c = tl.load(col + e, mask=live, other=0)
+            k = _rows(K, c, live, d, D, ACC)
+            v = _rows(V, c, live, dv, DV, ACC)
+            s = tl.sum(k * q[None, :], 1) * scale
+            p = tl.where(live, tl.exp(s - lse), 0.0)
+            # Softmax backward: dL/ds_e = a_e (dL/da_e - sum_row a dL/da).
+            ds = p * (tl.sum(v * g[None, :], 1) - delta)
+            grad_q += tl.sum(ds[:, None] * k, 0)
+            if STE == 1:
+                tl.store(GradProb + e, ds * s, mask=live)
+            if STE == 2:
+                tl.store(GradProb + e, tl.minimum(tl.maximum(ds, -1.0), 1.0),
+                         mask=live)
+        tl.store(GradQ + r * D + d, (grad_q * scale).to(GradQ.dtype.element_ty),
+                 mask=d < D)
+
+    @triton.jit
+    def _backward_key_kernel(Q, K, V, GradOut, Lse, Delta, GradK, GradV,
+                             colptr, row_t, scale,
+                             D: tl.constexpr, DV: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                             BLOCK: tl.constexpr, ACC: tl.constexpr):
+        c = tl.program_id(0).to(tl.int64)
+        start = tl.load(colptr + c)
+        end = tl.load(colptr + c + 1)
+        d = tl.arange(0, BLOCK_D)
+        dv = tl.arange(0, BLOCK_DV)
+        k = _row(K, c, d, D, ACC)
+        v = _row(V, c, dv, DV, ACC)
+        grad_k = tl.zeros([BLOCK_D], ACC)
+        grad_v = tl.zeros([BLOCK_DV], ACC)
+        for t0 in range(start, end, BLOCK):
+            t = t0 + tl.arange(0, BLOCK)
+            live = t < end
+            r = tl.load(row_t + t, mask=live, other=0)
+            q = _rows(Q, r, live, d, D, ACC)
+            g = _rows(GradOut, r, live, dv, DV, ACC)
+            lse = tl.load(Lse + r, mask=live, other=0.0)
+            delta = tl.load(Delta + r, mask=live, other=0.0)
+            s = tl.sum(q * k[None, :], 1) * scale
+            p = tl.where(live, tl.exp(s - lse), 0.0)
+            grad_v += tl.sum(p[:, None] * g, 0)
+            ds = p * (tl.sum(g * v[None, :], 1) - delta)
+            grad_k += tl.sum(ds[:, None] * q, 0)
+        tl.store(GradK + c * D + d, (grad_k * scale).to(GradK.dtype.element_ty),
+                 mask=d < D)
+        tl.store(GradV + c * DV + dv, grad_v.to(GradV.dtype.element_ty),
+                 mask=dv < DV)
+
+
+def _meta(q: Tensor, v: Tensor) -> dict:
+    D, DV = q.size(1), v.size(1)
+    return dict(D=D, DV=DV, BLOCK_D=triton.next_power_of_2(D),
+                BLOCK_DV=triton.next_power_of_2(DV), BLOCK=BLOCK_E,
+                ACC=tl.float64 if q.dtype == torch.float64 else tl.float32)
+
+
+def _acc_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def attention_forward(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor,
+                      v: Tensor, scale: float) -> Tuple[Tensor, Tensor]:
+    r"""Softmax attention over the nonzeros of each CSR row.
+
+    Args:
+        rowptr (LongTensor): :obj:`[R + 1]`.
+        col (LongTensor): :obj:`[E]`.
+        q (Tensor): :obj:`[R, D]`, contiguous.
+        k (Tensor): :obj:`[C, D]`, contiguous.
+        v (Tensor): :obj:`[C, D_v]`, contiguous.
+        scale (float): the scores are :math:`s \langle q_r, k_c \rangle`.
+
+    Returns:
+        :obj:`(out [R, D_v], lse [R])`: the output in :obj:`v`'s dtype and
+        each row's log-sum-exp of scores (0 for empty rows).
+    """
+    R = rowptr.numel() - 1
+    out = v.new_empty(R, v.size(1))
+    lse = torch.empty(R, dtype=_acc_dtype(q), device=q.device)
+    if R:
+        _forward_kernel[(R,)](q, k, v, out, lse, rowptr, col, scale,
+                              **_meta(q, v))
+    return out, lse
+
+
+def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
+                       row_t: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                       out: Tensor, lse: Tensor, grad_out: Tensor,
+                       scale: float, ste: Optional[str]
+                       ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    r"""Gradients of :func:`attention_forward`.
+
+    Args:
+        colptr, row_t (LongTensor): the transposed CSR, :obj:`[C + 1]` and
+            :obj:`[E]` (rows in column order).
+        out, lse: what :func:`attention_forward` returned.
+        grad_out (Tensor): :obj:`[R, D_v]`.
+        ste (str, optional): also return the straight-through gradient of
+            each edge's probability, :obj:`[E]` in edge (row) order:
+            :obj:`"paper"` :math:`\partial L/\partial a_e \cdot s_e`,
+            :obj:`"published"` :math:`\mathrm{clip}(\partial L/\partial a_e,
+            -1, 1)`; :obj:`None` for none.
+
+    Returns:
+        :obj:`(grad_q, grad_k, grad_v, grad_prob)`.
+    """
+    R, C = q.size(0), k.size(0)
+    acc = _acc_dtype(q)
+    grad_out = grad_out.contiguous()
+    delta = (grad_out.to(acc) * out.to(acc)).sum(1)  # sum_row a dL/da
+    grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v))
+    grad_prob = (torch.empty(col.numel(), dtype=acc, device=q.device)
+                 if ste is not None else grad_q)  # placeholder, never written
+    meta = _meta(q, v)
+    if R:
+        _backward_query_kernel[(R,)](q, k, v, grad_out, lse, delta, grad_q,
+                                     grad_prob, rowptr, col, scale,
+                                     STE=STE_MODES[ste], **meta)
+    if C:
+        _backward_key_kernel[(C,)](q, k, v, grad_out, lse, delta, grad_k,
+                                   grad_v, colptr, row_t, scale, **meta)
+    return grad_q, grad_k, grad_v, grad_prob if ste is not None else None

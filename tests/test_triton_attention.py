@@ -1,0 +1,120 @@
+"""The fused Triton kernels against the PyTorch path of sparse_attention.
+
+On a machine without a GPU they run under Triton's interpreter
+(TRITON_INTERPRET=1, set in conftest), on small inputs."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from sbm_pyg.nn.functional import sparse_attention
+from sbm_pyg.sampling import fastrg
+from tests.helpers import seeded
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="triton not installed")
+
+PTR = [0, 4, 9, 9, 13]  # a ragged batch with an empty sequence
+
+
+def graph_and_inputs(dtype, H=2, D=5, DV=6, k=3, density=0.4, seed=0):
+    g = seeded(seed)
+    N = PTR[-1]
+    memb = torch.rand(N, H, k, generator=g, dtype=torch.float64)
+    block = torch.rand(H, k, k, generator=g, dtype=torch.float64) * density
+    graph = fastrg(memb, block, memb, ptr_q=PTR, ptr_k=PTR, generator=g)
+    query, key = (torch.randn(N, H, D, generator=g).to(dtype) for _ in "qk")
+    value = torch.randn(N, H, DV, generator=g).to(dtype)
+    prob = torch.rand(graph.num_edges, generator=g).to(dtype)
+    return graph, [query, key, value, prob]
+
+
+def run(backend, graph, inputs, ste="paper", grad_seed=1):
+    inputs = [t.clone().requires_grad_() for t in inputs]
+    out, alpha = sparse_attention(*inputs[:3], graph, inputs[3], ste=ste,
+                                  backend=backend,
+                                  return_attention_weights=True)
+    grad = torch.randn(out.shape, generator=seeded(grad_seed)).to(out.dtype)
+    out.backward(grad)
+    return out, alpha, [t.grad for t in inputs]
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12),
+                                       (torch.float32, 1e-5)])
+@pytest.mark.parametrize("ste", ["paper", "published"])
+@pytest.mark.parametrize("D,DV", [(5, 6), (4, 4), (1, 3)])
+def test_triton_matches_the_torch_path(dtype, tol, ste, D, DV):
+    graph, inputs = graph_and_inputs(dtype, D=D, DV=DV)
+    rows = graph.rowptr.diff()
+    assert graph.num_edges > 20 and (rows == 0).any() and (rows > 1).any()
+    ref = run("torch", graph, inputs, ste)
+    got = run("triton", graph, inputs, ste)
+    assert got[0].dtype == dtype
+    for a, b in zip([got[0], got[1], *got[2]], [ref[0], ref[1], *ref[2]]):
+        assert torch.allclose(a, b, rtol=tol, atol=tol)
+
+
+@needs_triton
+def test_triton_rows_longer_than_a_block():
+    # Every query attends to all 40 keys: rows span two blocks of 32 edges
+    # and the online softmax rescales across them.
+    from sbm_pyg import _triton_attention
+    N = 40
+    memb = torch.ones(N, 1, 1, dtype=torch.float64)
+    graph = fastrg(memb, torch.full((1, 1, 1), 50.0, dtype=torch.float64),
+                   memb, generator=seeded(0))
+    assert graph.num_edges == N * N > N * _triton_attention.BLOCK_E
+    g = seeded(1)
+    inputs = [torch.randn(N, 1, 8, generator=g, dtype=torch.float64) * 3
+              for _ in range(3)] + [torch.rand(N * N, generator=g,
+                                               dtype=torch.float64)]
+    ref, got = run("torch", graph, inputs), run("triton", graph, inputs)
+    for a, b in zip([got[0], *got[2]], [ref[0], *ref[2]]):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_half_precision_inputs(dtype):
+    # Accumulated in float32, returned in the inputs' dtype: as close to the
+    # float32 result as the rounding of inputs and output allows.
+    graph, inputs = graph_and_inputs(torch.float32)
+    ref = run("torch", graph, inputs)
+    got = run("triton", graph, [t.to(dtype) for t in inputs])
+    assert got[0].dtype == dtype and all(g.dtype == dtype for g in got[2])
+    assert torch.allclose(got[0].float(), ref[0], atol=5e-2, rtol=5e-2)
+    for a, b in zip(got[2][:3], ref[2][:3]):
+        assert torch.isfinite(a).all()
+        assert torch.allclose(a.float(), b, atol=1e-1, rtol=1e-1)
+
+
+@needs_triton
+def test_triton_without_edge_prob_or_grad():
+    graph, (q, k, v, _) = graph_and_inputs(torch.float64)
+    ref = sparse_attention(q, k, v, graph)
+    with torch.no_grad():
+        got = sparse_attention(q, k, v, graph, backend="triton")
+    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
+    q.requires_grad_()
+    sparse_attention(q, k, v, graph, backend="triton").sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+@needs_triton
+def test_triton_backend_errors():
+    graph, (q, k, v, _) = graph_and_inputs(torch.float32)
+    with pytest.raises(ValueError, match="backend='triton' has no attention"):
+        sparse_attention(q, k, v, graph, dropout=0.1, training=True,
+                         backend="triton")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        sparse_attention(q, k, v, graph, backend="cuda")
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true", reason="CI only")
+def test_ci_runs_the_triton_kernels():
+    # CI installs triton (the test extra), so the tests above cannot all be
+    # skipped there without notice.
+    from sbm_pyg import _triton_attention
+    assert _triton_attention.available(torch.get_default_device())
