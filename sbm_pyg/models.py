@@ -154,7 +154,7 @@ class SBMTransformer(Module):
         dropout (float): dropout after attention and MLP. (default: :obj:`0.`)
         attn_dropout (float): dropout on attention weights (sbm, full).
         **sbm_kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
-            :obj:`max_edges` of :class:`~sbm_pyg.nn.SBMConv`.
+            :obj:`max_edges`, :obj:`ste` of :class:`~sbm_pyg.nn.SBMConv`.
 
     Shapes:
         - **input:** tokens :math:`(B, N)` (long), mask :math:`(B, N)` (bool,

@@ -41,6 +41,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--exploration", type=float, default=0.01)
     add("--mode", choices=["poisson", "exact"], default="poisson",
         help="sampler merge mode; poisson caps the density at 1 - 1/e")
+    add("--ste", choices=["paper", "published"], default="paper",
+        help="straight-through estimator: the paper's equation or the "
+             "published code's clipped logit gradient")
     add("--seed", type=int, default=0)
     add("--out", type=Path, required=True, help="run directory")
     add("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -85,7 +88,9 @@ def build_model(args) -> SBMTransformer:
         num_tokens, max_len, dim=args.dim, layers=args.layers,
         heads=args.heads, attention=args.attention, clusters=args.clusters,
         token_classes=1, seq_classes=10, dropout=args.dropout,
-        **(dict(exploration=args.exploration, mode=args.mode)
+        # Runs saved before --ste existed used the paper's estimator.
+        **(dict(exploration=args.exploration, mode=args.mode,
+                ste=getattr(args, "ste", "paper"))
            if args.attention == "sbm" else {}),
     )
 

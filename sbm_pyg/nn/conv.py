@@ -16,7 +16,12 @@ from torch_geometric.utils import is_sparse, softmax
 
 from sbm_pyg._validation import require_tensor, sync
 from sbm_pyg.nn.block_model import StochasticBlockModel
-from sbm_pyg.nn.functional import _heads_first, _ste_probability, sparse_attention
+from sbm_pyg.nn.functional import (
+    STE_MODES,
+    _heads_first,
+    _ste_probability,
+    sparse_attention,
+)
 from sbm_pyg.sampling import MODES, SampledGraph, fastrg
 
 __all__ = ["SBMConv"]
@@ -54,6 +59,18 @@ def _batch_to_ptr(batch: Tensor, num_rows: int, num_graphs: int,
                                                   device=batch.device))
 
 
+class _ClipGrad(torch.autograd.Function):
+    r"""Identity forward; backward clips the gradient to :math:`[-1, 1]`."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.clamp(-1.0, 1.0)
+
+
 class SBMConv(MessagePassing):
     r"""The attention of SBM-Transformer from `"Transformers meet Stochastic
     Block Models: Attention with Data-Adaptive Sparsity and Cost"
@@ -74,9 +91,12 @@ class SBMConv(MessagePassing):
 
     with :math:`\mathcal{N}_h(i) \sim \mathrm{SBM}(\hat{\mathbf{Q}}_h,
     \hat{\mathbf{S}}_h, \hat{\mathbf{K}}_h)` within :math:`i`'s sequence.
-    Gradients reach the SBM through the straight-through estimator
-    :math:`\partial L / \partial p_{ij} = \partial L / \partial a_{ij} \cdot
-    \mathbf{q}_i^{\top}\mathbf{k}_j / \sqrt{d}` on sampled edges.
+    Gradients reach the SBM through a straight-through estimator on sampled
+    edges: the paper's :math:`\partial L / \partial p_{ij} = \partial L /
+    \partial a_{ij} \cdot \mathbf{q}_i^{\top}\mathbf{k}_j / \sqrt{d}` or
+    the published code's :math:`\mathrm{clip}(\partial L / \partial
+    a_{ij}, -1, 1)` (:obj:`ste`, see
+    :func:`~sbm_pyg.nn.functional.sparse_attention`).
 
     Sequences are given PyG-style by a sorted :obj:`batch` vector or a CSR
     :obj:`ptr`; no padding is used and no edge crosses sequences. The cost
@@ -119,6 +139,8 @@ class SBMConv(MessagePassing):
             full attention needs :obj:`"exact"`. (default: :obj:`"poisson"`)
         max_edges (int, optional): raise instead of sampling more edges
             than this in one forward.
+        ste (str): the straight-through estimator, :obj:`"paper"` or
+            :obj:`"published"`. (default: :obj:`"paper"`)
         **kwargs (optional): additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`. Setting
             :obj:`self.fuse = False` runs PyG's gather/scatter
@@ -153,6 +175,7 @@ class SBMConv(MessagePassing):
         self_loops: bool = False,
         mode: str = "poisson",
         max_edges: Optional[int] = None,
+        ste: str = "paper",
         **kwargs,
     ):
         kwargs.setdefault("aggr", "add")
@@ -164,6 +187,8 @@ class SBMConv(MessagePassing):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if ste not in STE_MODES:
+            raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
         if not (isinstance(exploration, (int, float)) and exploration >= 0):
             raise ValueError(f"exploration must be >= 0, got {exploration!r}")
         self.in_channels = in_channels
@@ -177,6 +202,7 @@ class SBMConv(MessagePassing):
         self.self_loops = self_loops
         self.mode = mode
         self.max_edges = max_edges
+        self.ste = ste
         if isinstance(in_channels, int):
             in_channels = (in_channels, in_channels)
         self.lin_key = Linear(in_channels[0], heads * out_channels, bias=bias)
@@ -315,7 +341,7 @@ class SBMConv(MessagePassing):
             # The weights cost a pass of their own on the Triton path.
             out = sparse_attention(
                 query, key, value, graph, edge_prob, self.dropout,
-                self.training, generator=generator,
+                self.training, ste=self.ste, generator=generator,
                 return_attention_weights=need_alpha)
             out, alpha = out if need_alpha else (out, None)
             return out, graph, alpha
@@ -335,9 +361,12 @@ class SBMConv(MessagePassing):
         style: scores, segment softmax and weighted values per edge, with
         :obj:`[E, H, d]` gathers; same result as the fused kernels."""
         score = (query_i * key_j).sum(dim=-1) / math.sqrt(self.out_channels)
-        if edge_prob is not None:
+        if edge_prob is not None and self.ste == "paper":
             # Straight-through: value unchanged, d score / d p = score.
             score = score + score.detach() * (edge_prob - edge_prob.detach())
+        elif edge_prob is not None:
+            # Value unchanged, dL/dp = clip(dL/d score, -1, 1).
+            score = score + _ClipGrad.apply(edge_prob - edge_prob.detach())
         alpha = softmax(score, index, ptr, size_i)
         self._alpha = alpha
         alpha = F.dropout(alpha, p=self.dropout, training=self.training)
@@ -361,4 +390,5 @@ class SBMConv(MessagePassing):
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.in_channels}, "
                 f"{self.out_channels}, heads={self.heads}, "
-                f"num_clusters={self.num_clusters}, mode={self.mode!r})")
+                f"num_clusters={self.num_clusters}, mode={self.mode!r}, "
+                f"ste={self.ste!r})")

@@ -71,9 +71,11 @@ def test_sbm_lr_sets_the_sbm_parameter_group(tmp_path):
 
 def test_load_run_rebuilds_the_trained_model(tmp_path):
     from sbm_pyg.experiments.train import load_run
-    out = run(tmp_path, "load", "--steps", "2", "--layers", "2", "--heads", "2")
+    out = run(tmp_path, "load", "--steps", "2", "--layers", "2", "--heads", "2",
+              "--ste", "published")
     model, args = load_run(out)
     assert (args["layers"], args["heads"], args["steps"]) == (2, 2, 2)
+    assert {block.attention.conv.ste for block in model.blocks} == {"published"}
     saved = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
     assert not model.training

@@ -33,9 +33,11 @@ def test_shapes(concat, root_weight, shape):
 
 
 def test_repr():
-    assert repr(make_conv()) == "SBMConv(8, 4, heads=2, num_clusters=4, mode='poisson')"
-    assert repr(SBMConv((8, 6), 4, num_clusters=2, mode="exact")) == \
-        "SBMConv((8, 6), 4, heads=1, num_clusters=2, mode='exact')"
+    assert repr(make_conv()) == ("SBMConv(8, 4, heads=2, num_clusters=4, "
+                                 "mode='poisson', ste='paper')")
+    assert repr(SBMConv((8, 6), 4, num_clusters=2, mode="exact",
+                        ste="published")) == \
+        "SBMConv((8, 6), 4, heads=1, num_clusters=2, mode='exact', ste='published')"
 
 
 def test_reset_parameters():
@@ -87,8 +89,9 @@ def test_bipartite_input():
     assert torch.equal(batch[1][i], batch[0][j])
 
 
-def test_fused_path_equals_pyg_message_passing(monkeypatch):
-    conv = make_conv(dropout=0.0)
+@pytest.mark.parametrize("ste", ["paper", "published"])
+def test_fused_path_equals_pyg_message_passing(monkeypatch, ste):
+    conv = make_conv(dropout=0.0, ste=ste)
     assert conv.fuse
     x = x_input().requires_grad_()
     with monkeypatch.context() as m:  # the fused path must not call message()
@@ -107,6 +110,13 @@ def test_fused_path_equals_pyg_message_passing(monkeypatch):
     assert torch.allclose(a1, a2, atol=1e-6)
     for a, b in zip(grads_fused, grads_ref):
         assert torch.allclose(a, b, atol=1e-5)
+    # The estimators differ, so the test above compares the chosen one.
+    other = make_conv(dropout=0.0, ste="paper" if ste == "published" else "published")
+    out_other = run(other, x, batch=BATCH)
+    grad_other = torch.autograd.grad(out_other.pow(2).sum(), other.sbm.clusters)
+    grad_fused = grads_fused[1 + [n for n, _ in conv.named_parameters()].index("sbm.clusters")]
+    assert torch.allclose(out_other, out_fused)
+    assert not torch.allclose(grad_other[0], grad_fused, atol=1e-5)
 
 
 def test_gradients_reach_the_sbm_through_ste_and_regularizer():
@@ -212,7 +222,7 @@ def test_bad_input(kwargs, error, match):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(dropout=1.0), "dropout"), (dict(mode="dense"), "mode"),
-    (dict(exploration=-1.0), "exploration"),
+    (dict(exploration=-1.0), "exploration"), (dict(ste="mine"), "ste"),
 ])
 def test_bad_constructor_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

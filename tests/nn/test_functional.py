@@ -105,6 +105,34 @@ def test_straight_through_estimator(graph):
     assert torch.equal(out, sparse_attention(q, k, v, graph))
 
 
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_published_straight_through_estimator(graph, scale):
+    # The published code's dense path: the full softmax times a mask M,
+    # renormalized per row; M's gradient at the sampled edges, clipped to
+    # [-1, 1], is what it hands the probabilities. scale=30 makes some
+    # gradients exceed 1, so the clip is exercised.
+    q, k, v = qkv()
+    weight = torch.randn(NQ, H, D, dtype=torch.float64) * scale
+    prob = torch.rand(graph.num_edges, dtype=torch.float64, requires_grad=True)
+    out = sparse_attention(q, k, v, graph, edge_prob=prob, ste="published")
+    (out * weight).sum().backward()
+    m = dense_mask(graph).double().requires_grad_()
+    full = torch.softmax(torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(D), -1)
+    masked = full * m
+    alpha = (masked / masked.sum(-1, keepdim=True)).nan_to_num(0.0)
+    ref = torch.einsum("hij,jhd->ihd", alpha, v)
+    assert torch.allclose(out, ref, atol=1e-10)
+    (ref * weight).sum().backward()
+    h, i, j = graph.head, graph.edge_index[1], graph.edge_index[0]
+    raw = m.grad[h, i, j]
+    assert torch.allclose(prob.grad, raw.clamp(-1, 1), atol=1e-10)
+    assert bool((raw.abs() > 1).any()) == (scale > 1)
+    # Per query, the unclipped gradients sum to zero; the paper's do not.
+    rows = graph.row().long()
+    assert torch.allclose(torch.zeros(H * NQ, dtype=torch.float64).index_add(
+        0, rows, raw), torch.zeros(H * NQ, dtype=torch.float64), atol=1e-10)
+
+
 def test_edge_probability(graph):
     q, b, k = sbm()
     p = edge_probability(q, b, k, graph)
