@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
+import torch_geometric.typing
 from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.typing import SparseTensor
 
 from sbm_pyg._validation import (
     Check,
@@ -34,7 +37,7 @@ from sbm_pyg._validation import (
     sync,
 )
 from sbm_pyg import _fastrg_compiled as _compiled
-from sbm_pyg.sparse import row_index, sddmm
+from sbm_pyg.sparse import full_precision, row_index, sddmm
 
 __all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency"]
 
@@ -151,6 +154,90 @@ class SampledGraph:
         pairs = (self.ptr_q.diff() * self.ptr_k.diff()).double()[:, None]
         counts = self.edge_counts().double()
         return torch.where(pairs > 0, counts / pairs.clamp(min=1), 0.0)
+
+    def _pattern(self, head: Optional[int]) -> Tuple[Tensor, Tensor, int, int]:
+        # CSR (indptr over queries, keys, rows, columns) of one head, or of
+        # the block-diagonal matrix of all heads.
+        if head is None:
+            rowptr, col = self.csr()
+            return (rowptr, col, self.num_heads * self.num_queries,
+                    self.num_heads * self.num_keys)
+        if not isinstance(head, int) or not 0 <= head < self.num_heads:
+            raise ValueError(f"head must be an int in [0, {self.num_heads}) "
+                             f"or None, got {head!r}")
+        Nq = self.num_queries
+        rowptr = self.rowptr[head * Nq:(head + 1) * Nq + 1]
+        start, end = (int(x) for x in rowptr[[0, -1]].tolist())  # one sync
+        return (rowptr - start, self.edge_index[0, start:end], Nq,
+                self.num_keys)
+
+    def to_sparse_csr(self, head: Optional[int] = None) -> Tensor:
+        r"""The attention pattern as a :obj:`torch.sparse_csr` tensor with
+        ones for values: :obj:`[N_q, N_k]` for one :obj:`head`, else the
+        block-diagonal :obj:`[H N_q, H N_k]` of all heads. Rows are queries
+        (PyG's :obj:`adj_t`); the CSR arrays are the graph's own."""
+        indptr, index, rows, cols = self._pattern(head)
+        ones = torch.ones(index.numel(), device=index.device)
+        return torch.sparse_csr_tensor(indptr, index, ones, (rows, cols),
+                                       device=index.device,
+                                       check_invariants=False)
+
+    def to_edge_index(self, head: Optional[int] = None) -> EdgeIndex:
+        r"""The graph as PyG's :class:`~torch_geometric.EdgeIndex` (key →
+        query, :obj:`sparse_size = (N_k, N_q)` for one :obj:`head`, else
+        the block-diagonal graph of all heads over :obj:`H N_k` keys and
+        :obj:`H N_q` queries), sorted by query with its CSC pointer set, so
+        that PyG's sparse aggregations reuse it without sorting."""
+        indptr, index, rows, cols = self._pattern(head)
+        csc = torch.sparse_csc_tensor(
+            indptr, index, torch.ones(index.numel(), device=index.device),
+            (cols, rows), device=index.device, check_invariants=False)
+        return EdgeIndex(csc)
+
+    def to_sparse_tensor(self, head: Optional[int] = None) -> SparseTensor:
+        r"""The attention pattern as :class:`torch_sparse.SparseTensor`
+        :obj:`adj_t` (rows are queries), shaped as in :meth:`to_sparse_csr`;
+        needs torch-sparse."""
+        if not torch_geometric.typing.WITH_TORCH_SPARSE:
+            raise ImportError("to_sparse_tensor needs torch-sparse "
+                              "(pip install .[ext])")
+        indptr, index, rows, cols = self._pattern(head)
+        return SparseTensor(rowptr=indptr, col=index, sparse_sizes=(rows, cols),
+                            is_sorted=True, trust_data=True)
+
+    @classmethod
+    def from_edge_index(cls, edge_index: Union[Tensor, SparseTensor],
+                        num_queries: int, num_keys: int, *,
+                        ptr_q: PtrLike = None, ptr_k: PtrLike = None
+                        ) -> "SampledGraph":
+        r"""A one-head graph from given edges, e.g. a fixed attention
+        pattern for :func:`~sbm_pyg.nn.functional.sparse_attention`.
+
+        Args:
+            edge_index (LongTensor, EdgeIndex, SparseTensor or torch.sparse
+                tensor): :obj:`[2, E]` (key, query) pairs, or an
+                :obj:`adj_t` of shape :obj:`[N_q, N_k]`; duplicates merge.
+            num_queries (int): :math:`N_q`.
+            num_keys (int): :math:`N_k`.
+            ptr_q, ptr_k (LongTensor, optional): the sequences; an edge
+                across them raises.
+        """
+        for name, n in (("num_queries", num_queries), ("num_keys", num_keys)):
+            if not isinstance(n, int) or n < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {n!r}")
+        pairs = edge_pairs("edge_index", edge_index)
+        ptr_q, check_q = as_ptr("ptr_q", ptr_q, num_queries, pairs.device)
+        ptr_k, check_k = as_ptr("ptr_k", ptr_k, num_keys, pairs.device)
+        if ptr_q.numel() != ptr_k.numel():
+            raise ValueError(f"ptr_q and ptr_k must describe the same number "
+                             f"of sequences, got {ptr_q.numel() - 1} and "
+                             f"{ptr_k.numel() - 1}")
+        i, j, check = _included_pairs(pairs, ptr_q, ptr_k, num_queries,
+                                      num_keys, "edge_index")
+        sync([check_q, check_k, check])
+        key = _sorted_unique(i * num_keys + j)
+        return _from_keys(key, 1, num_queries, num_keys, ptr_q, ptr_k,
+                          key.numel(), float(key.numel()))
 
     def to(self, device: Union[str, torch.device]) -> "SampledGraph":
         """A copy with every tensor on :obj:`device`."""
@@ -365,18 +452,37 @@ def _self_loop_keys(H: int, N: int, device: torch.device) -> Tensor:
     return ((h * N + i) * N + i).reshape(-1)
 
 
-def _included_pairs(edges, ptr_q: Tensor, ptr_k: Tensor, Nq: int,
-                    Nk: int) -> Tuple[Tensor, Tensor, Check]:
+def edge_pairs(name: str, edges: object) -> Tensor:
+    r"""The (key, query) pairs :obj:`[2, E]` of a structure input given as
+    PyG layers take it: an :obj:`edge_index` LongTensor or
+    :class:`~torch_geometric.EdgeIndex` (row 0 the source/key), or an
+    :obj:`adj_t` (:class:`torch_sparse.SparseTensor` or a :obj:`torch.sparse`
+    tensor, rows are the targets/queries)."""
+    if isinstance(edges, SparseTensor) and not isinstance(edges, Tensor):
+        row, col, _ = edges.coo()
+        return torch.stack([col, row])
+    if isinstance(edges, Tensor) and edges.layout != torch.strided:
+        coo = edges.to_sparse_coo().coalesce()
+        return coo.indices().flip(0)
+    require_tensor(name, edges, 2)
+    if edges.dtype != torch.long or edges.size(0) != 2:
+        raise TypeError(f"{name} must be a LongTensor of shape [2, E], an "
+                        f"EdgeIndex, a SparseTensor or a torch.sparse adj_t, "
+                        f"got {edges.dtype} {tuple(edges.shape)}")
+    # An EdgeIndex's metadata does not apply to the pairs taken apart.
+    return edges.as_tensor() if isinstance(edges, EdgeIndex) else edges
+
+
+def _included_pairs(edges, ptr_q: Tensor, ptr_k: Tensor, Nq: int, Nk: int,
+                    name: str = "include_edges"
+                    ) -> Tuple[Tensor, Tensor, Check]:
     r"""Queries :math:`i` and keys :math:`j` of :obj:`include_edges` (key
     :math:`j` → query :math:`i`), and the deferred check that they are in
     range and stay within their sequence."""
-    require_tensor("include_edges", edges, 2)
-    if edges.dtype != torch.long or edges.size(0) != 2:
-        raise TypeError(f"include_edges must be a LongTensor of shape [2, E], "
-                        f"got {edges.dtype} {tuple(edges.shape)}")
+    edges = edge_pairs(name, edges)
     if edges.device != ptr_q.device:
-        raise ValueError(f"include_edges is on {edges.device}, the "
-                         f"memberships on {ptr_q.device}")
+        raise ValueError(f"{name} is on {edges.device}, the sequence "
+                         f"pointers on {ptr_q.device}")
     j, i = edges
     in_range = (j >= 0) & (j < Nk) & (i >= 0) & (i < Nq)
     same = (torch.searchsorted(ptr_k, j, right=True)
@@ -385,7 +491,7 @@ def _included_pairs(edges, ptr_q: Tensor, ptr_k: Tensor, Nq: int,
     # Until the check raises (at fastrg's one sync), out-of-range pairs are
     # clamped so that nothing indexes out of bounds; a mask would sync.
     i, j = i.clamp(0, max(Nq - 1, 0)), j.clamp(0, max(Nk - 1, 0))
-    return i, j, (bad, f"include_edges must hold pairs (key j, query i) with "
+    return i, j, (bad, f"{name} must hold pairs (key j, query i) with "
                        f"0 <= j < N_k={Nk}, 0 <= i < N_q={Nq}, within one "
                        f"sequence")
 
@@ -521,15 +627,18 @@ def fastrg(
     if include_edges is not None:
         *included, check = _included_pairs(include_edges, ptr_q, ptr_k, Nq, Nk)
         checks.append(check)
-    if compiled:
-        fields = _compiled.sample(q_memb, block, k_memb, ptr_q, ptr_k, checks,
-                                  mode, exploration, self_loops, included,
-                                  max_edges, generator)
-        return SampledGraph(num_queries=Nq, num_keys=Nk, num_heads=H,
-                            ptr_q=ptr_q, ptr_k=ptr_k, **fields)
-    return _fastrg_torch(q_memb, block, k_memb, ptr_q, ptr_k, checks, mode,
-                         exploration, self_loops, included, max_edges,
-                         generator)
+    # The sampler computes in the memberships' precision (float64 or
+    # float32) whatever autocast is on around it.
+    with full_precision(q_memb.device):
+        if compiled:
+            fields = _compiled.sample(q_memb, block, k_memb, ptr_q, ptr_k,
+                                      checks, mode, exploration, self_loops,
+                                      included, max_edges, generator)
+            return SampledGraph(num_queries=Nq, num_keys=Nk, num_heads=H,
+                                ptr_q=ptr_q, ptr_k=ptr_k, **fields)
+        return _fastrg_torch(q_memb, block, k_memb, ptr_q, ptr_k, checks,
+                             mode, exploration, self_loops, included,
+                             max_edges, generator)
 
 
 def _fastrg_torch(q_memb: Tensor, block: Tensor, k_memb: Tensor,

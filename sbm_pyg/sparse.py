@@ -12,15 +12,27 @@ them in :class:`torch.autograd.Function` s.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
 from torch import Tensor
 
-__all__ = ["sddmm", "spmm", "segment_sum", "segment_softmax", "row_index"]
+__all__ = ["sddmm", "spmm", "segment_sum", "segment_softmax", "row_index",
+           "full_precision"]
 
 # torch's sparse CSR kernels warn that they are "beta" on every construction.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+
+def full_precision(device: torch.device):
+    """A context that turns autocast off on :obj:`device` (where torch has
+    autocast for it): the kernels here and the sampler choose their compute
+    dtype themselves, and autocast would cast their CSR products to half
+    precision, which torch's CSR kernels do not support."""
+    if device.type in ("cpu", "cuda"):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -57,8 +69,9 @@ def sddmm(rowptr: Tensor, col: Tensor, a: Tensor, b: Tensor,
     a, b = a.to(dtype), b.to(dtype)
     values = a.new_zeros(col.numel())
     pattern = _csr(rowptr, col, values, b.size(0))
-    torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale,
-                               out=pattern)
+    with full_precision(a.device):
+        torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale,
+                                   out=pattern)
     return values
 
 
@@ -76,7 +89,9 @@ def spmm(rowptr: Tensor, col: Tensor, values: Tensor, dense: Tensor) -> Tensor:
         Tensor :obj:`[R, D]`; rows without nonzeros are zero.
     """
     dtype = _compute_dtype(torch.promote_types(values.dtype, dense.dtype))
-    return _csr(rowptr, col, values.to(dtype), dense.size(0)) @ dense.to(dtype)
+    with full_precision(dense.device):
+        return (_csr(rowptr, col, values.to(dtype), dense.size(0))
+                @ dense.to(dtype))
 
 
 def segment_sum(values: Tensor, rowptr: Tensor) -> Tensor:

@@ -378,6 +378,63 @@ def test_to_device_roundtrip(device):
     assert moved.num_draws == graph.num_draws
 
 
+def conversion_graph():
+    q, b, k = small_sbm(scale=2.0)
+    ptr_q, ptr_k = [0, 2, 6], [0, 3, 5]
+    graph = fastrg(q, b, k, ptr_q=ptr_q, ptr_k=ptr_k, generator=seeded(0))
+    masks = torch.zeros(H, NQ, NK, dtype=torch.bool)
+    masks[graph.head, graph.edge_index[1], graph.edge_index[0]] = True
+    assert masks.any(-1).any(-1).all() and (~masks[:, 2:, :3]).all()
+    return graph, masks
+
+
+@pytest.mark.parametrize("head", [0, 1, None])
+def test_to_sparse_csr_and_edge_index(head):
+    graph, masks = conversion_graph()
+    expected = masks[head] if head is not None else torch.block_diag(
+        *masks.int()).bool()  # [H N_q, H N_k]
+    csr = graph.to_sparse_csr(head)
+    assert csr.layout == torch.sparse_csr
+    assert torch.equal(csr.to_dense().bool(), expected)
+    ei = graph.to_edge_index(head)
+    assert ei.sparse_size() == expected.t().shape
+    assert ei.is_sorted_by_col and ei._indptr is not None
+    assert torch.equal(ei.get_csc()[0][0], csr.crow_indices())
+    assert torch.equal(ei.to_dense().bool(), expected.t())  # key -> query
+    back = SampledGraph.from_edge_index(ei, *expected.shape)
+    assert torch.equal(back.to_sparse_csr().to_dense().bool(), expected)
+    back = SampledGraph.from_edge_index(csr, *expected.shape)
+    assert torch.equal(back.to_sparse_csr().to_dense().bool(), expected)
+
+
+def test_to_sparse_tensor():
+    pytest.importorskip("torch_sparse", reason="torch_sparse not installed")
+    graph, masks = conversion_graph()
+    adj_t = graph.to_sparse_tensor(1)
+    assert torch.equal(adj_t.to_dense().bool(), masks[1])
+    assert torch.equal(graph.to_sparse_tensor().to_dense().bool(),
+                       torch.block_diag(*masks.int()).bool())
+    back = SampledGraph.from_edge_index(adj_t, NQ, NK)
+    assert torch.equal(back.edge_index, graph.to_edge_index(1).as_tensor())
+
+
+def test_from_edge_index_merges_and_checks():
+    pairs = torch.tensor([[0, 2, 2, 1], [1, 0, 0, 1]])  # (key, query)
+    graph = SampledGraph.from_edge_index(pairs, 2, 3)
+    assert graph.num_edges == 3 and graph.num_heads == 1
+    assert graph.edge_index.tolist() == [[2, 0, 1], [0, 1, 1]]
+    assert torch.equal(graph.rowptr, torch.tensor([0, 1, 3]))
+    with pytest.raises(ValueError, match="edge_index must hold pairs"):
+        SampledGraph.from_edge_index(pairs, 2, 2)
+    with pytest.raises(ValueError, match="edge_index must hold.*sequence"):
+        SampledGraph.from_edge_index(pairs, 2, 3, ptr_q=[0, 1, 2],
+                                     ptr_k=[0, 1, 3])
+    with pytest.raises(ValueError, match="head must be an int"):
+        graph.to_sparse_csr(head=1)
+    with pytest.raises(ValueError, match="num_keys"):
+        SampledGraph.from_edge_index(pairs, 2, -1)
+
+
 def test_poisson_mode_caps_an_sbm_transformer_head_at_1_minus_1_over_e():
     # Saturated memberships and a block summing to 1: p_ij = 1, the largest
     # an SBM-Transformer head can reach. Poisson merging samples each pair

@@ -86,9 +86,9 @@ class SBMMultiheadAttention(torch.nn.Module):
                              f"got {mask.dtype} {tuple(mask.shape)}")
         ptr = torch.cat([mask.new_zeros(1, dtype=torch.long),
                          mask.sum(dim=1).cumsum(0)])
-        out = self.conv(x[mask], ptr=ptr, generator=generator)  # [N_real, H*d]
-        return x.new_zeros(B, N, C).masked_scatter(mask[..., None],
-                                                   self.out(out))
+        out = self.out(self.conv(x[mask], ptr=ptr, generator=generator))
+        # out's dtype, not x's: they differ under autocast.
+        return out.new_zeros(B, N, C).masked_scatter(mask[..., None], out)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.channels}, "

@@ -283,9 +283,10 @@ class SBMConv(MessagePassing):
                 sequence index of each node (one sequence if :obj:`None`).
             ptr (LongTensor or pair, optional): CSR pointers instead of
                 :obj:`batch` (avoids a host sync).
-            include_edges (LongTensor, optional): :obj:`[2, E]` edges
-                (source/key, target/query), e.g. the input graph's
-                :obj:`edge_index`, added to every head's sampled graph
+            include_edges (LongTensor, EdgeIndex, SparseTensor or
+                torch.sparse tensor, optional): :obj:`[2, E]` edges
+                (source/key, target/query) or an :obj:`adj_t` (rows are
+                queries), e.g. the input graph's :obj:`edge_index`, added to every head's sampled graph
                 without duplicates (structure-aware attention); they get the
                 same straight-through gradient as sampled edges.
             return_attention_weights (bool, optional): also return

@@ -150,12 +150,9 @@ class SBMGPSConv(torch.nn.Module):
         if x.size(1) != self.channels:
             raise ValueError(f"x must have {self.channels} channels, got "
                              f"{x.size(1)}")
-        include = None
-        if self.include_input_edges:
-            if not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
-                raise TypeError("include_input_edges=True needs edge_index as "
-                                "a dense [2, E] LongTensor")
-            include = edge_index
+        # Any structure input PyG layers take (edge_index, EdgeIndex,
+        # SparseTensor or torch.sparse adj_t); fastrg reads its pairs.
+        include = edge_index if self.include_input_edges else None
         hs = []
         if self.conv is not None:  # local MPNN
             h = self.conv(x, edge_index, **kwargs)

@@ -227,3 +227,28 @@ def test_bad_input(kwargs, error, match):
 def test_bad_constructor_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SBMConv(8, 4, **kwargs)
+
+
+@pytest.mark.parametrize("structure", ["EdgeIndex", "sparse_csr", "SparseTensor"])
+def test_include_edges_as_pyg_structure_types(structure):
+    # Included edges given as PyG layers take a graph give the result of the
+    # plain edge_index.
+    from torch_geometric import EdgeIndex
+    conv = make_conv()
+    x = x_input()
+    edge_index = torch.tensor([[0, 2, 1, 5, 8], [1, 1, 2, 6, 7]])  # (key, query)
+    adj_t = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(5), (9, 9))
+    if structure == "SparseTensor":
+        torch_sparse = pytest.importorskip("torch_sparse",
+                                           reason="torch_sparse not installed")
+        given = torch_sparse.SparseTensor.from_torch_sparse_coo_tensor(adj_t)
+    elif structure == "EdgeIndex":
+        given = EdgeIndex(edge_index, sparse_size=(9, 9))
+    else:
+        given = adj_t.to_sparse_csr()
+    out, (graph, _) = run(conv, x, batch=BATCH, include_edges=given,
+                          return_attention_weights=True)
+    ref, (ref_graph, _) = run(conv, x, batch=BATCH, include_edges=edge_index,
+                              return_attention_weights=True)
+    assert torch.equal(graph.edge_index, ref_graph.edge_index)
+    assert torch.allclose(out, ref)

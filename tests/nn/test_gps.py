@@ -150,11 +150,29 @@ def test_bad_arguments():
     data = batch_of()
     with pytest.raises(ValueError, match="x must have 8 channels"):
         layer(data.x[:, :4], data.edge_index, data.batch)
+    layer = SBMGPSConv(C, None, heads=2, include_input_edges=True,
+                       attn_kwargs=dict(num_clusters=4))
+    with pytest.raises(TypeError, match="include_edges must be a LongTensor"):
+        layer(data.x, data.edge_index.float(), data.batch)
+
+
+@pytest.mark.filterwarnings("ignore:Converting sparse tensor to CSR")
+@pytest.mark.parametrize("structure", ["edge_index", "sparse_csr", "sparse_coo"])
+def test_include_input_edges_from_adj_t(structure):
+    # The local conv and the included edges read the same graph whether it
+    # comes as edge_index or as a torch.sparse adj_t (rows are targets).
     layer = make_layer(include_input_edges=True)
-    with pytest.raises(TypeError, match="include_input_edges"):
-        adj = torch.sparse_coo_tensor(data.edge_index, torch.ones(data.num_edges),
-                                  (16, 16), check_invariants=True)
-        layer(data.x, adj, data.batch)
+    data = batch_of()
+    n = data.num_nodes
+    adj_t = torch.sparse_coo_tensor(data.edge_index.flip(0),
+                                    torch.ones(data.num_edges), (n, n))
+    given = {"edge_index": data.edge_index, "sparse_coo": adj_t,
+             "sparse_csr": adj_t.to_sparse_csr()}[structure]
+    graphs = record_graphs(layer)
+    out = layer(data.x, given, data.batch, generator=seeded(0))
+    ref = layer(data.x, data.edge_index, data.batch, generator=seeded(0))
+    assert torch.allclose(out, ref, atol=1e-6)
+    assert torch.equal(graphs[0].edge_index, graphs[1].edge_index)
 
 
 def test_torch_compile_matches_eager():

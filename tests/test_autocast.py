@@ -1,0 +1,73 @@
+"""Every layer under torch.autocast: it runs, the sparse kernels and the
+sampler compute in float32 (torch's CSR kernels have no half precision),
+outputs take autocast's dtype, and gradients are finite and close to the
+float32 ones."""
+import pytest
+import torch
+
+from sbm_pyg.models import SBMTransformer
+from sbm_pyg.nn import SBMConv, SBMGPSConv, SBMMultiheadAttention
+from tests.helpers import seeded
+
+BATCH = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])
+MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]).bool()
+
+
+def dtypes():
+    device = torch.get_default_device().type
+    return [torch.bfloat16] + ([torch.float16] if device == "cuda" else [])
+
+
+def layers():
+    torch.manual_seed(0)
+    return {
+        "SBMConv": (SBMConv(8, 4, heads=2, num_clusters=4),
+                    lambda m, g: m(torch.randn(9, 8, generator=seeded(1)),
+                                   BATCH, generator=g)),
+        "SBMMultiheadAttention": (
+            SBMMultiheadAttention(8, 2, 4, 4),
+            lambda m, g: m(torch.randn(2, 5, 8, generator=seeded(1)), MASK,
+                           generator=g)),
+        "SBMGPSConv": (
+            SBMGPSConv(8, None, heads=2, norm=None,
+                       attn_kwargs=dict(num_clusters=4)),
+            lambda m, g: m(torch.randn(9, 8, generator=seeded(1)),
+                           torch.tensor([[0, 1], [1, 0]]), BATCH,
+                           generator=g)),
+        "SBMTransformer": (
+            SBMTransformer(10, 6, dim=8, heads=2, clusters=4, mode="exact"),
+            lambda m, g: m(torch.randint(1, 10, (2, 5), generator=seeded(1)),
+                           MASK, generator=g).token_logits),
+    }
+
+
+@pytest.mark.parametrize("name", ["SBMConv", "SBMMultiheadAttention",
+                                  "SBMGPSConv", "SBMTransformer"])
+@pytest.mark.parametrize("dtype", dtypes())
+def test_layers_under_autocast(name, dtype):
+    module, forward = layers()[name]
+    device = torch.get_default_device().type
+    ref = forward(module, seeded(2))  # float32, same sampled graph
+    # The SBM attention's parameters: the rest of each model is torch's own
+    # autocast behaviour (e.g. ReLUs that flip with bf16 rounding).
+    conv = next(m for m in module.modules() if isinstance(m, SBMConv))
+    params = list(conv.parameters())
+    ref_grads = torch.autograd.grad(ref.sum(), params)
+    with torch.autocast(device, dtype=dtype):
+        out = forward(module, seeded(2))
+    # The attention layers end in a Linear, which autocast casts; GPS ends
+    # in a residual sum with its float32 input, which promotes.
+    assert out.dtype == (torch.float32 if name == "SBMGPSConv" else dtype)
+    grads = torch.autograd.grad(out.float().sum(), params)
+    assert torch.allclose(out.float(), ref, atol=0.1, rtol=0.1)
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all()
+               for g in grads)
+    # Relative errors of the projections' and of the SBM's gradients (the
+    # latter through the straight-through estimator, far smaller).
+    is_sbm = [any(p is q for q in conv.sbm.parameters()) for p in params]
+    for group in (False, True):
+        got = torch.cat([g.flatten() for g, s in zip(grads, is_sbm) if s == group])
+        want = torch.cat([g.flatten() for g, s in zip(ref_grads, is_sbm)
+                          if s == group])
+        assert want.norm() > 0
+        assert (got - want).norm() <= 0.05 * want.norm()
