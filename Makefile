@@ -8,13 +8,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench clean
+.PHONY: install test demo bench clean
 
 $(STAMP): pyproject.toml setup.py csrc/fastrg.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install torch==2.13.0 "setuptools>=77" wheel
 	$(PY) -m pip install --no-build-isolation -e ".[test]"
 	touch $(STAMP)
+
+install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

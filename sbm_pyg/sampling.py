@@ -407,8 +407,9 @@ def _thin(key: Tensor, Y: Tensor, B: Tensor, Z: Tensor, c: Tensor,
     :math:`P(\text{edge}) = \min(p, 1)` exactly."""
     row, j, head, rowptr = _keys_to_csr(key, H, Nq, Nk)
     i = row - head * Nq
-    W = torch.bmm(Y.transpose(0, 1), B).reshape(H * Nq, -1)  # [H*N_q, k]
-    p = sddmm(rowptr, head * Nk + j, W, Z.transpose(0, 1).reshape(H * Nk, -1))
+    k = B.size(-1)  # named: reshape cannot infer it for empty sequences
+    W = torch.bmm(Y.transpose(0, 1), B).reshape(H * Nq, k)  # [H*N_q, k]
+    p = sddmm(rowptr, head * Nk + j, W, Z.transpose(0, 1).reshape(H * Nk, k))
     g = torch.searchsorted(ptr_q, i, right=True) - 1
     cp = c[g, head] * p
     keep = torch.where(p > 0, p.clamp(max=1.0) / -torch.expm1(-cp), 0.0)
@@ -469,8 +470,10 @@ def edge_pairs(name: str, edges: object) -> Tensor:
         raise TypeError(f"{name} must be a LongTensor of shape [2, E], an "
                         f"EdgeIndex, a SparseTensor or a torch.sparse adj_t, "
                         f"got {edges.dtype} {tuple(edges.shape)}")
-    # An EdgeIndex's metadata does not apply to the pairs taken apart.
-    return edges.as_tensor() if isinstance(edges, EdgeIndex) else edges
+    # An EdgeIndex's metadata does not apply to the pairs taken apart; rows
+    # of a transposed [E, 2] tensor would be strided (slow searchsorted).
+    edges = edges.as_tensor() if isinstance(edges, EdgeIndex) else edges
+    return edges.contiguous()
 
 
 def _included_pairs(edges, ptr_q: Tensor, ptr_k: Tensor, Nq: int, Nk: int,

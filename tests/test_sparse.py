@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -47,3 +49,11 @@ def test_empty():
     assert segment_softmax(torch.zeros(0), rowptr, row_index(rowptr, 0)).numel() == 0
     out = spmm(rowptr, col, torch.zeros(0), torch.randn(4, 3))
     assert torch.equal(out, torch.zeros(2, 3))
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true", reason="CI only")
+def test_ci_has_the_optional_pyg_stack():
+    # .ci/run installs torch-scatter and torch-sparse, so that none of their
+    # tests skip there without notice.
+    import torch_geometric.typing as pyg_typing
+    assert pyg_typing.WITH_TORCH_SCATTER and pyg_typing.WITH_TORCH_SPARSE
