@@ -28,6 +28,12 @@ def test_quick_benchmark_runs(tmp_path, capsys):
     assert results["published"]["published_edges"] > 0
     assert results["exact"]["exact"]["edges"] > 0
     assert all(row["bytes_per_edge"] > 0 for row in results["memory"])
+    import torch_geometric.typing as pyg_typing
+    if pyg_typing.WITH_TORCH_SCATTER and pyg_typing.WITH_TORCH_SPARSE:
+        assert all(row[op]["ratio"] > 0 for row in results["ext"]["rows"]
+                   for op in ("segment_max", "segment_sum", "spmm"))
+    else:
+        assert "skipped" in results["ext"]
     assert "[layer]" in capsys.readouterr().out
 
 
