@@ -87,8 +87,7 @@ def repeat_diagnostics(model: SBMTransformer, batch: int = 16,
             conv.ste = old_ste
         (graph,), (grad,) = graphs, captured
         j, i = graph.edge_index
-        seq, h = i // N, graph.head
-        edge_class = classes[seq, i % N, j % N]
+        edge_class = classes[i // N, i % N, j % N]
         stats = {}
         for c, name in enumerate(CLASSES):
             sel = edge_class == c
