@@ -43,6 +43,22 @@ def test_segment_softmax_and_sum():
     assert torch.allclose(segment_sum(alpha, ROWPTR), torch.tensor([1.0, 0, 1, 0]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_segment_softmax_same_with_and_without_torch_scatter(monkeypatch, dtype):
+    # The max comes from torch-scatter where it is installed (faster on the
+    # CPU) and from torch.segment_reduce otherwise: the same softmax.
+    import sbm_pyg.sparse as sparse
+    pytest.importorskip("torch_scatter", reason="torch_scatter not installed")
+    g = seeded(0)
+    rowptr = torch.tensor([0, 3, 3, 10, 11, 40])
+    scores = torch.randn(40, generator=g, dtype=dtype) * 30
+    row = row_index(rowptr, 40)
+    with_ext = segment_softmax(scores, rowptr, row)
+    monkeypatch.setattr(sparse, "torch_scatter", None)
+    without = segment_softmax(scores, rowptr, row)
+    assert torch.equal(with_ext, without)
+
+
 def test_empty():
     rowptr = torch.zeros(3, dtype=torch.long)
     col = torch.zeros(0, dtype=torch.long)
