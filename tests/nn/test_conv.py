@@ -237,7 +237,8 @@ def test_include_edges_as_pyg_structure_types(structure):
     conv = make_conv()
     x = x_input()
     edge_index = torch.tensor([[0, 2, 1, 5, 8], [1, 1, 2, 6, 7]])  # (key, query)
-    adj_t = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(5), (9, 9))
+    adj_t = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(5), (9, 9),
+                                    check_invariants=True)
     if structure == "SparseTensor":
         torch_sparse = pytest.importorskip("torch_sparse",
                                            reason="torch_sparse not installed")

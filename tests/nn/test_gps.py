@@ -165,7 +165,8 @@ def test_include_input_edges_from_adj_t(structure):
     data = batch_of()
     n = data.num_nodes
     adj_t = torch.sparse_coo_tensor(data.edge_index.flip(0),
-                                    torch.ones(data.num_edges), (n, n))
+                                    torch.ones(data.num_edges), (n, n),
+                                    check_invariants=True)
     given = {"edge_index": data.edge_index, "sparse_coo": adj_t,
              "sparse_csr": adj_t.to_sparse_csr()}[structure]
     graphs = record_graphs(layer)
