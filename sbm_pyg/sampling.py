@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch_geometric.typing
@@ -226,15 +226,11 @@ class SampledGraph:
             if not isinstance(n, int) or n < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {n!r}")
         pairs = edge_pairs("edge_index", edge_index)
-        ptr_q, check_q = as_ptr("ptr_q", ptr_q, num_queries, pairs.device)
-        ptr_k, check_k = as_ptr("ptr_k", ptr_k, num_keys, pairs.device)
-        if ptr_q.numel() != ptr_k.numel():
-            raise ValueError(f"ptr_q and ptr_k must describe the same number "
-                             f"of sequences, got {ptr_q.numel() - 1} and "
-                             f"{ptr_k.numel() - 1}")
+        ptr_q, ptr_k, checks = _pointers(ptr_q, ptr_k, num_queries, num_keys,
+                                         pairs.device)
         i, j, check = _included_pairs(pairs, ptr_q, ptr_k, num_queries,
                                       num_keys, "edge_index")
-        sync([check_q, check_k, check])
+        sync(checks + [check])
         key = _sorted_unique(i * num_keys + j)
         return _from_keys(key, 1, num_queries, num_keys, ptr_q, ptr_k,
                           key.numel(), float(key.numel()))
@@ -248,6 +244,18 @@ class SampledGraph:
                             num_keys=self.num_keys, num_heads=self.num_heads,
                             num_draws=self.num_draws,
                             expected_draws=self.expected_draws, **moved)
+
+
+def _pointers(ptr_q: PtrLike, ptr_k: PtrLike, Nq: int, Nk: int,
+              device: torch.device) -> Tuple[Tensor, Tensor, List[Check]]:
+    # Query and key pointers of the same sequences, and their checks.
+    ptr_q, check_q = as_ptr("ptr_q", ptr_q, Nq, device)
+    ptr_k, check_k = as_ptr("ptr_k", ptr_k, Nk, device)
+    if ptr_q.numel() != ptr_k.numel():
+        raise ValueError(f"ptr_q and ptr_k must describe the same number of "
+                         f"sequences, got {ptr_q.numel() - 1} and "
+                         f"{ptr_k.numel() - 1}")
+    return ptr_q, ptr_k, [check_q, check_k]
 
 
 def _check_sbm(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: PtrLike,
@@ -278,13 +286,8 @@ def _check_sbm(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: PtrLike,
     if H * max(Nq, 1) * max(Nk, 1) >= 2**62:
         raise ValueError(f"H * N_q * N_k = {H} * {Nq} * {Nk} overflows the "
                          f"int64 edge keys")
-    ptr_q, check_q = as_ptr("ptr_q", ptr_q, Nq, device)
-    ptr_k, check_k = as_ptr("ptr_k", ptr_k, Nk, device)
-    if ptr_q.numel() != ptr_k.numel():
-        raise ValueError(f"ptr_q and ptr_k must describe the same number of "
-                         f"sequences, got {ptr_q.numel() - 1} and "
-                         f"{ptr_k.numel() - 1}")
-    checks = [check_q, check_k, nonnegative_finite("block", block)]
+    ptr_q, ptr_k, checks = _pointers(ptr_q, ptr_k, Nq, Nk, device)
+    checks.append(nonnegative_finite("block", block))
     if check_memberships:  # fastrg reads these checks off its CDFs instead
         checks += [nonnegative_finite("q_memb", q_memb),
                    nonnegative_finite("k_memb", k_memb)]
