@@ -20,6 +20,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plot_parser.add_argument("runs", nargs="+", type=Path)
     plot_parser.add_argument("--out", type=Path, default=Path("runs.png"))
     args = parser.parse_args(argv)
+    if args.command == "train" and args.preset is not None:
+        # A preset only changes defaults: parse again so that arguments
+        # given on the command line still win.
+        from sbm_pyg.experiments.train import PRESETS
+        train_parser.set_defaults(**PRESETS[args.preset])
+        args = parser.parse_args(argv)
     if args.command == "train":
         check_train_arguments(train_parser, args)
         from sbm_pyg.experiments.train import train

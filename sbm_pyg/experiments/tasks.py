@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import statistics
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ["repeat_batch", "OPERATORS", "VOCAB", "generate_expression",
+__all__ = ["repeat_batch", "repeat_accuracy_bound", "OPERATORS", "VOCAB", "generate_expression",
            "evaluate", "tokenize", "ListOps"]
 
 
@@ -31,6 +32,44 @@ def repeat_batch(batch: int, length: int,
     tokens = torch.randint(1, length + 1, (batch, length), generator=generator)
     same = tokens[:, :, None] == tokens[:, None, :]
     return tokens, (same.sum(-1) > 1).float()
+
+
+def repeat_accuracy_bound(length: int, edge_prob: float) -> float:
+    r"""The best expected token accuracy on "finding repeated tokens" for one
+    attention layer whose query :math:`i` sees each other token
+    independently with probability :obj:`edge_prob` (:math:`q`).
+
+    A token with :math:`m \sim \mathrm{Binomial}(N - 1, 1/N)` copies is
+    certainly positive once it sees one (probability
+    :math:`1 - (1 - q)^m`); seeing none, the best guess is the likelier label.
+    So the bound is
+
+    .. math::
+        \sum_{m \geq 1} P(m) \bigl(1 - (1 - q)^m\bigr) +
+        \max\Bigl(P(0), \sum_{m \geq 1} P(m) (1 - q)^m\Bigr).
+
+    It shows what a sampler allows: the poisson merge mode sees a pair with
+    probability at most :math:`1 - e^{-(1 + \delta)}` (about 0.636 at
+    :math:`\delta = 0.01`), which caps the accuracy at about 84% for any
+    :math:`N`.
+
+    Example:
+        >>> round(repeat_accuracy_bound(256, 1.0), 6)
+        1.0
+        >>> round(repeat_accuracy_bound(256, 0.0), 4)  # the majority class
+        0.6314
+    """
+    if not isinstance(length, int) or length < 2:
+        raise ValueError(f"length must be an int >= 2, got {length!r}")
+    if not isinstance(edge_prob, (int, float)) or not 0 <= edge_prob <= 1:
+        raise ValueError(f"edge_prob must be in [0, 1], got {edge_prob!r}")
+    m = torch.arange(length, dtype=torch.float64)
+    log_pm = (torch.lgamma(torch.tensor(length, dtype=torch.float64)) -
+              torch.lgamma(m + 1) - torch.lgamma(length - m) +
+              m * -math.log(length) + (length - 1 - m) * math.log1p(-1 / length))
+    pm = log_pm.exp()
+    missed = pm[1:] * (1 - edge_prob) ** m[1:]
+    return float(pm[1:].sum() - missed.sum() + torch.maximum(pm[0], missed.sum()))
 
 
 # ListOps (Nangia & Bowman, 2018) with the Long Range Arena's generator rules.

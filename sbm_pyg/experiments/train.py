@@ -17,12 +17,26 @@ from torch import Tensor
 from sbm_pyg.experiments.tasks import VOCAB, ListOps, repeat_batch
 from sbm_pyg.models import SBMTransformer
 
-__all__ = ["train", "add_train_arguments"]
+__all__ = ["train", "add_train_arguments", "PRESETS"]
+
+#: Named experiments for ``--preset``: argument defaults that the command line
+#: can still override (e.g. ``--preset repeat-paper --seq-len 64``).
+PRESETS: Dict[str, dict] = {
+    # The paper's "finding repeated tokens" (Sec. 5.1): N = 256, one layer,
+    # one head, width 32, k = 128, batch 256, lr 1e-3, 2000 steps, with the
+    # published experiments' exploration 0.01 and no density penalty.
+    "repeat-paper": dict(task="repeat", attention="sbm", seq_len=256, layers=1,
+                         heads=1, dim=32, clusters=128, batch_size=256, lr=1e-3,
+                         steps=2000, exploration=0.01, lam=0.0),
+}
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--task", choices=["repeat", "listops"], required=True)
+    add("--preset", choices=sorted(PRESETS), default=None,
+        help="defaults of a named experiment; explicit arguments override them")
+    add("--task", choices=["repeat", "listops"], default=None,
+        help="required unless a --preset sets it")
     add("--attention", choices=["sbm", "full", "linear", "performer"], default="sbm")
     add("--seq-len", type=int, default=64,
         help="repeat: sequence length N; listops: max_length")
@@ -39,7 +53,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "MLPs; default --lr)")
     add("--dropout", type=float, default=0.0)
     add("--exploration", type=float, default=0.01)
-    add("--mode", choices=["poisson", "exact"], default="poisson",
+    add("--mode", choices=["exact", "poisson"], default="exact",
         help="sampler merge mode; poisson caps the density at 1 - 1/e")
     add("--ste", choices=["paper", "published"], default="paper",
         help="straight-through estimator: the paper's equation or the "
@@ -60,6 +74,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_train_arguments(parser: argparse.ArgumentParser, args) -> None:
+    if args.task is None:
+        parser.error("--task is required (or a --preset that sets it)")
     for name in ("seq_len", "layers", "heads", "dim", "clusters", "steps",
                  "batch_size", "log_every", "checkpoint_every", "eval_batches"):
         if getattr(args, name) < 1:

@@ -1,3 +1,4 @@
+import math
 import random
 
 import pytest
@@ -9,6 +10,7 @@ from sbm_pyg.experiments.tasks import (
     ListOps,
     evaluate,
     generate_expression,
+    repeat_accuracy_bound,
     repeat_batch,
     tokenize,
 )
@@ -131,3 +133,41 @@ def test_repeat_batch_labels():
         assert lab == [float(row.count(t) > 1) for t in row]
     with pytest.raises(ValueError, match="length"):
         repeat_batch(2, 1)
+
+
+@pytest.mark.parametrize("length,edge_prob", [(8, 0.5), (32, 0.6358), (64, 0.9)])
+def test_repeat_accuracy_bound_is_met_by_the_best_rule(length, edge_prob):
+    # Monte Carlo of the rule the bound assumes: say "repeated" iff a copy is
+    # among the sampled keys, or, seeing none, the likelier label.
+    g = seeded(0)
+    tokens, labels = repeat_batch(4000, length, g)
+    same = tokens[:, :, None] == tokens[:, None, :]
+    same &= ~torch.eye(length, dtype=torch.bool, device=same.device)
+    seen = same & (torch.rand(same.shape, generator=g, device=same.device) < edge_prob)
+    seen = seen.any(-1)
+    unseen = ~seen
+    guess = (labels[unseen].mean() > 0.5).float()
+    correct = (seen.float() == labels)[seen].sum() + (labels[unseen] == guess).sum()
+    n = labels.numel()
+    acc = float(correct) / n
+    bound = repeat_accuracy_bound(length, edge_prob)
+    # Tokens of one sequence are dependent; 5 binomial sigmas over sequences
+    # (not tokens) is a loose but valid bound.
+    sigma = (bound * (1 - bound) / 4000) ** 0.5
+    assert abs(acc - bound) < 5 * sigma
+    # The rule is right on every token it sees a copy of.
+    assert bool((labels[seen] == 1).all())
+
+
+def test_repeat_accuracy_bound_values_and_errors():
+    assert repeat_accuracy_bound(256, 1.0) == pytest.approx(1.0)
+    # Nothing seen: the majority class, "repeated", 1 - P(no copy).
+    assert repeat_accuracy_bound(256, 0.0) == pytest.approx(1 - (255 / 256) ** 255)
+    # The poisson mode's ceiling 1 - e^-1.01 caps it near 84%.
+    assert 0.83 < repeat_accuracy_bound(256, 1 - math.exp(-1.01)) < 0.845
+    bounds = [repeat_accuracy_bound(64, q / 10) for q in range(11)]
+    assert bounds == sorted(bounds)
+    with pytest.raises(ValueError, match="length"):
+        repeat_accuracy_bound(1, 0.5)
+    with pytest.raises(ValueError, match="edge_prob"):
+        repeat_accuracy_bound(8, 1.5)

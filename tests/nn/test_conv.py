@@ -34,7 +34,7 @@ def test_shapes(concat, root_weight, shape):
 
 def test_repr():
     assert repr(make_conv()) == ("SBMConv(8, 4, heads=2, num_clusters=4, "
-                                 "mode='poisson', ste='paper')")
+                                 "mode='exact', ste='paper')")
     assert repr(SBMConv((8, 6), 4, num_clusters=2, mode="exact",
                         ste="published")) == \
         "SBMConv((8, 6), 4, heads=1, num_clusters=2, mode='exact', ste='published')"
