@@ -108,6 +108,8 @@ def test_listops_task(tmp_path):
     ["train", "--task", "repeat", "--out", "x", "--lr", "-1"],
     ["train", "--task", "repeat", "--out", "x", "--sbm-lr", "0"],
     ["train", "--task", "repeat", "--out", "/nonexistent/x", "--resume"],
+    ["train", "--out", "x"],  # no --task and no preset
+    ["train", "--preset", "no-such-preset", "--out", "x"],
     ["plot", "/nonexistent/run"],
 ])
 def test_bad_arguments_exit_2(argv, capsys):
@@ -115,6 +117,24 @@ def test_bad_arguments_exit_2(argv, capsys):
         main(argv)
     assert e.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_preset_sets_defaults_and_arguments_override_them(tmp_path):
+    out = tmp_path / "p"
+    main(["train", "--preset", "repeat-paper", "--out", str(out), "--seq-len", "8",
+          "--batch-size", "4", "--steps", "2", "--clusters", "8", "--no-progress"])
+    args = json.loads((out / "final.json").read_text())["args"]
+    # Given on the command line: theirs.
+    assert (args["seq_len"], args["batch_size"], args["steps"], args["clusters"]) == (8, 4, 2, 8)
+    # From the preset: the paper's settings.
+    assert (args["task"], args["attention"], args["layers"], args["heads"],
+            args["dim"], args["lr"], args["exploration"], args["lam"]) == (
+        "repeat", "sbm", 1, 1, 32, 1e-3, 0.01, 0.0)
+    assert args["preset"] == "repeat-paper" and args["mode"] == "exact"
+    from sbm_pyg.experiments.train import PRESETS
+    assert PRESETS["repeat-paper"]["seq_len"] == 256
+    assert PRESETS["repeat-paper"]["batch_size"] == 256
+    assert PRESETS["repeat-paper"]["steps"] == 2000
 
 
 def test_plot(tmp_path):
