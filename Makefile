@@ -27,7 +27,7 @@ demo: $(STAMP)
 # Full benchmark suite (about 15 minutes on 2 CPU cores); writes
 # benchmarks/results-cpu.json. Add ARGS="--device cuda" on a GPU.
 bench: $(STAMP)
-	$(PY) -m benchmarks.attention $(ARGS)
+	$(PY) -m benchmarks $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

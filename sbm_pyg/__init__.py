@@ -1,5 +1,7 @@
 """sbm_pyg: SBM-Transformer attention as PyTorch Geometric components."""
-from sbm_pyg.sampling import SampledGraph, bernoulli, expected_adjacency, fastrg
+import importlib
+from typing import Any
+
 from sbm_pyg.nn import (
     SBMConv,
     SBMGPSConv,
@@ -7,9 +9,13 @@ from sbm_pyg.nn import (
     StochasticBlockModel,
 )
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
-from sbm_pyg import experiments, models, theory  # noqa: E402  (submodules)
+from sbm_pyg.sampling import SampledGraph, bernoulli, expected_adjacency, fastrg
 
 __version__ = "0.1.0"
+
+# Loaded on first use: the theory checks need networkx, the experiments the
+# training loop; neither is needed to use the layers.
+_LAZY_SUBMODULES = ("theory", "experiments", "models")
 
 __all__ = [
     "SampledGraph",
@@ -26,3 +32,13 @@ __all__ = [
     "experiments",
     "theory",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"sbm_pyg.{name}")
+    raise AttributeError(f"module 'sbm_pyg' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY_SUBMODULES))

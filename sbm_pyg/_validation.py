@@ -7,7 +7,8 @@ count in a single host sync, instead of one sync per check.
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Tuple, Union
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -130,3 +131,18 @@ def check_memory(num_bytes: float, device: torch.device, what: str) -> None:
         raise ValueError(f"{what} needs about {num_bytes / 2**30:.1f} GiB but "
                          f"only {free / 2**30:.1f} GiB are available on "
                          f"{device}")
+
+
+
+def renamed_arguments(owner: str, kwargs: Dict[str, object],
+                      renames: Dict[str, str]) -> Dict[str, object]:
+    r"""Pops deprecated keyword arguments (:obj:`renames`: old name → new
+    name) from :obj:`kwargs` with a :class:`DeprecationWarning`; returns
+    their values under the new names."""
+    values = {}
+    for old, new in renames.items():
+        if old in kwargs:
+            warnings.warn(f"{owner}: '{old}' is deprecated, use '{new}'",
+                          DeprecationWarning, stacklevel=3)
+            values[new] = kwargs.pop(old)
+    return values

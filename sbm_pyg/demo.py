@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from sbm_pyg import _fastrg_compiled
+from sbm_pyg.sampling import _compiled as _fastrg_compiled
 from sbm_pyg.experiments.tasks import repeat_batch
 from sbm_pyg.nn import SBMMultiheadAttention
 
@@ -26,13 +26,13 @@ HEAD_DIM = 32
 
 class _RepeatModel(torch.nn.Module):
     # Token + position embedding -> SBM attention -> per-token logit.
-    def __init__(self, vocab: int, length: int, clusters: int):
+    def __init__(self, vocab: int, length: int, num_clusters: int):
         super().__init__()
         self.tokens = torch.nn.Embedding(vocab, HEAD_DIM)
         self.positions = torch.nn.Embedding(length, HEAD_DIM)
         self.attn = SBMMultiheadAttention(HEAD_DIM, heads=1,
                                           head_channels=HEAD_DIM,
-                                          num_clusters=clusters)
+                                          num_clusters=num_clusters)
         self.head = torch.nn.Sequential(torch.nn.Linear(2 * HEAD_DIM, HEAD_DIM),
                                         torch.nn.ReLU(),
                                         torch.nn.Linear(HEAD_DIM, 1))
@@ -103,7 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         default=[256, 1024, 4096])
     parser.add_argument("--train-length", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--clusters", type=int, default=128)
+    parser.add_argument("--num-clusters", "--clusters", type=int, default=128,
+                        dest="num_clusters", help="(--clusters: earlier name)")
     parser.add_argument("--lam", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -113,11 +114,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
-    model = _RepeatModel(args.train_length + 1, args.train_length, args.clusters)
+    model = _RepeatModel(args.train_length + 1, args.train_length, args.num_clusters)
     backend = "compiled" if _fastrg_compiled.available() else "torch"
     print(f"fastrg backend: {backend}; time_ms and Medges/s are one whole "
           f"forward pass (projections, SBM, sampling, attention)\n")
-    print_table(f"SBM head at initialization (k={args.clusters}, head dim "
+    print_table(f"SBM head at initialization (k={args.num_clusters}, head dim "
                 f"{HEAD_DIM}, kaiming-normal clusters), random inputs:",
                 sample_table(model.attn, args.lengths, generator))
     stats = train(model, args.train_length, args.seconds, args.lam, generator)

@@ -6,78 +6,21 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, ModuleList
 from torch_geometric.nn.attention import PerformerAttention
 
-from sbm_pyg._validation import require_tensor
+from sbm_pyg._validation import renamed_arguments, require_tensor
 from sbm_pyg.nn import SBMMultiheadAttention
+from sbm_pyg.nn.baselines import FullAttention, LinearAttention
 
 __all__ = ["SBMTransformer", "TransformerOutput", "FullAttention",
            "LinearAttention", "ATTENTIONS"]
 
 ATTENTIONS = ("sbm", "full", "linear", "performer")
-
-
-class _QKVAttention(Module):
-    # Shared projections of the dense baselines: [B, N, C] -> [B, H, N, d].
-    def __init__(self, channels: int, heads: int, head_channels: int,
-                 dropout: float = 0.0):
-        super().__init__()
-        self.heads, self.head_channels, self.dropout = heads, head_channels, dropout
-        self.qkv = Linear(channels, 3 * heads * head_channels, bias=False)
-        self.out = Linear(heads * head_channels, channels)
-
-    def split(self, x: Tensor):
-        B, N, _ = x.shape
-        qkv = self.qkv(x).view(B, N, 3, self.heads, self.head_channels)
-        return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, H, N, d]
-
-    def merge(self, out: Tensor) -> Tensor:
-        B, H, N, d = out.shape
-        return self.out(out.transpose(1, 2).reshape(B, N, H * d))
-
-
-class FullAttention(_QKVAttention):
-    r"""Softmax attention over all real tokens
-    (:func:`torch.nn.functional.scaled_dot_product_attention`); padded keys are
-    masked out.
-
-    Shapes: x :math:`(B, N, C)`, mask :math:`(B, N)` → :math:`(B, N, C)`.
-    """
-
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        q, k, v = self.split(x)
-        attn_mask = None if mask is None else mask[:, None, None, :]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0)
-        return self.merge(out)
-
-
-class LinearAttention(_QKVAttention):
-    r"""Linear attention of Katharopoulos et al. (2020) with the feature map
-    :math:`\phi(x) = \mathrm{elu}(x) + 1`:
-
-    .. math::
-        \mathbf{o}_i = \frac{\phi(\mathbf{q}_i)^{\top} \sum_j \phi(\mathbf{k}_j)
-        \mathbf{v}_j^{\top}}{\phi(\mathbf{q}_i)^{\top} \sum_j
-        \phi(\mathbf{k}_j)}
-
-    over real keys :math:`j`, in :math:`O(N d^2)`.
-
-    Shapes: x :math:`(B, N, C)`, mask :math:`(B, N)` → :math:`(B, N, C)`.
-    """
-
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        q, k, v = self.split(x)
-        q, k = F.elu(q) + 1, F.elu(k) + 1
-        if mask is not None:
-            k = k * mask[:, None, :, None]
-        kv = torch.einsum("bhnd,bhne->bhde", k, v)
-        norm = torch.einsum("bhnd,bhd->bhn", q, k.sum(2)).clamp(min=1e-6)
-        return self.merge(torch.einsum("bhnd,bhde->bhne", q, kv) / norm[..., None])
+# Earlier argument names → PyG's names, accepted with a warning.
+RENAMED = dict(dim="channels", layers="num_layers", head_dim="head_channels",
+               mlp_dim="mlp_channels", clusters="num_clusters")
 
 
 @dataclass
@@ -106,13 +49,13 @@ class TransformerOutput:
 
 class _Block(Module):
     # Pre-norm: x + drop(attn(LN(x))); x + drop(MLP(LN(x))).
-    def __init__(self, attention: Module, dim: int, mlp_dim: int,
+    def __init__(self, attention: Module, channels: int, mlp_channels: int,
                  dropout: float):
         super().__init__()
         self.attention = attention
-        self.norm1, self.norm2 = LayerNorm(dim), LayerNorm(dim)
-        self.mlp = torch.nn.Sequential(Linear(dim, mlp_dim), torch.nn.GELU(),
-                                       Linear(mlp_dim, dim))
+        self.norm1, self.norm2 = LayerNorm(channels), LayerNorm(channels)
+        self.mlp = torch.nn.Sequential(Linear(channels, mlp_channels), torch.nn.GELU(),
+                                       Linear(mlp_channels, channels))
         self.dropout = torch.nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor,
@@ -137,24 +80,27 @@ class SBMTransformer(Module):
     Args:
         num_tokens (int): vocabulary size (token 0 is free for padding).
         max_len (int): longest sequence (position embeddings).
-        dim (int): embedding size. (default: :obj:`32`)
-        layers (int): number of blocks. (default: :obj:`1`)
+        channels (int): embedding size. (default: :obj:`32`)
+        num_layers (int): number of blocks. (default: :obj:`1`)
         heads (int): attention heads. (default: :obj:`1`)
-        head_dim (int, optional): size of each head (default
-            :obj:`dim // heads`).
-        mlp_dim (int, optional): hidden size of the MLP (default
-            :obj:`2 * dim`).
+        head_channels (int, optional): size of each head (default
+            :obj:`channels // heads`).
+        mlp_channels (int, optional): hidden size of the MLP (default
+            :obj:`2 * channels`).
         attention (str): ``"sbm"`` (:class:`SBMMultiheadAttention` on ragged
             batches), ``"full"`` (:class:`FullAttention`), ``"linear"``
             (:class:`LinearAttention`) or ``"performer"`` (PyG's
             :class:`PerformerAttention`).
-        clusters (int): SBM clusters per head. (default: :obj:`128`)
+        num_clusters (int): SBM clusters per head. (default: :obj:`128`)
         token_classes (int): outputs of the token head. (default: :obj:`1`)
         seq_classes (int): outputs of the sequence head. (default: :obj:`10`)
         dropout (float): dropout after attention and MLP. (default: :obj:`0.`)
         attn_dropout (float): dropout on attention weights (sbm, full).
         **sbm_kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
             :obj:`max_edges`, :obj:`ste` of :class:`~sbm_pyg.nn.SBMConv`.
+            The names :obj:`dim`, :obj:`layers`, :obj:`head_dim`,
+            :obj:`mlp_dim` and :obj:`clusters` of earlier versions still
+            work, with a :class:`DeprecationWarning`.
 
     Shapes:
         - **input:** tokens :math:`(B, N)` (long), mask :math:`(B, N)` (bool,
@@ -164,47 +110,55 @@ class SBMTransformer(Module):
           computed (an unused head would stall DistributedDataParallel)
     """
 
-    def __init__(self, num_tokens: int, max_len: int, dim: int = 32,
-                 layers: int = 1, heads: int = 1,
-                 head_dim: Optional[int] = None,
-                 mlp_dim: Optional[int] = None, attention: str = "sbm",
-                 clusters: int = 128, token_classes: int = 1,
+    def __init__(self, num_tokens: int, max_len: int, channels: int = 32,
+                 num_layers: int = 1, heads: int = 1,
+                 head_channels: Optional[int] = None,
+                 mlp_channels: Optional[int] = None, attention: str = "sbm",
+                 num_clusters: int = 128, token_classes: int = 1,
                  seq_classes: int = 10, dropout: float = 0.0,
                  attn_dropout: float = 0.0, **sbm_kwargs):
         super().__init__()
+        old = renamed_arguments("SBMTransformer", sbm_kwargs, RENAMED)
+        channels = old.get("channels", channels)
+        num_layers = old.get("num_layers", num_layers)
+        head_channels = old.get("head_channels", head_channels)
+        mlp_channels = old.get("mlp_channels", mlp_channels)
+        num_clusters = old.get("num_clusters", num_clusters)
         if attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got "
                              f"{attention!r}")
         for name, value in (("num_tokens", num_tokens), ("max_len", max_len),
-                            ("dim", dim), ("layers", layers), ("heads", heads)):
+                            ("channels", channels), ("num_layers", num_layers),
+                            ("heads", heads)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        head_dim = head_dim or max(dim // heads, 1)
+        head_channels = head_channels or max(channels // heads, 1)
         self.attention_kind, self.max_len = attention, max_len
-        self.token_embedding = torch.nn.Embedding(num_tokens, dim)
-        self.position_embedding = torch.nn.Embedding(max_len, dim)
+        self.token_embedding = torch.nn.Embedding(num_tokens, channels)
+        self.position_embedding = torch.nn.Embedding(max_len, channels)
         self.blocks = ModuleList(
-            _Block(self._attention(attention, dim, heads, head_dim, clusters,
-                                   attn_dropout, sbm_kwargs),
-                   dim, mlp_dim or 2 * dim, dropout)
-            for _ in range(layers))
-        self.norm = LayerNorm(dim)
-        self.token_head = Linear(dim, token_classes)
-        self.seq_head = Linear(dim, seq_classes)
+            _Block(self._attention(attention, channels, heads, head_channels,
+                                   num_clusters, attn_dropout, sbm_kwargs),
+                   channels, mlp_channels or 2 * channels, dropout)
+            for _ in range(num_layers))
+        self.norm = LayerNorm(channels)
+        self.token_head = Linear(channels, token_classes)
+        self.seq_head = Linear(channels, seq_classes)
 
     @staticmethod
-    def _attention(kind: str, dim: int, heads: int, head_dim: int,
-                   clusters: int, attn_dropout: float, sbm_kwargs) -> Module:
+    def _attention(kind: str, channels: int, heads: int, head_channels: int,
+                   num_clusters: int, attn_dropout: float, sbm_kwargs) -> Module:
         if kind == "sbm":
-            return SBMMultiheadAttention(dim, heads, head_dim, clusters,
-                                         dropout=attn_dropout, **sbm_kwargs)
+            return SBMMultiheadAttention(channels, heads, head_channels,
+                                         num_clusters, dropout=attn_dropout,
+                                         **sbm_kwargs)
         if sbm_kwargs:
             raise ValueError(f"{sorted(sbm_kwargs)} only apply to attention='sbm'")
         if kind == "full":
-            return FullAttention(dim, heads, head_dim, attn_dropout)
+            return FullAttention(channels, heads, head_channels, attn_dropout)
         if kind == "linear":
-            return LinearAttention(dim, heads, head_dim)
-        return PerformerAttention(dim, heads, head_dim)
+            return LinearAttention(channels, heads, head_channels)
+        return PerformerAttention(channels, heads, head_channels)
 
     def forward(self, tokens: Tensor, mask: Optional[Tensor] = None, *,
                 generator: Optional[torch.Generator] = None,

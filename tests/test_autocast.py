@@ -35,7 +35,7 @@ def layers():
                            torch.tensor([[0, 1], [1, 0]]), BATCH,
                            generator=g)),
         "SBMTransformer": (
-            SBMTransformer(10, 6, dim=8, heads=2, clusters=4, mode="exact"),
+            SBMTransformer(10, 6, channels=8, heads=2, num_clusters=4, mode="exact"),
             lambda m, g: m(torch.randint(1, 10, (2, 5), generator=seeded(1)),
                            MASK, generator=g).token_logits),
     }

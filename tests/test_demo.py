@@ -9,7 +9,7 @@ pytestmark = pytest.mark.host
 
 
 def test_demo_prints_both_tables(capsys):
-    main(["--lengths", "16", "64", "--seconds", "0.5", "--clusters", "8"])
+    main(["--lengths", "16", "64", "--seconds", "0.5", "--num-clusters", "8"])
     out = capsys.readouterr().out
     assert "SBM head at initialization" in out and "The trained SBM head" in out
     rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"

@@ -38,7 +38,7 @@ def ragged_ptr(device):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_sampler_makes_nothing_on_the_default_device(device, backend, mode):
-    from sbm_pyg import _fastrg_compiled
+    from sbm_pyg.sampling import _compiled as _fastrg_compiled
     if backend == "compiled" and (device.type != "cpu"
                                   or not _fastrg_compiled.available()):
         pytest.skip("the compiled sampler is built for CPU tensors")
@@ -93,8 +93,8 @@ def test_layers_make_nothing_on_the_default_device(device):
     mha = SBMMultiheadAttention(8, 2, 4, 4, exploration=0.1).to(device)
     gps = SBMGPSConv(8, None, heads=2, norm="layer_norm",
                      attn_kwargs=dict(num_clusters=4)).to(device)
-    model = SBMTransformer(num_tokens=10, max_len=6, dim=8, heads=2,
-                           clusters=4, token_classes=3).to(device)
+    model = SBMTransformer(num_tokens=10, max_len=6, channels=8, heads=2,
+                           num_clusters=4, token_classes=3).to(device)
     g = seeded(5)
     x = torch.randn(9, 8, generator=g, device=device)
     batch = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1], device=device)

@@ -10,8 +10,8 @@ MASK = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
 
 def make(attention, **kwargs):
     torch.manual_seed(0)
-    kwargs.setdefault("clusters", 8) if attention == "sbm" else None
-    return SBMTransformer(num_tokens=10, max_len=8, dim=16, layers=2, heads=2,
+    kwargs.setdefault("num_clusters", 8) if attention == "sbm" else None
+    return SBMTransformer(num_tokens=10, max_len=8, channels=16, num_layers=2, heads=2,
                           attention=attention, token_classes=3, seq_classes=4,
                           **kwargs)
 
@@ -69,8 +69,8 @@ def test_dense_baselines_against_explicit_attention():
 def test_sbm_loss_falls_on_tiny_repeat_task():
     torch.manual_seed(0)
     gen = seeded(0)
-    model = SBMTransformer(num_tokens=9, max_len=8, dim=32, layers=1, heads=1,
-                           attention="sbm", clusters=16, token_classes=1)
+    model = SBMTransformer(num_tokens=9, max_len=8, channels=32, num_layers=1, heads=1,
+                           attention="sbm", num_clusters=16, token_classes=1)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(300):
@@ -114,3 +114,19 @@ def test_output_selects_the_head():
     assert token.seq_logits is None and seq.token_logits is None
     assert torch.equal(token.token_logits, both.token_logits)
     assert torch.equal(seq.seq_logits, both.seq_logits)
+
+
+def test_earlier_argument_names_still_work_with_a_warning():
+    torch.manual_seed(0)
+    new = SBMTransformer(10, 8, channels=16, num_layers=2, heads=2,
+                         head_channels=4, mlp_channels=24, num_clusters=8)
+    with pytest.warns(DeprecationWarning, match="'clusters' is deprecated"):
+        torch.manual_seed(0)
+        old = SBMTransformer(10, 8, dim=16, layers=2, heads=2, head_dim=4,
+                             mlp_dim=24, clusters=8)
+    assert {k: v.shape for k, v in old.state_dict().items()} == \
+        {k: v.shape for k, v in new.state_dict().items()}
+    assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(),
+                                                 new.state_dict().values()))
+    assert len(old.blocks) == 2
+    assert old.blocks[0].attention.conv.sbm.num_clusters == 8

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from sbm_pyg import _fastrg_compiled
+from sbm_pyg.sampling import _compiled as _fastrg_compiled
 from sbm_pyg import sampling
 from sbm_pyg.sampling import (
     SampledGraph,
@@ -562,3 +562,31 @@ def test_without_the_compiled_kernels_fastrg_falls_back_to_torch(monkeypatch):
     assert torch.equal(graph.edge_index, ref.edge_index)
     with pytest.raises(ValueError, match="backend='compiled'"):
         sampling.fastrg(q, b, k, backend="compiled")
+
+
+def test_from_keys_builds_the_graph_and_rejects_bad_keys():
+    # Keys (h N_q + i) N_k + j with H=2, N_q=2, N_k=3.
+    key = torch.tensor([0, 3, 5, 6, 11])
+    g = SampledGraph.from_keys(key, 2, 2, 3)
+    assert torch.equal(g.edge_index.cpu(), torch.tensor([[0, 0, 2, 0, 2],
+                                                         [0, 1, 1, 0, 1]]))
+    assert torch.equal(g.head.cpu(), torch.tensor([0, 0, 0, 1, 1]))
+    assert torch.equal(g.rowptr.cpu(), torch.tensor([0, 1, 3, 4, 5]))
+    assert g.num_edges == g.num_draws == 5
+    # The key order: the transposed CSR visits (head, key, query).
+    colptr, row_t = g.csr_t()
+    assert torch.equal(colptr.cpu(), torch.tensor([0, 2, 2, 3, 4, 4, 5]))
+    assert torch.equal(row_t.cpu(), torch.tensor([0, 1, 1, 2, 3]))
+    for bad, match in [(torch.tensor([3, 0]), "strictly increasing"),
+                       (torch.tensor([0, 0]), "strictly increasing"),
+                       (torch.tensor([12]), r"\[0, H \* N_q \* N_k"),
+                       (torch.tensor([-1]), r"\[0, H \* N_q \* N_k"),
+                       (torch.tensor([0.0]), "key")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            SampledGraph.from_keys(bad, 2, 2, 3)
+    # An edge across two sequences of one query and one key each.
+    with pytest.raises(ValueError, match="within one sequence"):
+        SampledGraph.from_keys(torch.tensor([1]), 1, 2, 2, ptr_q=[0, 1, 2],
+                               ptr_k=[0, 1, 2])
+    with pytest.raises(ValueError, match="num_heads"):
+        SampledGraph.from_keys(key, 0, 2, 3)

@@ -10,7 +10,7 @@ label is whether its colour equals the anchor's. The anchor is on average
 passing alone is at chance for most nodes; one attention edge from each node
 to the anchor solves it.
 
-**Models.** A linear encoder, :obj:`--layers` GPS layers (GIN local
+**Models.** A linear encoder, :obj:`--num-layers` GPS layers (GIN local
 convolution, batch norm) and a linear node classifier. The global attention
 is ``none`` (local layers only), ``multihead`` or ``performer`` (PyG's
 :class:`~torch_geometric.nn.conv.GPSConv`, which pads each batch with
@@ -93,8 +93,8 @@ class GPSNet(Module):
         - **output:** logits :math:`(|\mathcal{V}|)`
     """
 
-    def __init__(self, in_channels: int, channels: int, layers: int,
-                 heads: int, attention: str, clusters: int = 32,
+    def __init__(self, in_channels: int, channels: int, num_layers: int,
+                 heads: int, attention: str, num_clusters: int = 32,
                  include_input_edges: bool = False):
         super().__init__()
         if attention not in ATTENTIONS:
@@ -103,14 +103,14 @@ class GPSNet(Module):
         self.attention = attention
         self.encoder = Linear(in_channels, channels)
         self.layers = ModuleList()
-        for _ in range(layers):
+        for _ in range(num_layers):
             gin = GINConv(Sequential(Linear(channels, channels), ReLU(),
                                      Linear(channels, channels)))
             if attention == "none":
                 layer = _LocalLayer(channels, gin)
             elif attention == "sbm":
                 layer = SBMGPSConv(channels, gin, heads,
-                                   attn_kwargs=dict(num_clusters=clusters),
+                                   attn_kwargs=dict(num_clusters=num_clusters),
                                    include_input_edges=include_input_edges)
             else:
                 layer = GPSConv(channels, gin, heads, attn_type=attention)
@@ -147,8 +147,8 @@ def run(args) -> dict:
                               shuffle=True,
                               generator=torch.Generator().manual_seed(args.seed))
     test_loader = DataLoader(data[args.train:], batch_size=args.batch_size)
-    model = GPSNet(args.colors + 1, args.hidden, args.layers, args.heads,
-                   args.attention, args.clusters, args.include_input_edges)
+    model = GPSNet(args.colors + 1, args.hidden, args.num_layers, args.heads,
+                   args.attention, args.num_clusters, args.include_input_edges)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     epoch_seconds = []
     for epoch in range(args.epochs):
@@ -198,9 +198,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add("--max-nodes", type=int, default=64)
     add("--colors", type=int, default=2)
     add("--hidden", type=int, default=32)
-    add("--layers", type=int, default=2)
+    add("--num-layers", "--layers", type=int, default=2, dest="num_layers",
+        help="GPS layers (--layers: earlier name)")
     add("--heads", type=int, default=2)
-    add("--clusters", type=int, default=32, help="SBM clusters per head")
+    add("--num-clusters", "--clusters", type=int, default=32, dest="num_clusters",
+        help="SBM clusters per head (--clusters: earlier name)")
     add("--lam", type=float, default=0.0, help="density penalty (sbm)")
     add("--include-input-edges", action="store_true")
     add("--batch-size", type=int, default=32)
@@ -209,8 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add("--json", type=Path, help="write the results here")
     add("--verbose", action="store_true", help="print each epoch's loss")
     args = parser.parse_args(argv)
-    for name in ("epochs", "train", "test", "hidden", "layers", "heads",
-                 "clusters", "batch_size"):
+    for name in ("epochs", "train", "test", "hidden", "num_layers", "heads",
+                 "num_clusters", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.hidden % args.heads:

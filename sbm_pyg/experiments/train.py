@@ -25,9 +25,10 @@ PRESETS: Dict[str, dict] = {
     # The paper's "finding repeated tokens" (Sec. 5.1): N = 256, one layer,
     # one head, width 32, k = 128, batch 256, lr 1e-3, 2000 steps, with the
     # published experiments' exploration 0.01 and no density penalty.
-    "repeat-paper": dict(task="repeat", attention="sbm", seq_len=256, layers=1,
-                         heads=1, dim=32, clusters=128, batch_size=256, lr=1e-3,
-                         steps=2000, exploration=0.01, lam=0.0),
+    "repeat-paper": dict(task="repeat", attention="sbm", seq_len=256,
+                         num_layers=1, heads=1, channels=32, num_clusters=128,
+                         batch_size=256, lr=1e-3, steps=2000, exploration=0.01,
+                         lam=0.0, mode="exact", ste="paper"),
 }
 
 
@@ -40,10 +41,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--attention", choices=["sbm", "full", "linear", "performer"], default="sbm")
     add("--seq-len", type=int, default=64,
         help="repeat: sequence length N; listops: max_length")
-    add("--layers", type=int, default=1)
+    add("--num-layers", "--layers", type=int, default=1, dest="num_layers",
+        help="encoder blocks (--layers: earlier name)")
     add("--heads", type=int, default=1)
-    add("--dim", type=int, default=32)
-    add("--clusters", type=int, default=128)
+    add("--channels", "--dim", type=int, default=32, dest="channels",
+        help="embedding size (--dim: earlier name)")
+    add("--num-clusters", "--clusters", type=int, default=128,
+        dest="num_clusters", help="SBM clusters per head (--clusters: earlier name)")
     add("--lam", type=float, default=0.0, help="density penalty lambda")
     add("--steps", type=int, default=1000)
     add("--batch-size", type=int, default=32)
@@ -76,7 +80,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def check_train_arguments(parser: argparse.ArgumentParser, args) -> None:
     if args.task is None:
         parser.error("--task is required (or a --preset that sets it)")
-    for name in ("seq_len", "layers", "heads", "dim", "clusters", "steps",
+    for name in ("seq_len", "num_layers", "heads", "channels", "num_clusters", "steps",
                  "batch_size", "log_every", "checkpoint_every", "eval_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -101,8 +105,12 @@ def build_model(args) -> SBMTransformer:
     else:
         num_tokens, max_len = args.seq_len + 1, args.seq_len
     return SBMTransformer(
-        num_tokens, max_len, dim=args.dim, layers=args.layers,
-        heads=args.heads, attention=args.attention, clusters=args.clusters,
+        num_tokens, max_len,
+        # Runs saved by earlier versions name three of these differently.
+        channels=getattr(args, "channels", None) or args.dim,
+        num_layers=getattr(args, "num_layers", None) or args.layers,
+        heads=args.heads, attention=args.attention,
+        num_clusters=getattr(args, "num_clusters", None) or args.clusters,
         token_classes=1, seq_classes=10, dropout=args.dropout,
         # Runs saved before --ste existed used the paper's estimator.
         **(dict(exploration=args.exploration, mode=args.mode,

@@ -33,7 +33,7 @@ def test_anchor_colour_labels():
 def test_model_forward_backward(attention):
     from torch_geometric.loader import DataLoader
     data = next(iter(DataLoader(anchor_colour_graphs(4, 6, 10, 3, 0), batch_size=4)))
-    model = GPSNet(4, 8, layers=2, heads=2, attention=attention, clusters=4)
+    model = GPSNet(4, 8, num_layers=2, heads=2, attention=attention, num_clusters=4)
     logits = model(data.x, data.edge_index, data.batch)
     assert logits.shape == (data.num_nodes,)
     (logits.sum() + model.density_loss()).backward()
@@ -49,7 +49,7 @@ def test_main_writes_results(tmp_path, capsys):
     out = tmp_path / "gps.json"
     assert main(["--epochs", "1", "--train", "16", "--test", "8",
                  "--min-nodes", "6", "--max-nodes", "10", "--hidden", "8",
-                 "--clusters", "4", "--attention", "none", "sbm",
+                 "--num-clusters", "4", "--attention", "none", "sbm",
                  "--include-input-edges", "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
     assert [r["attention"] for r in results] == ["none", "sbm"]

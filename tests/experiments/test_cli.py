@@ -12,7 +12,7 @@ from sbm_pyg.__main__ import main
 # Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
 pytestmark = pytest.mark.host
 
-TINY = ["--seq-len", "8", "--dim", "16", "--clusters", "8", "--batch-size", "8",
+TINY = ["--seq-len", "8", "--channels", "16", "--num-clusters", "8", "--batch-size", "8",
         "--log-every", "1", "--no-progress", "--eval-batches", "2"]
 
 
@@ -71,10 +71,10 @@ def test_sbm_lr_sets_the_sbm_parameter_group(tmp_path):
 
 def test_load_run_rebuilds_the_trained_model(tmp_path):
     from sbm_pyg.experiments.train import load_run
-    out = run(tmp_path, "load", "--steps", "2", "--layers", "2", "--heads", "2",
+    out = run(tmp_path, "load", "--steps", "2", "--num-layers", "2", "--heads", "2",
               "--ste", "published")
     model, args = load_run(out)
-    assert (args["layers"], args["heads"], args["steps"]) == (2, 2, 2)
+    assert (args["num_layers"], args["heads"], args["steps"]) == (2, 2, 2)
     assert {block.attention.conv.ste for block in model.blocks} == {"published"}
     saved = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
@@ -95,8 +95,8 @@ def test_listops_task(tmp_path):
     out = tmp_path / "lo"
     main(["train", "--task", "listops", "--out", str(out), "--seq-len", "40",
           "--listops-min-length", "10", "--listops-sizes", "40", "8", "8",
-          "--data-dir", str(tmp_path / "data"), "--dim", "16", "--clusters", "8",
-          "--batch-size", "8", "--steps", "3", "--no-progress", "--layers", "2",
+          "--data-dir", str(tmp_path / "data"), "--channels", "16", "--num-clusters", "8",
+          "--batch-size", "8", "--steps", "3", "--no-progress", "--num-layers", "2",
           "--heads", "2"])
     final = json.loads((out / "final.json").read_text())
     assert final["split"] == "test" and len(final["density_per_layer_head"]) == 2
@@ -122,19 +122,38 @@ def test_bad_arguments_exit_2(argv, capsys):
 def test_preset_sets_defaults_and_arguments_override_them(tmp_path):
     out = tmp_path / "p"
     main(["train", "--preset", "repeat-paper", "--out", str(out), "--seq-len", "8",
-          "--batch-size", "4", "--steps", "2", "--clusters", "8", "--no-progress"])
+          "--batch-size", "4", "--steps", "2", "--num-clusters", "8", "--no-progress"])
     args = json.loads((out / "final.json").read_text())["args"]
     # Given on the command line: theirs.
-    assert (args["seq_len"], args["batch_size"], args["steps"], args["clusters"]) == (8, 4, 2, 8)
+    assert (args["seq_len"], args["batch_size"], args["steps"], args["num_clusters"]) == (8, 4, 2, 8)
     # From the preset: the paper's settings.
-    assert (args["task"], args["attention"], args["layers"], args["heads"],
-            args["dim"], args["lr"], args["exploration"], args["lam"]) == (
+    assert (args["task"], args["attention"], args["num_layers"], args["heads"],
+            args["channels"], args["lr"], args["exploration"], args["lam"]) == (
         "repeat", "sbm", 1, 1, 32, 1e-3, 0.01, 0.0)
     assert args["preset"] == "repeat-paper" and args["mode"] == "exact"
     from sbm_pyg.experiments.train import PRESETS
     assert PRESETS["repeat-paper"]["seq_len"] == 256
     assert PRESETS["repeat-paper"]["batch_size"] == 256
     assert PRESETS["repeat-paper"]["steps"] == 2000
+
+
+def test_earlier_option_names_and_saved_arguments_still_work(tmp_path):
+    out = tmp_path / "old"
+    main(["train", "--task", "repeat", "--out", str(out), "--seq-len", "8",
+          "--dim", "16", "--clusters", "4", "--layers", "2", "--batch-size", "4",
+          "--steps", "1", "--no-progress"])
+    args = json.loads((out / "final.json").read_text())["args"]
+    assert (args["channels"], args["num_clusters"], args["num_layers"]) == (16, 4, 2)
+    # A run saved by an earlier version names them dim, clusters, layers.
+    from argparse import Namespace
+
+    from sbm_pyg.experiments import build_model
+    saved = {k: v for k, v in args.items()
+             if k not in ("channels", "num_clusters", "num_layers")}
+    model = build_model(Namespace(**saved, dim=16, clusters=4, layers=2))
+    assert len(model.blocks) == 2
+    assert model.blocks[0].attention.conv.sbm.num_clusters == 4
+    assert model.token_embedding.embedding_dim == 16
 
 
 def test_plot(tmp_path):

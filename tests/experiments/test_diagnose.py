@@ -13,7 +13,7 @@ def test_pair_classes():
 
 def test_repeat_diagnostics_counts_agree():
     torch.manual_seed(0)
-    model = SBMTransformer(17, 16, dim=8, heads=2, clusters=4, mode="exact")
+    model = SBMTransformer(17, 16, channels=8, heads=2, num_clusters=4, mode="exact")
     stats = repeat_diagnostics(model, batch=4, seed=3)
     tokens, _ = repeat_batch(4, 16, torch.Generator().manual_seed(3))
     classes = _pair_classes(tokens)

@@ -6,7 +6,7 @@ from torch_geometric.nn import GINConv
 
 import sbm_pyg.nn.conv as conv_module
 from sbm_pyg.nn import SBMGPSConv
-from sbm_pyg.sampling import SampledGraph, _from_keys
+from sbm_pyg.sampling import SampledGraph
 from tests.helpers import seeded
 
 C = 8
@@ -46,7 +46,7 @@ def restrict(graph: SampledGraph, start: int, stop: int) -> SampledGraph:
     n, H = stop - start, graph.num_heads
     key = (graph.head[keep] * n + i[keep] - start) * n + j[keep] - start
     ptr = torch.tensor([0, n])
-    return _from_keys(key, H, n, n, ptr, ptr, int(keep.sum()), 0.0)
+    return SampledGraph.from_keys(key, H, n, n, ptr_q=ptr, ptr_k=ptr)
 
 
 @pytest.mark.parametrize("include_input_edges", [False, True])

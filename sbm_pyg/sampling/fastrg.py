@@ -1,47 +1,33 @@
-r"""Sampling bipartite query→key graphs from mixed-membership SBMs.
-
-Each head :math:`h` of each sequence :math:`g` is an SBM with query
-memberships :math:`\mathbf{Y} \in \mathbb{R}_+^{n_q \times k}`, block matrix
-:math:`\mathbf{B} \in \mathbb{R}_+^{k \times k}` and key memberships
-:math:`\mathbf{Z} \in \mathbb{R}_+^{n_k \times k}`, with edge rate
-
-.. math::
-    p_{ij} = \mathbf{Y}_i \mathbf{B} \mathbf{Z}_j^{\top}.
-
-:func:`fastrg` samples all sequences and heads of a ragged batch at once, in
-time and memory linear in the number of edges; :func:`bernoulli` and
-:func:`expected_adjacency` are dense :math:`O(N_q N_k)` references for tests
-and small inputs.
-"""
+r"""fastRG (the paper's Algorithm 1) over a ragged batch, all heads at once."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
-import torch_geometric.typing
 from torch import Tensor
-from torch_geometric import EdgeIndex
-from torch_geometric.typing import SparseTensor
 
 from sbm_pyg._validation import (
-    Check,
-    as_ptr,
     check_draws,
     check_generator,
-    check_memory,
     invalid_values,
     nonnegative_finite,
     require_tensor,
     sync,
 )
-from sbm_pyg import _fastrg_compiled as _compiled
-from sbm_pyg.sparse import full_precision, row_index, sddmm
+from sbm_pyg.sampling import _compiled
+from sbm_pyg.sampling.graph import (
+    PtrLike,
+    SampledGraph,
+    _graph_from_keys,
+    _included_pairs,
+    _keys_to_csr,
+    _pointers,
+    _sorted_unique,
+)
+from sbm_pyg.sparse import full_precision, sddmm
 
-__all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency"]
-
-PtrLike = Union[None, Tensor, Sequence[int]]
+__all__ = ["fastrg", "MODES", "BACKENDS"]
 
 MODES = ("poisson", "exact")
 BACKENDS = ("compiled", "torch")
@@ -53,209 +39,6 @@ MAX_INFLATION = 40.0
 # (cell ids, endpoint ranges, uniforms, search results, the sort in unique()).
 # Measured with ru_maxrss at ~10M draws: 82 (poisson) and 97 (exact).
 BYTES_PER_DRAW = 104
-
-
-@dataclass
-class SampledGraph:
-    r"""A sampled multi-head bipartite attention graph over a ragged batch.
-
-    Edges run from keys (sources) to queries (targets), PyG's
-    :obj:`source_to_target` flow, and are sorted by :obj:`(head, query, key)`
-    with no duplicate triple: the attention mask is binary.
-
-    Attributes:
-        edge_index (LongTensor): :obj:`[2, E]`, row 0 the key index in
-            :obj:`[0, num_keys)`, row 1 the query index in
-            :obj:`[0, num_queries)`.
-        head (LongTensor): :obj:`[E]`, the head of each edge.
-        num_queries (int): :math:`N_q`.
-        num_keys (int): :math:`N_k`.
-        num_heads (int): :math:`H`.
-        ptr_q (LongTensor): :obj:`[G + 1]`, query rows of each sequence.
-        ptr_k (LongTensor): :obj:`[G + 1]`, key rows of each sequence.
-        rowptr (LongTensor): :obj:`[H * N_q + 1]`, CSR pointer over
-            :obj:`(head, query)` rows: the edges of query :obj:`i` in head
-            :obj:`h` are :obj:`rowptr[h * N_q + i]:rowptr[h * N_q + i + 1]`.
-        perm (LongTensor): :obj:`[E]`, permutation to :obj:`(head, key,
-            query)` order, used by backward passes.
-        colptr (LongTensor): :obj:`[H * N_k + 1]`, CSR pointer over
-            :obj:`(head, key)` in :obj:`perm` order.
-        num_draws (int): multi-edges drawn by fastRG before merging (for
-            :func:`bernoulli`, the edge count).
-        expected_draws (float): the Poisson mean of :obj:`num_draws`.
-    """
-
-    edge_index: Tensor
-    head: Tensor
-    num_queries: int
-    num_keys: int
-    num_heads: int
-    ptr_q: Tensor
-    ptr_k: Tensor
-    rowptr: Tensor
-    perm: Tensor
-    colptr: Tensor
-    num_draws: int = 0
-    expected_draws: float = 0.0
-    _cache: Dict[str, Tensor] = field(default_factory=dict, repr=False,
-                                      compare=False)
-
-    @property
-    def num_edges(self) -> int:
-        """The number of distinct sampled edges :math:`E` (all heads)."""
-        return self.edge_index.size(1)
-
-    @property
-    def num_graphs(self) -> int:
-        """The number of sequences :math:`G`."""
-        return self.ptr_q.numel() - 1
-
-    @property
-    def device(self) -> torch.device:
-        """The device of the edge tensors."""
-        return self.edge_index.device
-
-    def csr(self) -> Tuple[Tensor, Tensor]:
-        r"""CSR :obj:`(rowptr, col)` of the block-diagonal
-        :obj:`[H * N_q, H * N_k]` matrix, :obj:`col = head * N_k + key`."""
-        if "col" not in self._cache:
-            self._cache["col"] = self.head * self.num_keys + self.edge_index[0]
-        return self.rowptr, self._cache["col"]
-
-    def csr_t(self) -> Tuple[Tensor, Tensor]:
-        r"""CSR :obj:`(colptr, row)` of the transposed
-        :obj:`[H * N_k, H * N_q]` matrix, :obj:`row = head * N_q + query`
-        in :obj:`perm` order. Values in edge order are transposed with
-        :obj:`values[perm]`."""
-        if "row_t" not in self._cache:
-            row = self.head * self.num_queries + self.edge_index[1]
-            self._cache["row_t"] = row[self.perm]
-        return self.colptr, self._cache["row_t"]
-
-    def row(self) -> Tensor:
-        r"""The CSR row :obj:`head * N_q + query` of each edge, :obj:`[E]`
-        int32 (cached: every layer attending over this graph shares it)."""
-        if "row" not in self._cache:
-            self._cache["row"] = row_index(self.rowptr, self.num_edges)
-        return self._cache["row"]
-
-    def edge_counts(self) -> Tensor:
-        r"""Edges of each sequence and head, :obj:`[G, H]` (exact integers,
-        read off :obj:`rowptr`)."""
-        H, Nq = self.num_heads, self.num_queries
-        offsets = torch.arange(H, device=self.device)[None, :] * Nq
-        start = self.rowptr[self.ptr_q[:-1, None] + offsets]
-        end = self.rowptr[self.ptr_q[1:, None] + offsets]
-        return end - start
-
-    def density(self) -> Tensor:
-        r"""Sampled density :math:`|E_{g,h}| / (n_{q,g} n_{k,g})` of each
-        sequence and head, :obj:`[G, H]`; 0 for an empty sequence."""
-        pairs = (self.ptr_q.diff() * self.ptr_k.diff()).double()[:, None]
-        counts = self.edge_counts().double()
-        return torch.where(pairs > 0, counts / pairs.clamp(min=1), 0.0)
-
-    def _pattern(self, head: Optional[int]) -> Tuple[Tensor, Tensor, int, int]:
-        # CSR (indptr over queries, keys, rows, columns) of one head, or of
-        # the block-diagonal matrix of all heads.
-        if head is None:
-            rowptr, col = self.csr()
-            return (rowptr, col, self.num_heads * self.num_queries,
-                    self.num_heads * self.num_keys)
-        if not isinstance(head, int) or not 0 <= head < self.num_heads:
-            raise ValueError(f"head must be an int in [0, {self.num_heads}) "
-                             f"or None, got {head!r}")
-        Nq = self.num_queries
-        rowptr = self.rowptr[head * Nq:(head + 1) * Nq + 1]
-        start, end = (int(x) for x in rowptr[[0, -1]].tolist())  # one sync
-        return (rowptr - start, self.edge_index[0, start:end], Nq,
-                self.num_keys)
-
-    def to_sparse_csr(self, head: Optional[int] = None) -> Tensor:
-        r"""The attention pattern as a :obj:`torch.sparse_csr` tensor with
-        ones for values: :obj:`[N_q, N_k]` for one :obj:`head`, else the
-        block-diagonal :obj:`[H N_q, H N_k]` of all heads. Rows are queries
-        (PyG's :obj:`adj_t`); the CSR arrays are the graph's own."""
-        indptr, index, rows, cols = self._pattern(head)
-        ones = torch.ones(index.numel(), device=index.device)
-        return torch.sparse_csr_tensor(indptr, index, ones, (rows, cols),
-                                       device=index.device,
-                                       check_invariants=False)
-
-    def to_edge_index(self, head: Optional[int] = None) -> EdgeIndex:
-        r"""The graph as PyG's :class:`~torch_geometric.EdgeIndex` (key →
-        query, :obj:`sparse_size = (N_k, N_q)` for one :obj:`head`, else
-        the block-diagonal graph of all heads over :obj:`H N_k` keys and
-        :obj:`H N_q` queries), sorted by query with its CSC pointer set, so
-        that PyG's sparse aggregations reuse it without sorting."""
-        indptr, index, rows, cols = self._pattern(head)
-        csc = torch.sparse_csc_tensor(
-            indptr, index, torch.ones(index.numel(), device=index.device),
-            (cols, rows), device=index.device, check_invariants=False)
-        return EdgeIndex(csc)
-
-    def to_sparse_tensor(self, head: Optional[int] = None) -> SparseTensor:
-        r"""The attention pattern as :class:`torch_sparse.SparseTensor`
-        :obj:`adj_t` (rows are queries), shaped as in :meth:`to_sparse_csr`;
-        needs torch-sparse."""
-        if not torch_geometric.typing.WITH_TORCH_SPARSE:
-            raise ImportError("to_sparse_tensor needs torch-sparse "
-                              "(pip install .[ext])")
-        indptr, index, rows, cols = self._pattern(head)
-        return SparseTensor(rowptr=indptr, col=index, sparse_sizes=(rows, cols),
-                            is_sorted=True, trust_data=True)
-
-    @classmethod
-    def from_edge_index(cls, edge_index: Union[Tensor, SparseTensor],
-                        num_queries: int, num_keys: int, *,
-                        ptr_q: PtrLike = None, ptr_k: PtrLike = None
-                        ) -> "SampledGraph":
-        r"""A one-head graph from given edges, e.g. a fixed attention
-        pattern for :func:`~sbm_pyg.nn.functional.sparse_attention`.
-
-        Args:
-            edge_index (LongTensor, EdgeIndex, SparseTensor or torch.sparse
-                tensor): :obj:`[2, E]` (key, query) pairs, or an
-                :obj:`adj_t` of shape :obj:`[N_q, N_k]`; duplicates merge.
-            num_queries (int): :math:`N_q`.
-            num_keys (int): :math:`N_k`.
-            ptr_q, ptr_k (LongTensor, optional): the sequences; an edge
-                across them raises.
-        """
-        for name, n in (("num_queries", num_queries), ("num_keys", num_keys)):
-            if not isinstance(n, int) or n < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {n!r}")
-        pairs = edge_pairs("edge_index", edge_index)
-        ptr_q, ptr_k, checks = _pointers(ptr_q, ptr_k, num_queries, num_keys,
-                                         pairs.device)
-        i, j, check = _included_pairs(pairs, ptr_q, ptr_k, num_queries,
-                                      num_keys, "edge_index")
-        sync(checks + [check])
-        key = _sorted_unique(i * num_keys + j)
-        return _from_keys(key, 1, num_queries, num_keys, ptr_q, ptr_k,
-                          key.numel(), float(key.numel()))
-
-    def to(self, device: Union[str, torch.device]) -> "SampledGraph":
-        """A copy with every tensor on :obj:`device`."""
-        moved = {name: getattr(self, name).to(device) for name in
-                 ("edge_index", "head", "ptr_q", "ptr_k", "rowptr", "perm",
-                  "colptr")}
-        return SampledGraph(num_queries=self.num_queries,
-                            num_keys=self.num_keys, num_heads=self.num_heads,
-                            num_draws=self.num_draws,
-                            expected_draws=self.expected_draws, **moved)
-
-
-def _pointers(ptr_q: PtrLike, ptr_k: PtrLike, Nq: int, Nk: int,
-              device: torch.device) -> Tuple[Tensor, Tensor, List[Check]]:
-    # Query and key pointers of the same sequences, and their checks.
-    ptr_q, check_q = as_ptr("ptr_q", ptr_q, Nq, device)
-    ptr_k, check_k = as_ptr("ptr_k", ptr_k, Nk, device)
-    if ptr_q.numel() != ptr_k.numel():
-        raise ValueError(f"ptr_q and ptr_k must describe the same number of "
-                         f"sequences, got {ptr_q.numel() - 1} and "
-                         f"{ptr_k.numel() - 1}")
-    return ptr_q, ptr_k, [check_q, check_k]
 
 
 def _check_sbm(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: PtrLike,
@@ -299,6 +82,7 @@ def _check_sbm(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: PtrLike,
                        "self_loops=True needs queries and keys to be the "
                        "same sequences: ptr_q must equal ptr_k"))
     return ptr_q, ptr_k, checks
+
 
 
 def _explored_block(block: Tensor, exploration: float) -> Tensor:
@@ -393,13 +177,6 @@ def _per_cell(table: Tensor, shape: torch.Size, cell: Tensor) -> Tensor:
     return table.expand(shape).reshape(-1)[cell]
 
 
-def _keys_to_csr(key: Tensor, H: int, Nq: int, Nk: int):
-    row = key // Nk  # h * N_q + i, sorted
-    key_idx = key - row * Nk
-    head = row // Nq
-    rowptr = torch.searchsorted(row, torch.arange(H * Nq + 1,
-                                                  device=key.device))
-    return row, key_idx, head, rowptr
 
 
 def _thin(key: Tensor, Y: Tensor, B: Tensor, Z: Tensor, c: Tensor,
@@ -421,33 +198,6 @@ def _thin(key: Tensor, Y: Tensor, B: Tensor, Z: Tensor, c: Tensor,
     return key[u < keep]
 
 
-def _from_keys(key: Tensor, H: int, Nq: int, Nk: int, ptr_q: Tensor,
-               ptr_k: Tensor, num_draws: int,
-               expected_draws: float) -> SampledGraph:
-    r"""Builds a graph from sorted unique keys :math:`(h N_q + i) N_k + j`."""
-    row, j, head, rowptr = _keys_to_csr(key, H, Nq, Nk)
-    i = row - head * Nq
-    col = head * Nk + j
-    perm = torch.argsort(col * max(Nq, 1) + i)
-    colptr = torch.searchsorted(col[perm],
-                                torch.arange(H * Nk + 1, device=key.device))
-    graph = SampledGraph(edge_index=torch.stack([j, i]), head=head,
-                         num_queries=Nq, num_keys=Nk, num_heads=H, ptr_q=ptr_q,
-                         ptr_k=ptr_k, rowptr=rowptr, perm=perm, colptr=colptr,
-                         num_draws=num_draws, expected_draws=expected_draws)
-    graph._cache.update(col=col, row_t=row[perm])
-    return graph
-
-
-def _sorted_unique(key: Tensor) -> Tensor:
-    # Measured on CPU (2 threads): sort + adjacent difference took 26 ms vs
-    # 58 ms for torch.unique at 1.7M keys, but 240 vs 207 ms at 5.4M.
-    if key.numel() > 2**22:
-        return torch.unique(key)
-    key = torch.sort(key).values
-    first = torch.ones_like(key, dtype=torch.bool)
-    first[1:] = key[1:] != key[:-1]
-    return key[first]
 
 
 def _self_loop_keys(H: int, N: int, device: torch.device) -> Tensor:
@@ -456,50 +206,6 @@ def _self_loop_keys(H: int, N: int, device: torch.device) -> Tensor:
     return ((h * N + i) * N + i).reshape(-1)
 
 
-def edge_pairs(name: str, edges: object) -> Tensor:
-    r"""The (key, query) pairs :obj:`[2, E]` of a structure input given as
-    PyG layers take it: an :obj:`edge_index` LongTensor or
-    :class:`~torch_geometric.EdgeIndex` (row 0 the source/key), or an
-    :obj:`adj_t` (:class:`torch_sparse.SparseTensor` or a :obj:`torch.sparse`
-    tensor, rows are the targets/queries)."""
-    if isinstance(edges, SparseTensor) and not isinstance(edges, Tensor):
-        row, col, _ = edges.coo()
-        return torch.stack([col, row])
-    if isinstance(edges, Tensor) and edges.layout != torch.strided:
-        coo = edges.to_sparse_coo().coalesce()
-        return coo.indices().flip(0)
-    require_tensor(name, edges, 2)
-    if edges.dtype != torch.long or edges.size(0) != 2:
-        raise TypeError(f"{name} must be a LongTensor of shape [2, E], an "
-                        f"EdgeIndex, a SparseTensor or a torch.sparse adj_t, "
-                        f"got {edges.dtype} {tuple(edges.shape)}")
-    # An EdgeIndex's metadata does not apply to the pairs taken apart; rows
-    # of a transposed [E, 2] tensor would be strided (slow searchsorted).
-    edges = edges.as_tensor() if isinstance(edges, EdgeIndex) else edges
-    return edges.contiguous()
-
-
-def _included_pairs(edges, ptr_q: Tensor, ptr_k: Tensor, Nq: int, Nk: int,
-                    name: str = "include_edges"
-                    ) -> Tuple[Tensor, Tensor, Check]:
-    r"""Queries :math:`i` and keys :math:`j` of :obj:`include_edges` (key
-    :math:`j` → query :math:`i`), and the deferred check that they are in
-    range and stay within their sequence."""
-    edges = edge_pairs(name, edges)
-    if edges.device != ptr_q.device:
-        raise ValueError(f"{name} is on {edges.device}, the sequence "
-                         f"pointers on {ptr_q.device}")
-    j, i = edges
-    in_range = (j >= 0) & (j < Nk) & (i >= 0) & (i < Nq)
-    same = (torch.searchsorted(ptr_k, j, right=True)
-            == torch.searchsorted(ptr_q, i, right=True))
-    bad = ~(in_range & same).all()
-    # Until the check raises (at fastrg's one sync), out-of-range pairs are
-    # clamped so that nothing indexes out of bounds; a mask would sync.
-    i, j = i.clamp(0, max(Nq - 1, 0)), j.clamp(0, max(Nk - 1, 0))
-    return i, j, (bad, f"{name} must hold pairs (key j, query i) with "
-                       f"0 <= j < N_k={Nk}, 0 <= i < N_q={Nq}, within one "
-                       f"sequence")
 
 
 @torch.compiler.disable  # data-dependent edge count: runs eagerly
@@ -708,84 +414,6 @@ def _fastrg_torch(q_memb: Tensor, block: Tensor, k_memb: Tensor,
         forced.append(_self_loop_keys(H, Nq, device))
     if forced:
         key = _sorted_unique(torch.cat([key, *forced]))
-    return _from_keys(key, H, Nq, Nk, ptr_q, ptr_k, num_draws, expected)
+    return _graph_from_keys(key, H, Nq, Nk, ptr_q, ptr_k, num_draws, expected)
 
 
-def _batch(ptr: Tensor, num_rows: int) -> Tensor:
-    return torch.repeat_interleave(torch.arange(ptr.numel() - 1,
-                                                device=ptr.device),
-                                   ptr.diff(), output_size=num_rows)
-
-
-def expected_adjacency(
-    q_memb: Tensor,
-    block: Tensor,
-    k_memb: Tensor,
-    *,
-    ptr_q: PtrLike = None,
-    ptr_k: PtrLike = None,
-    mode: str = "poisson",
-    exploration: float = 0.0,
-    self_loops: bool = False,
-) -> Tensor:
-    r"""The dense expected mask :math:`\mathbb{E}[\mathbf{M}]` of
-    :func:`fastrg` with the same arguments (reference path,
-    :math:`O(H N_q N_k)`).
-
-    .. math::
-        \mathbb{E}[M_{hij}] = \begin{cases}
-        1 - e^{-(p_{hij} + \delta)} & \text{poisson} \\
-        \min(p_{hij} + \delta, 1) & \text{exact}
-        \end{cases}
-
-    for :math:`i, j` in the same sequence, 0 across sequences, and 1 on the
-    diagonal with :obj:`self_loops`.
-
-    Returns:
-        Tensor :obj:`[H, N_q, N_k]` in the dtype of :obj:`q_memb`.
-    """
-    ptr_q, ptr_k, checks = _check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
-                                      mode, exploration, self_loops)
-    sync(checks)
-    Nq, H, _ = q_memb.shape
-    Nk = k_memb.size(0)
-    check_memory(3 * H * Nq * Nk * q_memb.element_size(), q_memb.device,
-                 f"a dense [{H}, {Nq}, {Nk}] expected adjacency")
-    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb) + exploration
-    same = _batch(ptr_q, Nq)[:, None] == _batch(ptr_k, Nk)[None, :]
-    p = p * same
-    P = -torch.expm1(-p) if mode == "poisson" else p.clamp(max=1.0)
-    if self_loops:
-        P.diagonal(dim1=1, dim2=2).fill_(1.0)
-    return P
-
-
-def bernoulli(
-    q_memb: Tensor,
-    block: Tensor,
-    k_memb: Tensor,
-    *,
-    ptr_q: PtrLike = None,
-    ptr_k: PtrLike = None,
-    mode: str = "poisson",
-    exploration: float = 0.0,
-    self_loops: bool = False,
-    generator: Optional[torch.Generator] = None,
-) -> SampledGraph:
-    r"""Dense reference sampler: one independent Bernoulli per pair with the
-    probabilities of :func:`expected_adjacency`, :math:`O(H N_q N_k)`.
-
-    It has the same distribution as :func:`fastrg` with the same arguments
-    and is meant for tests and small inputs.
-    """
-    P = expected_adjacency(q_memb, block, k_memb, ptr_q=ptr_q, ptr_k=ptr_k,
-                           mode=mode, exploration=exploration,
-                           self_loops=self_loops)
-    check_generator(generator, P.device)
-    H, Nq, Nk = P.shape
-    mask = torch.bernoulli(P.double(), generator=generator).bool()
-    key = mask.reshape(-1).nonzero().view(-1)  # (h * N_q + i) * N_k + j
-    ptr_q, _ = as_ptr("ptr_q", ptr_q, Nq, P.device)
-    ptr_k, _ = as_ptr("ptr_k", ptr_k, Nk, P.device)
-    return _from_keys(key, H, Nq, Nk, ptr_q, ptr_k, key.numel(),
-                      float(P.sum()))

@@ -1,0 +1,163 @@
+r"""Benchmarks: SBM edge attention, fastRG and the SBMConv layer vs dense
+attention. Run as ``python -m benchmarks`` (or ``make bench``).
+
+Every timing is the median of ``--repeats`` runs after one warm-up; the
+timings that a target compares (sbm vs SDPA, the samplers, SBMConv vs
+MultiheadAttention) take turns repeat by repeat, and every ratio is taken
+against torch's ``scaled_dot_product_attention`` (SDPA) from the same run.
+Peak memory is what one forward+backward allocates beyond its inputs: on CPU
+(Linux) each case runs in a fresh subprocess and reads the kernel's peak
+resident set; on CUDA ``max_memory_allocated``.
+
+Sections (one module each): ``attention``, ``sampler``, ``published``,
+``exact``, ``memory`` (in :mod:`benchmarks.sampler`), ``scaling``,
+``layer``, ``ext``.
+
+``--quick`` runs tiny sizes in seconds (the test suite runs it so that the
+script cannot rot; timings are never pass/fail in tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from benchmarks.attention import attention_case, bench_attention
+from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
+from benchmarks.ext import bench_ext
+from benchmarks.layer import bench_layer
+from benchmarks.measure import MEMORY, peak_rss, pin_mmap_threshold
+from benchmarks.sampler import (
+    bench_exact_dense,
+    bench_published,
+    bench_sampler,
+    sampler_case,
+    sampler_memory,
+)
+from benchmarks.scaling import bench_scaling
+from sbm_pyg.sampling import _compiled as _fastrg_compiled
+
+
+def memory_case(spec: dict) -> str:
+    """The child process of a CPU memory probe: peak resident set of one call
+    (and, for a sampler, its distinct edges)."""
+    pin_mmap_threshold()
+    torch.set_num_threads(spec["threads"])
+    sampler = spec["method"].startswith("fastrg")
+    cpu = torch.device("cpu")
+    fn = (sampler_case(spec, cpu) if sampler else
+          attention_case(spec["method"], spec["n"], spec["density"], cpu))
+    out = fn()  # warm-up: lazily built state (the graph's row index) is not counted
+    edges = out.num_edges if sampler else None
+    del out
+    peak = peak_rss(fn)
+    return f"{peak} {edges}" if sampler else str(peak)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, runs in seconds")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch CPU threads (default 2)")
+    sections = ["attention", "sampler", "published", "exact", "memory",
+                "scaling", "layer", "ext"]
+    parser.add_argument("--sections", nargs="+", default=sections,
+                        choices=sections)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON output (default benchmarks/results-DEVICE.json)")
+    parser.add_argument("--memory", choices=["subprocess", "profiler"], default=None,
+                        help="CPU memory measurement (default: subprocess, "
+                             "profiler with --quick)")
+    parser.add_argument("--memory-case", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_case:  # child process of peak_memory()
+        print(memory_case(json.loads(args.memory_case)))
+        return {}
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available")
+    if args.repeats < 1 or args.threads < 1:
+        parser.error("--repeats and --threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    MEMORY["method"] = args.memory or ("profiler" if args.quick else "subprocess")
+    if args.quick:
+        sizes, densities, scaling_n = [256, 512], [0.01, 0.05], 512
+        scaling_densities, layer_n, batch_case = [0.01, 0.1], 256, (4, 128)
+        published_case, exact_n, memory_n = (2, 128), 256, 512
+    else:
+        sizes, densities, scaling_n = [1024, 4096, 16384], [0.005, 0.01, 0.05, 0.2], 4096
+        scaling_densities = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
+        layer_n, batch_case = 4096, (32, 1024)
+        published_case, exact_n, memory_n = (8, 1024), 4096, 16384
+
+    results = dict(device=str(device), threads=args.threads,
+                   torch=torch.__version__, machine=platform.machine(),
+                   processor=platform.processor() or platform.machine(),
+                   cpu_count=os.cpu_count(), memory_method="cuda" if device.type == "cuda" else MEMORY["method"],
+                   gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                   heads=HEADS, head_dim=HEAD_DIM, repeats=args.repeats,
+                   quick=args.quick,
+                   fastrg_backend="compiled" if _fastrg_compiled.available()
+                   and device.type == "cpu" else "torch")
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    log(f"sbm_pyg benchmarks on {device} ({args.threads} threads), H={HEADS}, "
+        f"D={HEAD_DIM}, forward+backward, median of {args.repeats}, fastrg "
+        f"backend {results['fastrg_backend']}")
+    if "attention" in args.sections:
+        log("\n[attention] fixed sampled graph, time in ms")
+        results["attention"] = bench_attention(sizes, densities, device,
+                                               args.repeats, args.threads, log)
+    if "sampler" in args.sections:
+        log(f"\n[sampler] k={CLUSTERS}, distinct edges per second")
+        results["sampler"] = bench_sampler(sizes, densities[1:3], device,
+                                           args.repeats, log, batch_case)
+    if "published" in args.sections:
+        log("\n[published] fastrg vs the published-style batched fastRG, "
+            "random kaiming-initialized SBM")
+        results["published"] = bench_published(device, args.repeats, log,
+                                               *published_case)
+    if "exact" in args.sections:
+        log("\n[exact] time per distinct edge, exact vs poisson mode")
+        results["exact"] = bench_exact_dense(exact_n, 0.9, device,
+                                             args.repeats, log)
+    if "memory" in args.sections:
+        log(f"\n[memory] fastrg peak bytes per distinct edge, output included, n={memory_n}")
+        results["memory"] = []
+        for density in densities[1:3]:
+            for mode in ("poisson", "exact"):
+                row = sampler_memory(memory_n, density, mode, device, args.threads)
+                results["memory"].append(row)
+                log(f"  density {density} {mode}: {row['peak'] / 2**20:.1f} MiB for "
+                    f"{row['edges']} edges, {row['bytes_per_edge']:.1f} B/edge")
+    if "scaling" in args.sections:
+        log(f"\n[scaling] n={scaling_n}")
+        results["scaling"] = bench_scaling(scaling_n, scaling_densities, device,
+                                           args.repeats, args.threads, log)
+    if "layer" in args.sections:
+        results["layer"] = []
+        for density in (0.05, 0.01):
+            log(f"\n[layer] n={layer_n}, width {HEADS * HEAD_DIM}, calibrated to "
+                f"~{density:.0%} expected density")
+            results["layer"].append(bench_layer(layer_n, density, device,
+                                                args.repeats, log))
+    if "ext" in args.sections:
+        log(f"\n[ext] torch-scatter / torch-sparse kernels vs ours, n={memory_n}, "
+            f"time ratio ext / ours")
+        results["ext"] = bench_ext(memory_n, densities[1:3], device,
+                                   args.repeats, log)
+    out = args.out or Path(__file__).parent / f"results-{device.type}.json"
+    out.write_text(json.dumps(results, indent=1))
+    log(f"\nwritten to {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

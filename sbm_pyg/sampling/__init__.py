@@ -1,0 +1,21 @@
+r"""Sampling bipartite query→key graphs from mixed-membership SBMs.
+
+Each head :math:`h` of each sequence :math:`g` is an SBM with query
+memberships :math:`\mathbf{Y} \in \mathbb{R}_+^{n_q \times k}`, block matrix
+:math:`\mathbf{B} \in \mathbb{R}_+^{k \times k}` and key memberships
+:math:`\mathbf{Z} \in \mathbb{R}_+^{n_k \times k}`, with edge rate
+
+.. math::
+    p_{ij} = \mathbf{Y}_i \mathbf{B} \mathbf{Z}_j^{\top}.
+
+:func:`fastrg` samples all sequences and heads of a ragged batch at once, in
+time and memory linear in the number of edges; :func:`bernoulli` and
+:func:`expected_adjacency` are dense :math:`O(N_q N_k)` references for tests
+and small inputs.
+"""
+from sbm_pyg.sampling.graph import SampledGraph, edge_pairs
+from sbm_pyg.sampling.fastrg import BACKENDS, MODES, fastrg
+from sbm_pyg.sampling.reference import bernoulli, expected_adjacency
+
+__all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency",
+           "edge_pairs", "MODES", "BACKENDS"]

@@ -1,0 +1,97 @@
+r"""Dense references for the samplers: the expected mask and one Bernoulli
+per pair, :math:`O(H N_q N_k)`, for tests and small inputs."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from sbm_pyg._validation import as_ptr, check_generator, check_memory, sync
+from sbm_pyg.sampling.fastrg import _check_sbm
+from sbm_pyg.sampling.graph import PtrLike, SampledGraph, _graph_from_keys
+
+__all__ = ["expected_adjacency", "bernoulli"]
+
+
+def _batch(ptr: Tensor, num_rows: int) -> Tensor:
+    return torch.repeat_interleave(torch.arange(ptr.numel() - 1,
+                                                device=ptr.device),
+                                   ptr.diff(), output_size=num_rows)
+
+
+
+
+def expected_adjacency(
+    q_memb: Tensor,
+    block: Tensor,
+    k_memb: Tensor,
+    *,
+    ptr_q: PtrLike = None,
+    ptr_k: PtrLike = None,
+    mode: str = "poisson",
+    exploration: float = 0.0,
+    self_loops: bool = False,
+) -> Tensor:
+    r"""The dense expected mask :math:`\mathbb{E}[\mathbf{M}]` of
+    :func:`fastrg` with the same arguments (reference path,
+    :math:`O(H N_q N_k)`).
+
+    .. math::
+        \mathbb{E}[M_{hij}] = \begin{cases}
+        1 - e^{-(p_{hij} + \delta)} & \text{poisson} \\
+        \min(p_{hij} + \delta, 1) & \text{exact}
+        \end{cases}
+
+    for :math:`i, j` in the same sequence, 0 across sequences, and 1 on the
+    diagonal with :obj:`self_loops`.
+
+    Returns:
+        Tensor :obj:`[H, N_q, N_k]` in the dtype of :obj:`q_memb`.
+    """
+    ptr_q, ptr_k, checks = _check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
+                                      mode, exploration, self_loops)
+    sync(checks)
+    Nq, H, _ = q_memb.shape
+    Nk = k_memb.size(0)
+    check_memory(3 * H * Nq * Nk * q_memb.element_size(), q_memb.device,
+                 f"a dense [{H}, {Nq}, {Nk}] expected adjacency")
+    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb) + exploration
+    same = _batch(ptr_q, Nq)[:, None] == _batch(ptr_k, Nk)[None, :]
+    p = p * same
+    P = -torch.expm1(-p) if mode == "poisson" else p.clamp(max=1.0)
+    if self_loops:
+        P.diagonal(dim1=1, dim2=2).fill_(1.0)
+    return P
+
+
+def bernoulli(
+    q_memb: Tensor,
+    block: Tensor,
+    k_memb: Tensor,
+    *,
+    ptr_q: PtrLike = None,
+    ptr_k: PtrLike = None,
+    mode: str = "poisson",
+    exploration: float = 0.0,
+    self_loops: bool = False,
+    generator: Optional[torch.Generator] = None,
+) -> SampledGraph:
+    r"""Dense reference sampler: one independent Bernoulli per pair with the
+    probabilities of :func:`expected_adjacency`, :math:`O(H N_q N_k)`.
+
+    It has the same distribution as :func:`fastrg` with the same arguments
+    and is meant for tests and small inputs.
+    """
+    P = expected_adjacency(q_memb, block, k_memb, ptr_q=ptr_q, ptr_k=ptr_k,
+                           mode=mode, exploration=exploration,
+                           self_loops=self_loops)
+    check_generator(generator, P.device)
+    H, Nq, Nk = P.shape
+    mask = torch.bernoulli(P.double(), generator=generator).bool()
+    key = mask.reshape(-1).nonzero().view(-1)  # (h * N_q + i) * N_k + j
+    ptr_q, _ = as_ptr("ptr_q", ptr_q, Nq, P.device)
+    ptr_k, _ = as_ptr("ptr_k", ptr_k, Nk, P.device)
+    return _graph_from_keys(key, H, Nq, Nk, ptr_q, ptr_k, key.numel(),
+                      float(P.sum()))
+
