@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench clean
+.PHONY: install test lint docs demo bench clean
 
 $(STAMP): pyproject.toml setup.py csrc/fastrg.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,16 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+# The documentation site (docs/_build/html); the notebooks are executed, so
+# this takes a few minutes. Warnings are errors.
+docs: $(STAMP)
+	$(PY) -m pip install -q "sphinx>=7" "myst-nb>=1.0"
+	$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html
+
 demo: $(STAMP)
 	$(PY) -m sbm_pyg.demo
 
@@ -30,4 +40,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache docs/_build

@@ -20,6 +20,7 @@ def bench_ext(n: int, densities: Sequence[float], device: torch.device,
         return dict(skipped="torch-scatter / torch-sparse not installed")
     import torch_scatter
     import torch_sparse
+
     from sbm_pyg.sparse import spmm
     rows = []
     for density in densities:

@@ -17,9 +17,9 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from sbm_pyg.sampling import _compiled as _fastrg_compiled
 from sbm_pyg.experiments.tasks import repeat_batch
 from sbm_pyg.nn import SBMMultiheadAttention
+from sbm_pyg.sampling import _compiled as _fastrg_compiled
 
 HEAD_DIM = 32
 

@@ -108,6 +108,13 @@ class SBMTransformer(Module):
         - **output:** :class:`TransformerOutput`; with
           :obj:`output="token"` or :obj:`"sequence"` only that head is
           computed (an unused head would stall DistributedDataParallel)
+
+    Example:
+        >>> model = SBMTransformer(num_tokens=10, max_len=8, channels=16,
+        ...                        num_clusters=4)
+        >>> out = model(torch.randint(1, 10, (2, 8)))
+        >>> out.token_logits.shape, out.seq_logits.shape, out.sampled_density.shape
+        (torch.Size([2, 8, 1]), torch.Size([2, 10]), torch.Size([1, 1]))
     """
 
     def __init__(self, num_tokens: int, max_len: int, channels: int = 32,

@@ -20,9 +20,9 @@ hypothesis = pytest.importorskip("hypothesis", reason="hypothesis not installed"
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sbm_pyg.sampling import _compiled as _fastrg_compiled  # noqa: E402
 from sbm_pyg.nn.functional import sparse_attention  # noqa: E402
 from sbm_pyg.sampling import SampledGraph, fastrg  # noqa: E402
+from sbm_pyg.sampling import _compiled as _fastrg_compiled  # noqa: E402
 
 settings.register_profile(
     "ci", max_examples=340, derandomize=True, deadline=None,

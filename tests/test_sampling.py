@@ -5,7 +5,6 @@ import os
 import pytest
 import torch
 
-from sbm_pyg.sampling import _compiled as _fastrg_compiled
 from sbm_pyg import sampling
 from sbm_pyg.sampling import (
     SampledGraph,
@@ -13,6 +12,7 @@ from sbm_pyg.sampling import (
     expected_adjacency,
     fastrg,
 )
+from sbm_pyg.sampling import _compiled as _fastrg_compiled
 from tests.helpers import TEST_DEVICE, max_binomial_z, seeded, z_bound
 
 needs_compiled = pytest.mark.skipif(

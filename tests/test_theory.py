@@ -168,7 +168,8 @@ def test_networkx_roundtrip_and_recorder():
     assert set(to_networkx(graph).edges) == set(G.edges)
     from sbm_pyg.models import SBMTransformer
     torch.manual_seed(0)
-    model = SBMTransformer(10, 12, channels=16, num_layers=2, heads=2, num_clusters=4, self_loops=True)
+    model = SBMTransformer(10, 12, channels=16, num_layers=2, heads=2, num_clusters=4,
+                           self_loops=True)
     tokens = torch.randint(1, 10, (3, 12))
     with GraphRecorder(model) as rec:
         model(tokens)
@@ -184,7 +185,8 @@ def test_model_conditions_on_a_trained_model():
     from sbm_pyg.models import SBMTransformer
     torch.manual_seed(0)
     gen = seeded(0)
-    model = SBMTransformer(9, 8, channels=16, num_layers=2, heads=2, num_clusters=8, self_loops=True)
+    model = SBMTransformer(9, 8, channels=16, num_layers=2, heads=2, num_clusters=8,
+                           self_loops=True)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(30):
         x, y = repeat_batch(16, 8, gen)

@@ -26,6 +26,11 @@ def repeat_batch(batch: int, length: int,
 
     Returns:
         tokens :math:`(B, N)` long, labels :math:`(B, N)` float.
+
+    Example:
+        >>> tokens, labels = repeat_batch(2, 8, torch.Generator().manual_seed(0))
+        >>> tokens.shape, labels.shape
+        (torch.Size([2, 8]), torch.Size([2, 8]))
     """
     if batch < 1 or length < 2:
         raise ValueError(f"batch must be >= 1 and length >= 2, got {batch}, {length}")

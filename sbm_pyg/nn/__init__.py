@@ -1,12 +1,12 @@
 """Neural network modules: the SBM, the SBMConv layer, padded-batch attention
 and the GPS layer."""
+from sbm_pyg.nn import functional
 from sbm_pyg.nn.attention import SBMMultiheadAttention
 from sbm_pyg.nn.baselines import FullAttention, LinearAttention
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.nn.gps import SBMGPSConv
 from sbm_pyg.nn.recorder import GraphRecorder
-from sbm_pyg.nn import functional
 
 __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "SBMGPSConv", "GraphRecorder", "FullAttention",

@@ -42,6 +42,14 @@ class SBMMultiheadAttention(torch.nn.Module):
         - **input:** x :math:`(B, N, C)`, mask :math:`(B, N)` (bool, True =
           real token; :obj:`None`: all real)
         - **output:** :math:`(B, N, C)`
+
+    Example:
+        >>> attn = SBMMultiheadAttention(16, heads=2, head_channels=8, num_clusters=4)
+        >>> x = torch.randn(2, 5, 16)
+        >>> mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+        >>> out = attn(x, mask)
+        >>> out.shape, bool(out[1, 3:].eq(0).all())  # padding stays zero
+        (torch.Size([2, 5, 16]), True)
     """
 
     def __init__(self, channels: int, heads: int, head_channels: int = 64,

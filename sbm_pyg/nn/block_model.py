@@ -42,6 +42,12 @@ class StochasticBlockModel(Module):
         - **input:** query :math:`(N_q, H, d)`, key :math:`(N_k, H, d)`
         - **output:** q_memb :math:`(N_q, H, k)`, block :math:`(H, k, k)`,
           k_memb :math:`(N_k, H, k)`
+
+    Example:
+        >>> sbm = StochasticBlockModel(heads=2, channels=16, num_clusters=8)
+        >>> q_memb, block, k_memb = sbm(torch.randn(10, 2, 16), torch.randn(12, 2, 16))
+        >>> q_memb.shape, block.shape, k_memb.shape
+        (torch.Size([10, 2, 8]), torch.Size([2, 8, 8]), torch.Size([12, 2, 8]))
     """
 
     def __init__(self, heads: int, channels: int, num_clusters: int = 128):

@@ -163,6 +163,14 @@ class SBMConv(MessagePassing):
           :obj:`return_attention_weights=True` also
           :obj:`(graph, alpha)`, the :class:`SampledGraph` and the weights
           :math:`(|\mathcal{E}|)` in its edge order.
+
+    Example:
+        >>> conv = SBMConv(16, 8, heads=2, num_clusters=4)
+        >>> x = torch.randn(10, 16)
+        >>> batch = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1])  # two sequences
+        >>> out = conv(x, batch)
+        >>> out.shape, conv.sampled_density.shape  # heads concatenated; [H]
+        (torch.Size([10, 16]), torch.Size([2]))
     """
 
     def __init__(
@@ -221,10 +229,10 @@ class SBMConv(MessagePassing):
         self.sampled_density: Optional[Tensor] = None
         self.expected_density: Optional[Tensor] = None
         self._alpha: Optional[Tensor] = None
-        self._graph_hooks: "OrderedDict[int, Callable]" = OrderedDict()
+        self._graph_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.reset_parameters()
 
-    def register_graph_hook(self, hook: Callable[["SBMConv", SampledGraph], None]
+    def register_graph_hook(self, hook: Callable[[SBMConv, SampledGraph], None]
                             ) -> RemovableHandle:
         r"""Calls :obj:`hook(module, graph)` with every graph this layer
         samples (e.g. :class:`sbm_pyg.theory.GraphRecorder`); returns a handle
@@ -242,8 +250,8 @@ class SBMConv(MessagePassing):
             self.lin_skip.reset_parameters()
         self.sbm.reset_parameters()
 
-    def _pointers(self, batch, ptr, num_src: int,
-                  num_dst: int) -> Tuple[Tensor, Tensor]:
+    def _pointers(self, batch, ptr, num_src: int, num_dst: int
+                  ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
         """CSR pointers (ptr_k, ptr_q) of key and query rows."""
         if ptr is not None:
             if batch is not None:
@@ -290,8 +298,9 @@ class SBMConv(MessagePassing):
             include_edges (LongTensor, EdgeIndex, SparseTensor or
                 torch.sparse tensor, optional): :obj:`[2, E]` edges
                 (source/key, target/query) or an :obj:`adj_t` (rows are
-                queries), e.g. the input graph's :obj:`edge_index`, added to every head's sampled graph
-                without duplicates (structure-aware attention); they get the
+                queries), e.g. the input graph's :obj:`edge_index`, added to
+                every head's sampled graph without duplicates
+                (structure-aware attention); they get the
                 same straight-through gradient as sampled edges.
             return_attention_weights (bool, optional): also return
                 :obj:`(graph, alpha)`.

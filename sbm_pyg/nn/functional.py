@@ -17,7 +17,7 @@ from torch.autograd.function import once_differentiable
 
 from sbm_pyg._validation import check_generator, require_tensor
 from sbm_pyg.sampling import SampledGraph
-from sbm_pyg.sparse import segment_softmax, segment_sum, sddmm, spmm
+from sbm_pyg.sparse import sddmm, segment_softmax, segment_sum, spmm
 
 __all__ = ["sparse_attention", "edge_probability", "STE_MODES",
            "ATTENTION_BACKENDS"]
@@ -56,7 +56,8 @@ class _SDDMM(torch.autograd.Function):
         graph = ctx.graph
         grad_a = grad_b = None
         if ctx.needs_input_grad[1]:
-            grad_a = spmm(*graph.csr(), grad, b).to(a.dtype)
+            rowptr, col = graph.csr()
+            grad_a = spmm(rowptr, col, grad, b).to(a.dtype)
         if ctx.needs_input_grad[2]:
             grad_b = _spmm_t(graph, grad, a).to(b.dtype)
         return None, grad_a, grad_b
@@ -86,6 +87,14 @@ def edge_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
 
     Returns:
         Tensor :obj:`[E]` in edge order.
+
+    Example:
+        >>> from sbm_pyg.sampling import SampledGraph
+        >>> memb = torch.full((3, 1, 2), 0.5)  # [N, H, k]
+        >>> block = torch.full((1, 2, 2), 0.25)  # [H, k, k], sums to 1
+        >>> graph = SampledGraph.from_edge_index(torch.tensor([[0], [2]]), 3, 3)
+        >>> edge_probability(memb, block, memb, graph)
+        tensor([0.2500])
     """
     for name, t in (("q_memb", q_memb), ("block", block), ("k_memb", k_memb)):
         require_tensor(name, t, 3, floating=True)
@@ -133,6 +142,7 @@ def _ste_gradient(grad_score: Tensor, score: Optional[Tensor],
                   ste: str) -> Tensor:
     # dL/dp_e from dL/da_e (see sparse_attention's docstring).
     if ste == "paper":
+        assert score is not None  # saved in forward for this estimator
         return grad_score * score
     return grad_score.clamp(-1.0, 1.0)
 
@@ -149,7 +159,8 @@ class _SparseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                 edge_prob: Optional[Tensor], scale: float, dropout: float,
-                generator: Optional[torch.Generator], ste: str) -> Tensor:
+                generator: Optional[torch.Generator], ste: str
+                ) -> Tuple[Tensor, Tensor]:
         rowptr, col = graph.csr()
         score = sddmm(rowptr, col, q, k, scale)  # [E]
         alpha = segment_softmax(score, rowptr, graph.row())  # [E]
@@ -221,8 +232,9 @@ class _TritonSparseAttention(torch.autograd.Function):
         from sbm_pyg import _triton_attention as kernels
         q, k, v, out, lse = ctx.saved_tensors
         graph = ctx.graph
+        (rowptr, col), (colptr, row_t) = graph.csr(), graph.csr_t()
         grad_q, grad_k, grad_v, grad_prob = kernels.attention_backward(
-            *graph.csr(), *graph.csr_t(), q, k, v, out, lse, grad_out,
+            rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
             ctx.scale, ctx.ste)
         if grad_prob is not None:
             grad_prob = grad_prob.to(ctx.prob_dtype)
@@ -317,6 +329,15 @@ def sparse_attention(
 
     Returns:
         Tensor :obj:`[N_q, H, D_v]`, or :obj:`(out, alpha)`.
+
+    Example:
+        >>> from sbm_pyg.sampling import SampledGraph
+        >>> graph = SampledGraph.from_edge_index(
+        ...     torch.tensor([[0, 1, 1], [1, 0, 1]]), num_queries=2, num_keys=2)
+        >>> q = k = v = torch.randn(2, 1, 4)  # [N, H, D]
+        >>> out, alpha = sparse_attention(q, k, v, graph, return_attention_weights=True)
+        >>> out.shape, alpha[0].item()  # query 0 has one key: weight 1
+        (torch.Size([2, 1, 4]), 1.0)
     """
     require_tensor("query", query, 3, floating=True)
     require_tensor("key", key, 3, floating=True)
@@ -352,7 +373,10 @@ def sparse_attention(
         out, alpha = _SparseAttention.apply(graph, q, k, v, edge_prob, scale,
                                             dropout, generator, ste)
     out = _nodes_first(out, H)
-    return (out, alpha) if return_attention_weights else out
+    if return_attention_weights:
+        assert alpha is not None
+        return out, alpha
+    return out
 
 
 def _attention_backend(backend: Optional[str], device: torch.device,

@@ -71,6 +71,18 @@ class SBMGPSConv(torch.nn.Module):
           :math:`(2, |\mathcal{E}|)`, batch vector :math:`(|\mathcal{V}|)`
           (sorted, as PyG's loaders make it; :obj:`None`: one graph)
         - **output:** node features :math:`(|\mathcal{V}|, C)`
+
+    Example:
+        >>> from torch_geometric.nn import GINConv
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(),
+        ...                           torch.nn.Linear(16, 16))
+        >>> layer = SBMGPSConv(16, GINConv(mlp), heads=2,
+        ...                    attn_kwargs=dict(num_clusters=4))
+        >>> x = torch.randn(6, 16)
+        >>> edge_index = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 0, 4, 5]])
+        >>> batch = torch.tensor([0, 0, 0, 1, 1, 1])
+        >>> layer(x, edge_index, batch).shape
+        torch.Size([6, 16])
     """
 
     def __init__(

@@ -1,9 +1,10 @@
 r"""Recording the graphs that SBMConv layers sample."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.sampling import SampledGraph
@@ -22,6 +23,15 @@ class GraphRecorder:
         recorder.graphs   # [(layer_index, SampledGraph), ...] in call order
 
     Layers are numbered by their order in :meth:`model.modules`.
+
+    Example:
+        >>> from sbm_pyg.models import SBMTransformer
+        >>> model = SBMTransformer(num_tokens=10, max_len=8, num_layers=2,
+        ...                        num_clusters=4)
+        >>> with GraphRecorder(model) as recorder:
+        ...     _ = model(torch.randint(1, 10, (3, 8)))
+        >>> [layer for layer, graph in recorder.graphs]  # (layer, SampledGraph)
+        [0, 1]
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -29,13 +39,17 @@ class GraphRecorder:
         if not self.convs:
             raise ValueError("model has no SBMConv layer to record")
         self.graphs: List[Tuple[int, SampledGraph]] = []
-        self._handles = []
+        self._handles: List[RemovableHandle] = []
 
-    def __enter__(self) -> "GraphRecorder":
+    def __enter__(self) -> GraphRecorder:
         for index, conv in enumerate(self.convs):
-            self._handles.append(conv.register_graph_hook(
-                lambda module, graph, index=index: self.graphs.append((index, graph))))
+            self._handles.append(conv.register_graph_hook(self._hook(index)))
         return self
+
+    def _hook(self, index: int) -> Callable[[SBMConv, SampledGraph], None]:
+        def hook(module: SBMConv, graph: SampledGraph) -> None:
+            self.graphs.append((index, graph))
+        return hook
 
     def __exit__(self, *exc) -> None:
         for handle in self._handles:

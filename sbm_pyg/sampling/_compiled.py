@@ -10,15 +10,17 @@ row; rows whose drawing would cost more than testing every key
 """
 from __future__ import annotations
 
-from typing import List, Optional
+import importlib
+from typing import Any, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from sbm_pyg._validation import Check, check_draws, invalid_values, sync
 
+_C: Any
 try:
-    from sbm_pyg import _C
+    _C = importlib.import_module("sbm_pyg._C")
 except ImportError:  # built without the extension (SBM_PYG_NO_EXT=1, no compiler)
     _C = None
 
@@ -48,7 +50,8 @@ def _included_csr(i: Tensor, j: Tensor, Nq: int, Nk: int):
 
 def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
            ptr_k: Tensor, checks: List[Check], mode: str, exploration: float,
-           self_loops: bool, included, max_edges: Optional[int],
+           self_loops: bool,
+           included: Optional[Sequence[Tensor]], max_edges: Optional[int],
            generator: Optional[torch.Generator]):
     """Returns the fields of a :class:`~sbm_pyg.sampling.SampledGraph`
     (arguments already validated by :func:`~sbm_pyg.sampling.fastrg`;
@@ -78,7 +81,8 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
                 max_edges, q_memb.device, ptr_q.numel() - 1, H, Nq, Nk)
     inc_ptr = inc_col = ptr_q.new_empty(0)
     if included is not None:
-        inc_ptr, inc_col = _included_csr(*included, Nq, Nk)
+        i, j = included
+        inc_ptr, inc_col = _included_csr(i, j, Nq, Nk)
     rowptr, edge_index, head, perm, colptr = _C.fastrg_sample(
         W, Z, mass, ptr_q, ptr_k, float(exploration), exact, seed, degree,
         inflation, self_loops, inc_ptr, inc_col)

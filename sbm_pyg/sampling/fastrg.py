@@ -307,6 +307,16 @@ def fastrg(
         Each row has its own counter-based random stream, seeded from
         :obj:`generator`, so the graph does not depend on the number of
         threads.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q_memb = torch.rand(100, 2, 8)  # [N_q, H, k]
+        >>> k_memb = torch.rand(100, 2, 8)  # [N_k, H, k]
+        >>> block = torch.softmax(torch.randn(2, 64, generator=g), -1).view(2, 8, 8)
+        >>> graph = fastrg(q_memb, block, k_memb, ptr_q=[0, 40, 100],
+        ...                ptr_k=[0, 40, 100], mode="exact", generator=g)
+        >>> graph.edge_index.size(0), graph.density().shape  # [G, H]
+        (2, torch.Size([2, 2]))
     """
     if backend not in (None,) + BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got "

@@ -48,6 +48,15 @@ class SampledGraph:
         num_draws (int): multi-edges drawn by fastRG before merging (for
             :func:`bernoulli`, the edge count).
         expected_draws (float): the Poisson mean of :obj:`num_draws`.
+
+    Example:
+        >>> graph = SampledGraph.from_edge_index(
+        ...     torch.tensor([[0, 1, 1], [1, 0, 1]]), num_queries=2, num_keys=2)
+        >>> graph.num_edges, graph.rowptr.tolist()
+        (3, [0, 1, 3])
+        >>> graph.to_sparse_csr().to_dense()  # rows are queries
+        tensor([[0., 1.],
+                [1., 1.]])
     """
 
     edge_index: Tensor
@@ -174,7 +183,7 @@ class SampledGraph:
     def from_edge_index(cls, edge_index: Union[Tensor, SparseTensor],
                         num_queries: int, num_keys: int, *,
                         ptr_q: PtrLike = None, ptr_k: PtrLike = None
-                        ) -> "SampledGraph":
+                        ) -> SampledGraph:
         r"""A one-head graph from given edges, e.g. a fixed attention
         pattern for :func:`~sbm_pyg.nn.functional.sparse_attention`.
 
@@ -203,7 +212,7 @@ class SampledGraph:
     @classmethod
     def from_keys(cls, key: Tensor, num_heads: int, num_queries: int,
                   num_keys: int, *, ptr_q: PtrLike = None,
-                  ptr_k: PtrLike = None) -> "SampledGraph":
+                  ptr_k: PtrLike = None) -> SampledGraph:
         r"""A graph from its edges' keys :math:`(h N_q + i) N_k + j`
         (head :math:`h`, query :math:`i`, key :math:`j`), the compact form
         the samplers produce.
@@ -245,7 +254,7 @@ class SampledGraph:
         return _graph_from_keys(key, H, Nq, Nk, ptr_q, ptr_k, key.numel(),
                                 float(key.numel()))
 
-    def to(self, device: Union[str, torch.device]) -> "SampledGraph":
+    def to(self, device: Union[str, torch.device]) -> SampledGraph:
         """A copy with every tensor on :obj:`device`."""
         moved = {name: getattr(self, name).to(device) for name in
                  ("edge_index", "head", "ptr_q", "ptr_k", "rowptr", "perm",
@@ -328,6 +337,7 @@ def edge_pairs(name: str, edges: object) -> Tensor:
         coo = edges.to_sparse_coo().coalesce()
         return coo.indices().flip(0)
     require_tensor(name, edges, 2)
+    assert isinstance(edges, Tensor)  # for type checkers: require_tensor raised otherwise
     if edges.dtype != torch.long or edges.size(0) != 2:
         raise TypeError(f"{name} must be a LongTensor of shape [2, E], an "
                         f"EdgeIndex, a SparseTensor or a torch.sparse adj_t, "

@@ -82,6 +82,11 @@ def bernoulli(
 
     It has the same distribution as :func:`fastrg` with the same arguments
     and is meant for tests and small inputs.
+
+    Example:
+        >>> memb = torch.ones(4, 1, 1)
+        >>> bernoulli(memb, torch.ones(1, 1, 1), memb, mode="exact").num_edges
+        16
     """
     P = expected_adjacency(q_memb, block, k_memb, ptr_q=ptr_q, ptr_k=ptr_k,
                            mode=mode, exploration=exploration,

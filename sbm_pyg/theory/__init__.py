@@ -39,8 +39,8 @@ from sbm_pyg.theory.convert import (
 )
 from sbm_pyg.theory.hamiltonian import (
     count_hamiltonian_cycles,
-    has_hamiltonian_cycle,
     hamiltonian_path,
+    has_hamiltonian_cycle,
     is_hamiltonian_path,
 )
 from sbm_pyg.theory.lemma1 import (

@@ -99,7 +99,15 @@ class ConditionReport:
 
 def check_conditions(patterns: Sequence[Pattern], s_max: Optional[int] = None,
                      method: str = "auto", time_budget: float = 2.0) -> ConditionReport:
-    """Checks conditions 1-3 on the patterns (masks or DiGraphs)."""
+    r"""Checks conditions 1-3 on the patterns (masks or DiGraphs).
+
+    Example:
+        >>> eye = torch.eye(4, dtype=torch.bool)
+        >>> ring = eye | eye.roll(1, 1)  # i attends i and i + 1 (mod 4)
+        >>> report = check_conditions([ring])
+        >>> report.self_loops, report.has_hamiltonian_path, report.all_hold
+        (True, True, True)
+    """
     masks = [as_mask(p) for p in patterns]
     if not masks:
         raise ValueError("need at least one pattern")

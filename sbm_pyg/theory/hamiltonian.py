@@ -8,7 +8,6 @@ from typing import List, Optional, Sequence, Tuple, Union
 import networkx as nx
 import numpy as np
 
-
 PathResult = Union[List[int], None, str]
 EXACT_MAX_NODES = 24  # Held-Karp holds 2^n int64 words: 128 MiB at 24
 
@@ -132,6 +131,10 @@ def hamiltonian_path(G: nx.DiGraph, method: str = "auto",
             ``"auto"`` (exact up to 20 nodes). Both first apply a sound
             necessary condition: the condensation of :obj:`G` must be a path.
         time_budget (float): seconds for the heuristic.
+
+    Example:
+        >>> hamiltonian_path(nx.DiGraph([(0, 2), (2, 1)]))
+        [0, 2, 1]
     """
     if method not in ("auto", "exact", "heuristic"):
         raise ValueError(f"method must be 'auto', 'exact' or 'heuristic', got {method!r}")

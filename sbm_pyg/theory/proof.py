@@ -6,7 +6,6 @@ from typing import List, Tuple
 import torch
 from torch import Tensor
 
-
 # The proof's patterns
 
 

@@ -2,10 +2,10 @@ import os
 
 import pytest
 
+from benchmarks.attention import peak_memory
+
 # Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
 pytestmark = pytest.mark.host
-
-from benchmarks.attention import peak_memory
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux only")

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from benchmarks.__main__ import main
+
 # Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
 pytestmark = pytest.mark.host
-
-from benchmarks.__main__ import main
 
 
 def test_quick_benchmark_runs(tmp_path, capsys):

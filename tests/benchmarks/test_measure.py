@@ -1,9 +1,9 @@
 import pytest
 
+from benchmarks.measure import loglog_slope
+
 # Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
 pytestmark = pytest.mark.host
-
-from benchmarks.measure import loglog_slope
 
 
 def test_loglog_slope():

@@ -1,15 +1,16 @@
 import pytest
 
+from tests.helpers import seeded
+
 # Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
 pytestmark = pytest.mark.host
-
-from tests.helpers import seeded
 
 
 def test_published_baseline_samples_the_same_sbm():
     # The baseline must sample the SBM it is compared on: its mean edge
     # count matches fastrg's (poisson mode) within 4 standard errors.
     import torch
+
     from benchmarks.cases import kaiming_sbm
     from benchmarks.sampler import published_fastrg
     from sbm_pyg.sampling import expected_adjacency

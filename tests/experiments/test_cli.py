@@ -125,7 +125,8 @@ def test_preset_sets_defaults_and_arguments_override_them(tmp_path):
           "--batch-size", "4", "--steps", "2", "--num-clusters", "8", "--no-progress"])
     args = json.loads((out / "final.json").read_text())["args"]
     # Given on the command line: theirs.
-    assert (args["seq_len"], args["batch_size"], args["steps"], args["num_clusters"]) == (8, 4, 2, 8)
+    assert (args["seq_len"], args["batch_size"], args["steps"],
+            args["num_clusters"]) == (8, 4, 2, 8)
     # From the preset: the paper's settings.
     assert (args["task"], args["attention"], args["num_layers"], args["heads"],
             args["channels"], args["lr"], args["exploration"], args["lam"]) == (

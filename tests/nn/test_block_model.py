@@ -27,7 +27,9 @@ def test_matches_the_paper_equations_per_head():
     q_memb, block, k_memb = sbm(q, k)
     for h in range(2):  # per-head reference, written out
         C = sbm.clusters[h]
-        mlp = lambda x: torch.relu(x @ sbm.weight1[h] + sbm.bias1[h]) @ sbm.weight2[h] + sbm.bias2[h]
+
+        def mlp(x, h=h):
+            return torch.relu(x @ sbm.weight1[h] + sbm.bias1[h]) @ sbm.weight2[h] + sbm.bias2[h]
         assert torch.allclose(block[h], torch.softmax((C @ C.T).flatten(), 0).view(3, 3))
         assert torch.allclose(q_memb[:, h], torch.sigmoid(mlp(q[:, h]) @ C.T))
         assert torch.allclose(k_memb[:, h], torch.sigmoid(mlp(k[:, h]) @ C.T))
