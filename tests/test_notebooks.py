@@ -12,7 +12,8 @@ NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
 
 
 def test_notebooks_exist():
-    assert [p.name for p in NOTEBOOKS][:1] == ["01_sampling.ipynb"]
+    assert [p.name for p in NOTEBOOKS] == ["01_sampling.ipynb", "02_theory.ipynb",
+                                           "03_training.ipynb", "04_pyg.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -247,3 +247,23 @@ def test_bad_arguments():
         check_conditions([torch.zeros(3, 4, dtype=torch.bool)])
     with pytest.raises(ValueError, match="exact"):
         hamiltonian_path(nx.tournament.random_tournament(30, seed=0), method="exact")
+
+
+def test_condition_frequencies_on_patterns_with_known_conditions():
+    eye = torch.eye(4, dtype=torch.bool)
+    ring = eye | eye.roll(1, 1)          # self-loops, a cycle: everything holds
+    reports = [check_conditions([ring]),
+               check_conditions([eye]),      # self-loops only: no path, no reach
+               check_conditions([eye.roll(1, 1)]),  # a cycle without self-loops
+               check_conditions([ring, eye])]
+    assert [r.self_loops for r in reports] == [True, True, False, True]
+    assert [r.has_hamiltonian_path for r in reports] == [True, False, True, True]
+    assert [r.all_hold for r in reports] == [True, False, False, True]
+    freq = condition_frequencies(reports)
+    assert freq == dict(inputs=4, self_loops=0.75, hamiltonian_path=0.75,
+                        hamiltonian_unknown=0.0,
+                        reachability=sum(r.reachability_s is not None for r in reports) / 4,
+                        strongly_connected=0.75, all_hold=0.5)
+    assert reports[1].reachability_s is None
+    with pytest.raises(ValueError, match="at least one"):
+        condition_frequencies([])

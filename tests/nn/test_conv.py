@@ -127,8 +127,26 @@ def test_gradients_reach_the_sbm_through_ste_and_regularizer():
     assert all(float(g.abs().sum()) > 0 for g in grads)
     reg = torch.autograd.grad(conv.expected_density.sum(), conv.sbm.clusters)[0]
     assert float(reg.abs().sum()) > 0
-    with torch.no_grad():  # no STE work without grad
-        run(conv, x_input(), batch=BATCH)
+
+
+
+def test_no_straight_through_work_without_grad(monkeypatch):
+    import sbm_pyg.nn.conv as conv_module
+    conv = make_conv()
+    x = x_input()
+    torch.manual_seed(3)
+    expected = run(conv, x, seed=1, batch=BATCH).detach()
+
+    def fail(*args, **kwargs):
+        raise AssertionError("edge probabilities computed under no_grad")
+
+    monkeypatch.setattr(conv_module, "_ste_probability", fail)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        out = run(conv, x, seed=1, batch=BATCH)
+    assert torch.allclose(out, expected)
+    with pytest.raises(AssertionError, match="under no_grad"):
+        run(conv, x, batch=BATCH)
 
 
 def test_density_statistics():

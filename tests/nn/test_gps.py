@@ -138,7 +138,19 @@ def test_without_local_conv_and_norm():
                        attn_kwargs=dict(num_clusters=2))
     data = batch_of()
     assert layer(data.x, data.edge_index, data.batch).shape == (16, C)
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.fill_(0.5)
     layer.reset_parameters()
+    after = layer.state_dict()
+    # Every parameter is drawn again (none left at the filled value) ...
+    assert all(not torch.all(p == 0.5) for p in layer.parameters())
+    # ... from the same initializers: same shapes, same scale.
+    for name, value in before.items():
+        assert after[name].shape == value.shape
+        if value.is_floating_point() and value.numel() > 8:
+            assert 0.5 < float(after[name].std() / value.std().clamp(min=1e-12)) < 2.0, name
 
 
 def test_bad_arguments():
