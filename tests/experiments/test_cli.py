@@ -88,7 +88,14 @@ def test_load_run_rebuilds_the_trained_model(tmp_path):
 @pytest.mark.parametrize("attention", ["full", "linear", "performer"])
 def test_baselines_train(tmp_path, attention):
     out = run(tmp_path, attention, "--steps", "2", "--attention", attention)
-    assert json.loads((out / "final.json").read_text())["steps"] == 2
+    final = json.loads((out / "final.json").read_text())
+    assert final["steps"] == 2 and final["args"]["attention"] == attention
+    train = [r for r in metrics(out) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["loss"] > 0 and 0 <= r["accuracy"] <= 1 for r in train)
+    # Every parameter took both optimizer steps.
+    state = torch.load(out / "checkpoint.pt", weights_only=False)["optimizer"]["state"]
+    assert state and all(int(s["step"]) == 2 for s in state.values())
 
 
 def test_listops_task(tmp_path):
