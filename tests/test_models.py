@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 
@@ -120,10 +122,14 @@ def test_earlier_argument_names_still_work_with_a_warning():
     torch.manual_seed(0)
     new = SBMTransformer(10, 8, channels=16, num_layers=2, heads=2,
                          head_channels=4, mlp_channels=24, num_clusters=8)
-    with pytest.warns(DeprecationWarning, match="'clusters' is deprecated"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         torch.manual_seed(0)
         old = SBMTransformer(10, 8, dim=16, layers=2, heads=2, head_dim=4,
                              mlp_dim=24, clusters=8)
+    assert sorted(str(w.message).split("'")[1] for w in caught
+                  if w.category is DeprecationWarning) == sorted(
+        ["dim", "layers", "head_dim", "mlp_dim", "clusters"])
     assert {k: v.shape for k, v in old.state_dict().items()} == \
         {k: v.shape for k, v in new.state_dict().items()}
     assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(),
