@@ -18,10 +18,10 @@ from benchmarks.measure import (
     MEMORY,
     MEMORY_BUDGET,
     _profiler_peak,
+    cuda_peak,
     median_time,
     median_times,
     subprocess_peak,
-    sync,
 )
 from sbm_pyg.nn.functional import sparse_attention
 
@@ -87,12 +87,7 @@ def peak_memory(method: str, n: int, density: float, device: torch.device,
     if device.type == "cuda":
         fn = attention_case(method, n, density, device)
         fn()
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        sync(device)
-        return torch.cuda.max_memory_allocated(device) - base
+        return cuda_peak(fn, device)
     if MEMORY["method"] == "subprocess" and os.path.exists("/proc/self/clear_refs"):
         spec = dict(method=method, n=n, density=density, threads=threads)
         return int(subprocess_peak(spec))

@@ -87,6 +87,17 @@ def peak_rss(fn: Callable[[], object]) -> int:
     return max(_status("VmHWM:") - base, 0)
 
 
+def cuda_peak(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes the CUDA caching allocator holds during one call of ``fn``
+    beyond what was allocated before it (call ``fn`` once first to warm up)."""
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    sync(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
 def subprocess_peak(spec: dict) -> str:
     """Runs ``python -m benchmarks --memory-case SPEC`` in a fresh process and
     returns its last output line: in one long-lived process, heap

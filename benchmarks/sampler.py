@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from benchmarks.cases import CLUSTERS, HEADS, kaiming_sbm, sbm_memberships
-from benchmarks.measure import MEMORY_BUDGET, median_times, subprocess_peak, sync
+from benchmarks.measure import MEMORY_BUDGET, cuda_peak, median_times, subprocess_peak
 from sbm_pyg.sampling import bernoulli, fastrg
 
 
@@ -132,12 +132,7 @@ def sampler_memory(n: int, density: float, mode: str, device: torch.device,
     if device.type == "cuda":
         fn = sampler_case(spec, device)
         edges = fn().num_edges
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        sync(device)
-        peak = torch.cuda.max_memory_allocated(device) - base
+        peak = cuda_peak(fn, device)
     else:
         peak, edges = map(int, subprocess_peak(spec).split())
     return dict(n=n, density=density, mode=mode, peak=peak, edges=edges,
