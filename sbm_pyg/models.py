@@ -97,8 +97,8 @@ class SBMTransformer(Module):
         dropout (float): dropout after attention and MLP. (default: :obj:`0.`)
         attn_dropout (float): dropout on attention weights (sbm, full).
         **sbm_kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
-            :obj:`max_edges`, :obj:`ste` of :class:`~sbm_pyg.nn.SBMConv`.
-            The names :obj:`dim`, :obj:`layers`, :obj:`head_dim`,
+            :obj:`max_edges`, :obj:`ste`, :obj:`sbm_init` of
+            :class:`~sbm_pyg.nn.SBMConv`. The names :obj:`dim`, :obj:`layers`, :obj:`head_dim`,
             :obj:`mlp_dim` and :obj:`clusters` of earlier versions still
             work, with a :class:`DeprecationWarning`.
 

@@ -62,6 +62,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--ste", choices=["paper", "published"], default="paper",
         help="straight-through estimator: the paper's equation or the "
              "published code's clipped logit gradient")
+    add("--sbm-init", choices=["paper", "dense"], default="paper",
+        help="SBM initialization: the paper's (about 25%% of pairs sampled) "
+             "or dense (about 99%%: the heads start as full attention)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, required=True, help="run directory")
     add("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -69,6 +72,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-every", type=int, default=10)
     add("--eval-every", type=int, default=0, help="validation every K steps (0: off)")
     add("--checkpoint-every", type=int, default=100)
+    add("--diagnose-every", type=int, default=0,
+        help="repeat task, sbm: append the per-pair-class edge probabilities "
+             "and straight-through gradients (sbm_pyg.experiments.diagnose) "
+             "to OUT/diagnostics.jsonl every K steps (0: off)")
     add("--eval-batches", type=int, default=8)
     add("--listops-sizes", type=int, nargs=3, default=[2000, 200, 200],
         metavar=("TRAIN", "VAL", "TEST"))
@@ -93,6 +100,10 @@ def check_train_arguments(parser: argparse.ArgumentParser, args) -> None:
                      "--exploration >= 0")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available")
+    if args.diagnose_every < 0 or (args.diagnose_every and (
+            args.task != "repeat" or args.attention != "sbm")):
+        parser.error("--diagnose-every must be >= 0 and needs --task repeat "
+                     "--attention sbm")
     if args.resume and not (args.out / "checkpoint.pt").exists():
         parser.error(f"--resume: no checkpoint at {args.out / 'checkpoint.pt'}")
 
@@ -112,9 +123,11 @@ def build_model(args) -> SBMTransformer:
         heads=args.heads, attention=args.attention,
         num_clusters=getattr(args, "num_clusters", None) or args.clusters,
         token_classes=1, seq_classes=10, dropout=args.dropout,
-        # Runs saved before --ste existed used the paper's estimator.
+        # Runs saved before --ste / --sbm-init existed used the paper's
+        # estimator and initialization.
         **(dict(exploration=args.exploration, mode=args.mode,
-                ste=getattr(args, "ste", "paper"))
+                ste=getattr(args, "ste", "paper"),
+                sbm_init=getattr(args, "sbm_init", "paper"))
            if args.attention == "sbm" else {}),
     )
 
@@ -246,12 +259,13 @@ def train(args) -> dict:
             model, find_unused_parameters=True)
 
     metrics_path = args.out / "metrics.jsonl"
-    if args.resume and rank == 0 and metrics_path.exists():
-        # A run killed after its last checkpoint logged steps that will be
-        # trained again: drop them so that each step is logged once.
-        kept = [line for line in metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
-        metrics_path.write_text("".join(line + "\n" for line in kept))
+    for path in (metrics_path, args.out / "diagnostics.jsonl"):
+        if args.resume and rank == 0 and path.exists():
+            # A run killed after its last checkpoint logged steps that will
+            # be trained again: drop them so that each step is logged once.
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= step]
+            path.write_text("".join(line + "\n" for line in kept))
     progress = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm
@@ -284,6 +298,14 @@ def train(args) -> dict:
         if args.eval_every and step % args.eval_every == 0 and rank == 0:
             _log(metrics_path, dict(step=step, **evaluate(model, task, device,
                                                           graph_generator, "val")))
+        if getattr(args, "diagnose_every", 0) and step % args.diagnose_every == 0 \
+                and rank == 0:
+            from sbm_pyg.experiments.diagnose import repeat_diagnostics
+
+            # Its own seeded batch and graphs: the run's RNG streams are
+            # untouched, so the run trains as it would without it.
+            _log(args.out / "diagnostics.jsonl",
+                 dict(step=step, **repeat_diagnostics(model, batch=16, seed=step)))
         if step % args.checkpoint_every == 0 or step == args.steps:
             _save_checkpoint(model, optimizer, step,
                              _rng_state(generator, graph_generator), world,

@@ -10,7 +10,10 @@ from torch.nn import Module, Parameter
 
 from sbm_pyg._validation import require_tensor
 
-__all__ = ["StochasticBlockModel"]
+__all__ = ["StochasticBlockModel", "INITS"]
+
+#: Initializations of :class:`StochasticBlockModel`.
+INITS = ("paper", "dense")
 
 
 class StochasticBlockModel(Module):
@@ -37,6 +40,11 @@ class StochasticBlockModel(Module):
         heads (int): number of heads :math:`H`.
         channels (int): head dimension :math:`d`.
         num_clusters (int): clusters :math:`k` per head. (default: :obj:`128`)
+        init (str): :obj:`"paper"` (the paper's initialization, about 25%
+            of the pairs sampled, see :meth:`reset_parameters`) or
+            :obj:`"dense"` (nodes and clusters gathered in one place, the
+            paper's Figure 3(a): every :math:`p_{ij} \approx 0.99`, a head
+            that starts as full attention). (default: :obj:`"paper"`)
 
     Shapes:
         - **input:** query :math:`(N_q, H, d)`, key :math:`(N_k, H, d)`
@@ -50,8 +58,12 @@ class StochasticBlockModel(Module):
         (torch.Size([10, 2, 8]), torch.Size([2, 8, 8]), torch.Size([12, 2, 8]))
     """
 
-    def __init__(self, heads: int, channels: int, num_clusters: int = 128):
+    def __init__(self, heads: int, channels: int, num_clusters: int = 128,
+                 init: str = "paper"):
         super().__init__()
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.init = init
         for name, value in (("heads", heads), ("channels", channels),
                             ("num_clusters", num_clusters)):
             if not isinstance(value, int) or value < 1:
@@ -68,13 +80,25 @@ class StochasticBlockModel(Module):
         r"""MLP layers as :class:`torch.nn.Linear` initializes them; cluster
         embeddings kaiming-normal per head as in the paper's appendix: each
         :math:`\mathbf{C}_h` is a :obj:`[k, d]` weight with fan-in :math:`d`,
-        so :math:`\mathcal{N}(0, 2/d)`."""
+        so :math:`\mathcal{N}(0, 2/d)`.
+
+        With :obj:`init="dense"`, each head's clusters are one random unit
+        vector :math:`\mathbf{u}_h` plus :math:`\mathcal{N}(0, 0.1^2)`
+        noise and the MLP's output bias is :math:`6\mathbf{u}_h`, so every
+        membership logit is about 6 (:math:`\sigma(6) \approx 0.998`)."""
         bound = 1.0 / math.sqrt(self.channels)
         for weight, bias in ((self.weight1, self.bias1),
                              (self.weight2, self.bias2)):
             torch.nn.init.uniform_(weight, -bound, bound)
             torch.nn.init.uniform_(bias, -bound, bound)
-        torch.nn.init.normal_(self.clusters, std=math.sqrt(2.0 / self.channels))
+        if self.init == "paper":
+            torch.nn.init.normal_(self.clusters, std=math.sqrt(2.0 / self.channels))
+            return
+        with torch.no_grad():
+            u = torch.nn.functional.normalize(
+                torch.randn_like(self.clusters[:, :1]), dim=-1)
+            self.clusters.copy_(u + 0.1 * torch.randn_like(self.clusters))
+            self.bias2.copy_(6.0 * u)
 
     def block(self) -> Tensor:
         r""":math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`, each head summing to 1."""
@@ -100,5 +124,6 @@ class StochasticBlockModel(Module):
         return self.membership(query), self.block(), self.membership(key)
 
     def __repr__(self) -> str:
+        init = "" if self.init == "paper" else f", init={self.init!r}"
         return (f"{self.__class__.__name__}(heads={self.heads}, "
-                f"channels={self.channels}, num_clusters={self.num_clusters})")
+                f"channels={self.channels}, num_clusters={self.num_clusters}{init})")

@@ -15,7 +15,7 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_sparse, softmax
 
 from sbm_pyg._validation import require_tensor, sync
-from sbm_pyg.nn.block_model import StochasticBlockModel
+from sbm_pyg.nn.block_model import INITS, StochasticBlockModel
 from sbm_pyg.nn.functional import (
     STE_MODES,
     _heads_first,
@@ -145,6 +145,10 @@ class SBMConv(MessagePassing):
             than this in one forward.
         ste (str): the straight-through estimator, :obj:`"paper"` or
             :obj:`"published"`. (default: :obj:`"paper"`)
+        sbm_init (str): initialization of the SBMs, :obj:`"paper"` (about
+            25% of the pairs sampled) or :obj:`"dense"` (about 99%: the head
+            starts as full attention), see :class:`StochasticBlockModel`.
+            (default: :obj:`"paper"`)
         **kwargs (optional): additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`. Setting
             :obj:`self.fuse = False` runs PyG's gather/scatter
@@ -188,6 +192,7 @@ class SBMConv(MessagePassing):
         mode: str = "exact",
         max_edges: Optional[int] = None,
         ste: str = "paper",
+        sbm_init: str = "paper",
         **kwargs,
     ):
         kwargs.setdefault("aggr", "add")
@@ -201,6 +206,8 @@ class SBMConv(MessagePassing):
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if ste not in STE_MODES:
             raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
+        if sbm_init not in INITS:
+            raise ValueError(f"sbm_init must be one of {INITS}, got {sbm_init!r}")
         if not (isinstance(exploration, (int, float)) and exploration >= 0):
             raise ValueError(f"exploration must be >= 0, got {exploration!r}")
         self.in_channels = in_channels
@@ -225,7 +232,8 @@ class SBMConv(MessagePassing):
             self.lin_skip = Linear(in_channels[1],
                                    heads * out_channels if concat else out_channels,
                                    bias=bias)
-        self.sbm = StochasticBlockModel(heads, out_channels, num_clusters)
+        self.sbm = StochasticBlockModel(heads, out_channels, num_clusters,
+                                        init=sbm_init)
         self.sampled_density: Optional[Tensor] = None
         self.expected_density: Optional[Tensor] = None
         self._alpha: Optional[Tensor] = None

@@ -117,6 +117,10 @@ def test_listops_task(tmp_path):
     ["train", "--task", "repeat", "--out", "/nonexistent/x", "--resume"],
     ["train", "--out", "x"],  # no --task and no preset
     ["train", "--preset", "no-such-preset", "--out", "x"],
+    ["train", "--task", "repeat", "--out", "x", "--sbm-init", "zeros"],
+    ["train", "--task", "repeat", "--out", "x", "--diagnose-every", "-1"],
+    ["train", "--task", "repeat", "--attention", "full", "--out", "x",
+     "--diagnose-every", "2"],
     ["plot", "/nonexistent/run"],
 ])
 def test_bad_arguments_exit_2(argv, capsys):
@@ -143,6 +147,29 @@ def test_preset_sets_defaults_and_arguments_override_them(tmp_path):
     assert PRESETS["repeat-paper"]["seq_len"] == 256
     assert PRESETS["repeat-paper"]["batch_size"] == 256
     assert PRESETS["repeat-paper"]["steps"] == 2000
+
+
+def test_sbm_init_dense_starts_near_full_attention(tmp_path):
+    paper = run(tmp_path, "paper", "--steps", "1")
+    dense = run(tmp_path, "dense", "--steps", "1", "--sbm-init", "dense")
+    assert metrics(paper)[0]["expected_density"] < 0.5
+    assert metrics(dense)[0]["expected_density"] > 0.95
+    from sbm_pyg.experiments import load_run
+    model, args = load_run(dense)
+    assert args["sbm_init"] == "dense"
+    assert model.blocks[0].attention.conv.sbm.init == "dense"
+
+
+def test_diagnose_every_logs_without_changing_the_run(tmp_path):
+    plain = run(tmp_path, "plain", "--steps", "4")
+    diagnosed = run(tmp_path, "diagnosed", "--steps", "4", "--diagnose-every", "2")
+    records = [json.loads(line) for line in
+               (diagnosed / "diagnostics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4]
+    assert set(records[0]) == {"step", "paper", "published", "probability"}
+    assert set(records[0]["paper"]) == {"self", "same_token", "other"}
+    # Its own batch and graphs: the training steps are the same.
+    assert [r["loss"] for r in metrics(plain)] == [r["loss"] for r in metrics(diagnosed)]
 
 
 def test_earlier_option_names_and_saved_arguments_still_work(tmp_path):

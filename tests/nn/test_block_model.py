@@ -63,6 +63,29 @@ def test_kaiming_normal_cluster_init():
     assert abs(float(c.mean())) < z_bound(1) * math.sqrt(sigma2 / n)
 
 
+@pytest.mark.parametrize("init,low,high", [("paper", 0.2, 0.3), ("dense", 0.98, 1.0)])
+def test_initial_edge_probability(init, low, high):
+    # Queries of unit scale per coordinate, as after a LayerNorm.
+    torch.manual_seed(5)
+    sbm = StochasticBlockModel(4, 32, 128, init=init)
+    x = torch.randn(200, 4, 32)
+    q_memb, block, k_memb = sbm(x, x)
+    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb).detach()
+    assert low < float(p.mean()) < high
+    assert float(p.min()) > (0.9 if init == "dense" else 0.1)
+
+
+def test_dense_init_gathers_the_clusters():
+    torch.manual_seed(6)
+    sbm = StochasticBlockModel(2, 16, 32, init="dense")
+    c = sbm.clusters.detach()
+    u = c.mean(1, keepdim=True)  # each head's common direction
+    assert torch.allclose(u.norm(dim=-1), torch.ones(2, 1), atol=0.05)
+    assert torch.allclose(sbm.bias2.detach(), 6 * u / u.norm(dim=-1, keepdim=True),
+                          atol=0.3)
+    assert float((c - u).std()) == pytest.approx(0.1, rel=0.1)
+
+
 def test_reset_parameters():
     sbm = StochasticBlockModel(2, 4, 3)
     torch.manual_seed(4)
@@ -82,3 +105,24 @@ def test_repr_and_bad_input():
         sbm(torch.randn(5, 3, 4), torch.randn(5, 2, 4))
     with pytest.raises(ValueError, match="num_clusters"):
         StochasticBlockModel(2, 4, 0)
+    with pytest.raises(ValueError, match="init"):
+        StochasticBlockModel(2, 4, 3, init="zeros")
+    assert repr(StochasticBlockModel(2, 4, 3, init="dense")) == \
+        "StochasticBlockModel(heads=2, channels=4, num_clusters=3, init='dense')"
+
+
+def test_one_near_certain_pair_per_node_forces_every_pair_up():
+    # Ŝ sums to 1 and memberships lie in (0, 1), so for queries i, i' and
+    # keys j, j':  1 - p(i, j') <= (1 - p(i, j)) + (1 - p(i', j')).
+    # A head that gives every query's duplicate probability 1 - eps thus
+    # gives every pair at least 1 - 2 eps: it is (nearly) full attention.
+    torch.manual_seed(7)
+    for init in ("paper", "dense"):
+        sbm = StochasticBlockModel(2, 8, 6, init=init)
+        x = 3 * torch.randn(9, 2, 8)
+        q_memb, block, k_memb = sbm(x, x)
+        miss = 1 - torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb).detach()
+        # [H, i, j, i', j']: miss[i, j'] vs miss[i, j] + miss[i', j']
+        lhs = miss[:, :, None, None, :]
+        rhs = miss[:, :, :, None, None] + miss[:, None, None, :, :]
+        assert bool((lhs <= rhs + 1e-6).all())

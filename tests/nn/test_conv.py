@@ -241,6 +241,7 @@ def test_bad_input(kwargs, error, match):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(dropout=1.0), "dropout"), (dict(mode="dense"), "mode"),
     (dict(exploration=-1.0), "exploration"), (dict(ste="mine"), "ste"),
+    (dict(sbm_init="zeros"), "sbm_init"),
 ])
 def test_bad_constructor_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
