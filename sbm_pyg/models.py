@@ -98,8 +98,9 @@ class SBMTransformer(Module):
         attn_dropout (float): dropout on attention weights (sbm, full).
         **sbm_kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
             :obj:`max_edges`, :obj:`ste`, :obj:`sbm_init` of
-            :class:`~sbm_pyg.nn.SBMConv`. The names :obj:`dim`, :obj:`layers`, :obj:`head_dim`,
-            :obj:`mlp_dim` and :obj:`clusters` of earlier versions still
+            :class:`~sbm_pyg.nn.SBMConv`. The names :obj:`dim`,
+            :obj:`layers`, :obj:`head_dim`, :obj:`mlp_dim` and
+            :obj:`clusters` of earlier versions still
             work, with a :class:`DeprecationWarning`.
 
     Shapes:

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from sbm_pyg.experiments.tasks import VOCAB, ListOps, repeat_batch
 from sbm_pyg.models import SBMTransformer
+from sbm_pyg.nn.block_model import INITS
 
 __all__ = ["train", "add_train_arguments", "PRESETS"]
 
@@ -62,7 +63,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--ste", choices=["paper", "published"], default="paper",
         help="straight-through estimator: the paper's equation or the "
              "published code's clipped logit gradient")
-    add("--sbm-init", choices=["paper", "dense"], default="paper",
+    add("--sbm-init", choices=INITS, default="paper",
         help="SBM initialization: the paper's (about 25%% of pairs sampled) "
              "or dense (about 99%%: the heads start as full attention)")
     add("--seed", type=int, default=0)
