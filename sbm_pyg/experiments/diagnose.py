@@ -46,6 +46,22 @@ def _pair_classes(tokens: Tensor) -> Tensor:
     return torch.where(eye, 0, torch.where(same, 1, 2))
 
 
+@torch.no_grad()
+def _sbm_probability(model: SBMTransformer, tokens: Tensor) -> Tensor:
+    # [B, H, N, N] the first block's SBM edge probabilities p_ij, formed
+    # densely: a reference for diagnostics, O(N^2) per sequence.
+    B, N = tokens.shape
+    x = model.token_embedding(tokens) + model.position_embedding(
+        torch.arange(N, device=tokens.device))
+    flat = model.blocks[0].norm1(x).reshape(B * N, -1)
+    conv = model.blocks[0].attention.conv
+    H, C = conv.heads, conv.out_channels
+    q_memb, block, k_memb = conv.sbm(conv.lin_query(flat).view(-1, H, C),
+                                     conv.lin_key(flat).view(-1, H, C))
+    return torch.einsum("bihu,huv,bjhv->bhij", q_memb.view(B, N, H, -1), block,
+                        k_memb.view(B, N, H, -1))
+
+
 def repeat_diagnostics(model: SBMTransformer, batch: int = 16,
                        seed: int = 0) -> Dict[str, dict]:
     """The statistics above for :obj:`model` (attention ``"sbm"``, token
@@ -100,20 +116,10 @@ def repeat_diagnostics(model: SBMTransformer, batch: int = 16,
         result[ste] = stats
     # SBM probabilities and sampled fractions by class (graph of the last
     # forward; exploration as in training).
-    with torch.no_grad():
-        x = model.token_embedding(tokens) + model.position_embedding(
-            torch.arange(N, device=device))
-        flat = model.blocks[0].norm1(x).reshape(batch * N, -1)
-        H, C = conv.heads, conv.out_channels
-        query = conv.lin_query(flat).view(-1, H, C)
-        key = conv.lin_key(flat).view(-1, H, C)
-        q_memb, block, k_memb = conv.sbm(query, key)
-        q_memb = q_memb.view(batch, N, H, -1)
-        k_memb = k_memb.view(batch, N, H, -1)
-        p = torch.einsum("bihu,huv,bjhv->bhij", q_memb, block, k_memb)
-        sampled = torch.zeros(batch, H, N, N, dtype=torch.bool, device=device)
-        j, i = graph.edge_index
-        sampled[i // N, graph.head, i % N, j % N] = True
+    p = _sbm_probability(model, tokens)
+    sampled = torch.zeros_like(p, dtype=torch.bool)
+    j, i = graph.edge_index
+    sampled[i // N, graph.head, i % N, j % N] = True
     cls = classes[:, None].expand_as(p)
     result["probability"] = {
         name: dict(mean_p=float(p[cls == c].mean()),

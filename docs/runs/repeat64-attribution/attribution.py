@@ -2,8 +2,8 @@
 repeat-task density collapses (an analysis script, not part of the library).
 
 Trains ``--preset repeat-paper --sbm-init paper --sbm-lr 1e-3`` (N = 64 by
-default) exactly as ``python -m sbm_pyg train`` does, and every 20 steps from step 240 to 480
-measures, on 16 fixed sequences, the mean SBM probability p by pair class
+default) exactly as ``python -m sbm_pyg train`` does, and every 20 steps
+from step 240 to 480 measures, on 16 fixed sequences, the mean SBM probability p by pair class
 (self, same token, other) before the optimizer step and how much it changes
 when only one parameter group takes its Adam step: each SBM tensor
 (``weight1``, ``bias1``, ``weight2``, ``bias2``, ``clusters``) and all the
@@ -21,7 +21,7 @@ import sys
 import torch
 
 from sbm_pyg.experiments import train as T
-from sbm_pyg.experiments.diagnose import _pair_classes
+from sbm_pyg.experiments.diagnose import _pair_classes, _sbm_probability
 from sbm_pyg.experiments.tasks import repeat_batch
 
 START, STOP, EVERY, PROBE = 240, 480, 20, 16
@@ -46,15 +46,8 @@ groups = {name: [p] for name, p in conv.sbm.named_parameters()}
 groups["non_sbm"] = [p for name, p in model.named_parameters() if ".sbm." not in name]
 
 
-@torch.no_grad()
 def mean_p() -> list:
-    x = model.token_embedding(probe) + model.position_embedding(torch.arange(N))
-    flat = model.blocks[0].norm1(x).reshape(PROBE * N, -1)
-    H, C = conv.heads, conv.out_channels
-    q_memb, block, k_memb = conv.sbm(conv.lin_query(flat).view(-1, H, C),
-                                     conv.lin_key(flat).view(-1, H, C))
-    p = torch.einsum("bihu,huv,bjhv->bhij", q_memb.view(PROBE, N, H, -1), block,
-                     k_memb.view(PROBE, N, H, -1))
+    p = _sbm_probability(model, probe)
     return [float(p[(classes == c).expand_as(p)].mean()) for c in range(3)]
 
 
