@@ -15,33 +15,19 @@ import time
 from typing import List, Optional, Sequence
 
 import torch
-from torch import Tensor
 
 from sbm_pyg.experiments.tasks import repeat_batch
+from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn import SBMMultiheadAttention
 from sbm_pyg.sampling import _compiled as _fastrg_compiled
 
 HEAD_DIM = 32
 
 
-class _RepeatModel(torch.nn.Module):
-    # Token + position embedding -> SBM attention -> per-token logit.
-    def __init__(self, vocab: int, length: int, num_clusters: int):
-        super().__init__()
-        self.tokens = torch.nn.Embedding(vocab, HEAD_DIM)
-        self.positions = torch.nn.Embedding(length, HEAD_DIM)
-        self.attn = SBMMultiheadAttention(HEAD_DIM, heads=1,
-                                          head_channels=HEAD_DIM,
-                                          num_clusters=num_clusters)
-        self.head = torch.nn.Sequential(torch.nn.Linear(2 * HEAD_DIM, HEAD_DIM),
-                                        torch.nn.ReLU(),
-                                        torch.nn.Linear(HEAD_DIM, 1))
-
-    def forward(self, tokens: Tensor, generator: torch.Generator) -> Tensor:
-        pos = torch.arange(tokens.size(1), device=tokens.device)
-        x = self.tokens(tokens) + self.positions(pos)
-        h = self.attn(x, generator=generator)
-        return self.head(torch.cat([x, h], dim=-1)).squeeze(-1)
+def _repeat_model(length: int, num_clusters: int) -> SBMTransformer:
+    # The paper's repeated-token model: one layer, one head of width 32.
+    return SBMTransformer(length + 1, length, channels=HEAD_DIM,
+                          num_clusters=num_clusters, token_classes=1)
 
 
 def sample_table(attn: SBMMultiheadAttention, lengths: Sequence[int],
@@ -73,37 +59,43 @@ def print_table(title: str, rows: List[dict]) -> None:
               f"{r['edges'] / r['ms'] / 1e3:>9.2f}")
 
 
-def train(model: _RepeatModel, length: int, seconds: float, lam: float,
+def train(model: SBMTransformer, length: int, seconds: float, lam: float,
           generator: torch.Generator) -> dict:
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # the paper's
     model.train()
-    start, step = time.perf_counter(), 0
+    start, step, shown = time.perf_counter(), 0, 0.0
     while time.perf_counter() - start < seconds:
-        tokens, labels = repeat_batch(32, length, generator)
-        logits = model(tokens, generator)
-        task = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
-        loss = task + lam * model.attn.expected_density.mean()
+        tokens, labels = repeat_batch(64, length, generator)
+        out = model(tokens, generator=generator, output="token")
+        task = torch.nn.functional.binary_cross_entropy_with_logits(
+            out.token_logits.squeeze(-1), labels)
+        loss = task + lam * out.density_loss
         opt.zero_grad()
         loss.backward()
         opt.step()
         step += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= shown:  # a line every fifth of the time
+            print(f"  {elapsed:5.1f} s  step {step:4d}  loss {float(task.detach()):.3f}  "
+                  f"density {float(out.sampled_density.mean()):.3f}")
+            shown += seconds / 5
     model.eval()
     with torch.no_grad():
         tokens, labels = repeat_batch(256, length, generator)
-        acc = ((model(tokens, generator) > 0).float() == labels).float().mean()
+        out = model(tokens, generator=generator, output="token")
+        acc = ((out.token_logits.squeeze(-1) > 0).float() == labels).float().mean()
         majority = torch.maximum(labels.mean(), 1 - labels.mean())
     return dict(steps=step, loss=float(task.detach()), accuracy=float(acc),
-                majority=float(majority),
-                density=float(model.attn.sampled_density.mean()))
+                majority=float(majority), density=float(out.sampled_density.mean()))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+",
                         default=[256, 1024, 4096])
-    parser.add_argument("--train-length", type=int, default=32)
+    parser.add_argument("--train-length", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--num-clusters", "--clusters", type=int, default=128,
+    parser.add_argument("--num-clusters", "--clusters", type=int, default=32,
                         dest="num_clusters", help="(--clusters: earlier name)")
     parser.add_argument("--lam", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -114,20 +106,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
-    model = _RepeatModel(args.train_length + 1, args.train_length, args.num_clusters)
+    model = _repeat_model(args.train_length, args.num_clusters)
+    attn = model.blocks[0].attention
     backend = "compiled" if _fastrg_compiled.available() else "torch"
     print(f"fastrg backend: {backend}; time_ms and Medges/s are one whole "
           f"forward pass (projections, SBM, sampling, attention)\n")
     print_table(f"SBM head at initialization (k={args.num_clusters}, head dim "
                 f"{HEAD_DIM}, kaiming-normal clusters), random inputs:",
-                sample_table(model.attn, args.lengths, generator))
+                sample_table(attn, args.lengths, generator))
+    print(f"\ntraining on repeated tokens, N={args.train_length} (a head "
+          f"that compares every pair learns it):")
     stats = train(model, args.train_length, args.seconds, args.lam, generator)
     print(f"\ntrained {stats['steps']} steps ({args.seconds:.0f} s) on repeated "
           f"tokens, N={args.train_length}: loss {stats['loss']:.3f}, token "
           f"accuracy {stats['accuracy']:.3f} (majority class "
           f"{stats['majority']:.3f}), test density {stats['density']:.3f}\n")
     print_table("The trained SBM head, random inputs:",
-                sample_table(model.attn, args.lengths, generator))
+                sample_table(attn, args.lengths, generator))
 
 
 if __name__ == "__main__":

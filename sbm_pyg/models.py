@@ -152,6 +152,25 @@ class SBMTransformer(Module):
         self.norm = LayerNorm(channels)
         self.token_head = Linear(channels, token_classes)
         self.seq_head = Linear(channels, seq_classes)
+        self._reset_embeddings()
+
+    def reset_parameters(self) -> None:
+        r"""Resets all learnable parameters: the token and position
+        embeddings :math:`\mathcal{N}(0, 0.02^2)`, as the published code
+        (and BERT) initializes them, the rest as each module does.
+        :obj:`torch.nn.Embedding`'s own :math:`\mathcal{N}(0, 1)` makes the
+        embeddings large against the attention's projections, and an SBM
+        head started from it collapses to a sparse graph on the
+        repeated-token task where this start learns full attention
+        (docs/experiments.md)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        self._reset_embeddings()
+
+    def _reset_embeddings(self) -> None:
+        for embedding in (self.token_embedding, self.position_embedding):
+            torch.nn.init.normal_(embedding.weight, std=0.02)
 
     @staticmethod
     def _attention(kind: str, channels: int, heads: int, head_channels: int,

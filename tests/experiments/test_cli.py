@@ -143,8 +143,8 @@ def test_preset_sets_defaults_and_arguments_override_them(tmp_path):
             args["channels"], args["lr"], args["exploration"], args["lam"]) == (
         "repeat", "sbm", 1, 1, 32, 1e-3, 0.01, 0.0)
     assert args["preset"] == "repeat-paper" and args["mode"] == "exact"
-    # ...and the start that reaches the paper's result: dense, with a slow SBM.
-    assert (args["ste"], args["sbm_init"], args["sbm_lr"]) == ("paper", "dense", 1e-5)
+    # ...from the default start, one learning rate for every parameter.
+    assert (args["ste"], args["sbm_init"], args["sbm_lr"]) == ("paper", "paper", None)
     from sbm_pyg.experiments.train import PRESETS
     assert PRESETS["repeat-paper"]["seq_len"] == 256
     assert PRESETS["repeat-paper"]["batch_size"] == 256

@@ -1,7 +1,10 @@
+import copy
+
 import pytest
 import torch
 
 from sbm_pyg.nn import SBMMultiheadAttention
+from tests import published_reference
 from tests.helpers import seeded
 
 MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]).bool()
@@ -77,3 +80,34 @@ def test_bad_mask(mask, match):
 def test_bad_x():
     with pytest.raises(ValueError, match="channels"):
         run(make_attn(), torch.randn(3, 5, 8))
+
+
+@pytest.mark.parametrize("ste,scale", [("paper", 1.0), ("published", 1.0),
+                                       ("published", 30.0)])
+def test_matches_the_published_dense_head(ste, scale):
+    # Same weights, same mask: outputs and every parameter's gradient equal
+    # the dense reference of the published head (tests/published_reference).
+    # scale=30 makes some mask gradients exceed 1, so the clip is exercised.
+    torch.manual_seed(0)
+    attn = SBMMultiheadAttention(16, heads=2, head_channels=8, num_clusters=4,
+                                 qkv_bias=True, ste=ste).double()
+    ref_attn = copy.deepcopy(attn)
+    graphs = []
+    attn.conv.register_graph_hook(lambda module, graph: graphs.append(graph))
+    x = x_input().double().requires_grad_()
+    weight = scale * torch.randn(3, 5, 16, generator=seeded(5), dtype=torch.float64)
+    out = run(attn, x, MASK)
+    (out * weight).sum().backward()
+    mask = published_reference.dense_mask(graphs[0], MASK)
+    # The sample must hold empty and multi-edge rows of real queries.
+    degree = mask.sum(-1).transpose(1, 2)[MASK]  # [real queries, H]
+    assert bool((degree == 0).any()) and bool((degree > 1).any())
+    x_ref = x.detach().clone().requires_grad_()
+    ref = published_reference.attention(ref_attn.conv, ref_attn.out, x_ref, MASK,
+                                         mask, ste)
+    assert torch.allclose(out, ref, atol=1e-12)
+    (ref * weight).sum().backward()
+    assert torch.allclose(x.grad, x_ref.grad, atol=1e-12)
+    for (name, p), q in zip(attn.named_parameters(), ref_attn.parameters()):
+        assert p.grad is not None and bool(p.grad.abs().sum() > 0), name
+        assert torch.allclose(p.grad, q.grad, atol=1e-12), name
