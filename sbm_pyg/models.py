@@ -72,7 +72,8 @@ class _Block(Module):
 class SBMTransformer(Module):
     r"""Pre-norm Transformer encoder with SBM attention (or a baseline).
 
-    Token embedding plus learned position embedding; :obj:`layers` blocks of
+    Token embedding plus learned position embedding (both
+    :math:`\mathcal{N}(0, 0.02^2)`, see :meth:`reset_parameters`); :obj:`layers` blocks of
     [LayerNorm → attention → dropout + residual; LayerNorm → MLP (GELU) →
     dropout + residual]; a final LayerNorm; a token-level head and a
     sequence-level head (mean pooling over real tokens).

@@ -59,6 +59,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--sbm-lr", type=float, default=None,
         help="learning rate of the SBMs (cluster embeddings and membership "
              "MLPs; default --lr)")
+    add("--adam-eps", type=float, default=1e-8,
+        help="Adam's eps (torch's default; the published code trains with "
+             "1e-6, which shrinks the SBM's small-gradient steps)")
     add("--dropout", type=float, default=0.0)
     add("--exploration", type=float, default=0.01)
     add("--mode", choices=["exact", "poisson"], default="exact",
@@ -100,6 +103,8 @@ def check_train_arguments(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--seq-len must be >= 2 for the repeat task")
     if args.sbm_lr is not None and args.sbm_lr <= 0:
         parser.error("--sbm-lr must be > 0")
+    if args.adam_eps <= 0:
+        parser.error("--adam-eps must be > 0")
     if args.lr <= 0 or args.lam < 0 or not 0 <= args.dropout < 1 or args.exploration < 0:
         parser.error("--lr must be > 0, --lam >= 0, --dropout in [0, 1), "
                      "--exploration >= 0")
@@ -244,7 +249,9 @@ def train(args) -> dict:
         torch.Generator(device).manual_seed(args.seed * 1000 + rank)
     task = _Task(args, generator, rank, world)
     model = build_model(args).to(device)
-    optimizer = torch.optim.Adam(_parameter_groups(model, args), lr=args.lr)
+    # Runs saved before --adam-eps existed used torch's default.
+    optimizer = torch.optim.Adam(_parameter_groups(model, args), lr=args.lr,
+                                 eps=getattr(args, "adam_eps", 1e-8))
     step = 0
     args.out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = args.out / "checkpoint.pt"

@@ -82,10 +82,8 @@ class StochasticBlockModel(Module):
         the published code computes it: on the one :obj:`[H, k, d]` tensor,
         whose fan-in torch counts as :math:`k d`, so
         :math:`\mathcal{N}(0, 2/(k d))` (std about 0.022 at :math:`k = 128`,
-        :math:`d = 32`). The paper does not give the fan-in; this scale
-        decides whether a head can learn full attention (a per-head fan-in
-        of :math:`d`, std 0.25, collapses on the repeated-token task, see
-        docs/experiments.md). About 25% of the pairs are sampled at the
+        :math:`d = 32`). The paper does not give the fan-in; this one is
+        what its experiments ran. About 25% of the pairs are sampled at the
         start, the paper's figure.
 
         With :obj:`init="dense"`, each head's clusters are one random unit

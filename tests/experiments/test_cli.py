@@ -57,13 +57,14 @@ def test_resume_gives_the_identical_next_step(tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def test_sbm_lr_sets_the_sbm_parameter_group(tmp_path):
+def test_sbm_lr_and_adam_eps_set_the_optimizer(tmp_path):
     out = run(tmp_path, "lr", "--steps", "1", "--lr", "1e-3", "--sbm-lr", "1e-4",
-              "--mode", "exact")
+              "--mode", "exact", "--adam-eps", "1e-6")
     args = json.loads((out / "final.json").read_text())["args"]
-    assert (args["mode"], args["sbm_lr"]) == ("exact", 1e-4)
+    assert (args["mode"], args["sbm_lr"], args["adam_eps"]) == ("exact", 1e-4, 1e-6)
     groups = torch.load(out / "checkpoint.pt", weights_only=False)["optimizer"]["param_groups"]
     assert [g["lr"] for g in groups] == [1e-3, 1e-4]
+    assert [g["eps"] for g in groups] == [1e-6, 1e-6]
     model = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
     sbm = [k for k in model if ".sbm." in k]
     assert len(groups[1]["params"]) == len(sbm) == 5  # 2 MLP layers + clusters
@@ -114,6 +115,7 @@ def test_listops_task(tmp_path):
     ["train", "--task", "sorting", "--out", "x"],
     ["train", "--task", "repeat", "--out", "x", "--lr", "-1"],
     ["train", "--task", "repeat", "--out", "x", "--sbm-lr", "0"],
+    ["train", "--task", "repeat", "--out", "x", "--adam-eps", "0"],
     ["train", "--task", "repeat", "--out", "/nonexistent/x", "--resume"],
     ["train", "--out", "x"],  # no --task and no preset
     ["train", "--preset", "no-such-preset", "--out", "x"],

@@ -11,9 +11,16 @@ earlier scale of one or both:
 - ``embeddings-unit``: token and position embeddings N(0, 1), what
   torch.nn.Embedding draws.
 
-Writes VARIANT.jsonl here (train loss, accuracy, sampled density every 20
-steps) and VARIANT-final.json (test accuracy and density on 8 fresh batches,
-eval mode). Usage: python ablation.py VARIANT [--steps 1200]
+The published estimator's runs also try the published code's other
+choices where the paper is silent: ``--adam-eps 1e-6`` (its AdamW's eps;
+torch's default is 1e-8) and ``--qkv-bias`` (biases in the query, key and
+value projections).
+
+Writes NAME.jsonl here (train loss, accuracy, sampled density every 20
+steps) and NAME-final.json (test accuracy and density on 8 fresh batches,
+eval mode), NAME = VARIANT plus the options given.
+Usage: python ablation.py VARIANT [--steps 1200] [--ste published]
+[--adam-eps 1e-6] [--qkv-bias]
 """
 import argparse
 import json
@@ -31,9 +38,10 @@ N, K, D = 64, 128, 32
 VARIANTS = ("default", "clusters-per-head", "embeddings-unit", "both-earlier")
 
 
-def build(variant: str) -> SBMTransformer:
+def build(variant: str, ste: str, qkv_bias: bool) -> SBMTransformer:
     model = SBMTransformer(N + 1, N, channels=D, num_clusters=K, token_classes=1,
-                           exploration=0.01, mode="exact", ste="paper")
+                           exploration=0.01, mode="exact", ste=ste,
+                           qkv_bias=qkv_bias)
     with torch.no_grad():
         if variant in ("clusters-per-head", "both-earlier"):
             sbm = model.blocks[0].attention.conv.sbm
@@ -55,13 +63,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("variant", choices=VARIANTS)
     parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--ste", choices=["paper", "published"], default="paper")
+    parser.add_argument("--adam-eps", type=float, default=1e-8)
+    parser.add_argument("--qkv-bias", action="store_true")
     args = parser.parse_args()
+    name = args.variant + ("" if args.ste == "paper" else f"-{args.ste}")
+    name += "" if args.adam_eps == 1e-8 else f"-eps{args.adam_eps:g}"
+    name += "-qkv-bias" if args.qkv_bias else ""
     here = Path(__file__).parent
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
-    model = build(args.variant)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    log = here / f"{args.variant}.jsonl"
+    model = build(args.variant, args.ste, args.qkv_bias)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=args.adam_eps)
+    log = here / f"{name}.jsonl"
     log.write_text("")
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
@@ -85,8 +99,9 @@ def main() -> None:
             _, acc, out = accuracy(model, tokens, labels, generator)
             accs.append(acc)
             dens.append(float(out.sampled_density.mean()))
-    (here / f"{args.variant}-final.json").write_text(json.dumps(dict(
-        variant=args.variant, steps=args.steps, test_accuracy=sum(accs) / 8,
+    (here / f"{name}-final.json").write_text(json.dumps(dict(
+        variant=args.variant, ste=args.ste, adam_eps=args.adam_eps,
+        qkv_bias=args.qkv_bias, steps=args.steps, test_accuracy=sum(accs) / 8,
         test_density=sum(dens) / 8), indent=1))
 
 
