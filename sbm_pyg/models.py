@@ -73,10 +73,11 @@ class SBMTransformer(Module):
     r"""Pre-norm Transformer encoder with SBM attention (or a baseline).
 
     Token embedding plus learned position embedding (both
-    :math:`\mathcal{N}(0, 0.02^2)`, see :meth:`reset_parameters`); :obj:`layers` blocks of
-    [LayerNorm → attention → dropout + residual; LayerNorm → MLP (GELU) →
-    dropout + residual]; a final LayerNorm; a token-level head and a
-    sequence-level head (mean pooling over real tokens).
+    :math:`\mathcal{N}(0, 0.02^2)`, see :meth:`reset_parameters`);
+    :obj:`layers` blocks of [LayerNorm → attention → dropout + residual;
+    LayerNorm → MLP (GELU) → dropout + residual]; a final LayerNorm; a
+    token-level head and a sequence-level head (mean pooling over real
+    tokens).
 
     Args:
         num_tokens (int): vocabulary size (token 0 is free for padding).
@@ -158,12 +159,10 @@ class SBMTransformer(Module):
     def reset_parameters(self) -> None:
         r"""Resets all learnable parameters: the token and position
         embeddings :math:`\mathcal{N}(0, 0.02^2)`, as the published code
-        (and BERT) initializes them, the rest as each module does.
-        :obj:`torch.nn.Embedding`'s own :math:`\mathcal{N}(0, 1)` makes the
-        embeddings large against the attention's projections, and an SBM
-        head started from it collapses to a sparse graph on the
-        repeated-token task where this start learns full attention
-        (docs/experiments.md)."""
+        (and BERT) initializes them, the rest as each module does. From
+        :obj:`torch.nn.Embedding`'s own :math:`\mathcal{N}(0, 1)` an SBM
+        head collapses to a sparse graph on the repeated-token task, where
+        from this start it learns full attention (docs/experiments.md)."""
         for module in self.modules():
             if module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
