@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test lint docs demo bench clean
 
-$(STAMP): pyproject.toml setup.py csrc/fastrg.cpp
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*/*.cpp csrc/*/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install torch==2.13.0 "setuptools>=77" wheel
 	$(PY) -m pip install --no-build-isolation -e ".[test]"

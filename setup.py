@@ -22,7 +22,9 @@ if os.environ.get("SBM_PYG_NO_EXT", "0") != "1":
     else:
         openmp = [] if sys.platform == "darwin" else ["-fopenmp"]
         ext_modules.append(CppExtension(
-            "sbm_pyg._C", ["csrc/fastrg.cpp"],
+            "sbm_pyg._C", ["csrc/bindings.cpp", "csrc/sampler/fastrg.cpp",
+                           "csrc/attention/attention.cpp"],
+            include_dirs=["csrc"],
             extra_compile_args=["-O3"] + openmp,
             extra_link_args=openmp,
             optional=True))

@@ -21,7 +21,7 @@ def bench_ext(n: int, densities: Sequence[float], device: torch.device,
     import torch_scatter
     import torch_sparse
 
-    from sbm_pyg.sparse import spmm
+    from sbm_pyg.ops.csr import spmm
     rows = []
     for density in densities:
         graph = fixed_graph(n, density, device)

@@ -63,7 +63,7 @@ def test_sampler_makes_nothing_on_the_default_device(device, backend, mode):
 
 @pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
 def test_attention_makes_nothing_on_the_default_device(device, backend):
-    from sbm_pyg import _triton_attention
+    from sbm_pyg.ops import triton_attention as _triton_attention
     if backend == "triton" and not _triton_attention.available(device):
         pytest.skip("triton not installed")
     q, b, k = memberships(device)

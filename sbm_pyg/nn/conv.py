@@ -352,21 +352,22 @@ class SBMConv(MessagePassing):
                        generator=generator)
         for hook in self._graph_hooks.values():
             hook(self, graph)
-        edge_prob = None
-        if torch.is_grad_enabled() and q_memb.requires_grad:
-            # Only its gradient is used (the straight-through estimator):
-            # the values are never computed.
-            edge_prob = _ste_probability(q_memb, block, k_memb, graph)
+        # The straight-through estimator uses the edge probabilities'
+        # gradient only: their values are never computed.
+        need_ste = torch.is_grad_enabled() and q_memb.requires_grad
         self._record_density(graph, q_memb, block, k_memb)
 
         if self.fuse:
             # The weights cost a pass of their own on the Triton path.
             out = sparse_attention(
-                query, key, value, graph, edge_prob, self.dropout,
+                query, key, value, graph, None, self.dropout,
                 self.training, ste=self.ste, generator=generator,
-                return_attention_weights=need_alpha)
+                return_attention_weights=need_alpha,
+                sbm=(q_memb, block, k_memb) if need_ste else None)
             out, alpha = out if need_alpha else (out, None)
             return out, graph, alpha
+        edge_prob = (_ste_probability(q_memb, block, k_memb, graph)
+                     if need_ste else None)
         _, col = graph.csr()
         out = self.propagate(
             torch.stack([col, graph.row().long()]),

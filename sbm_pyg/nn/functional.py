@@ -1,10 +1,12 @@
 r"""Sparse attention on sampled graphs and the straight-through estimator.
 
 Both functions run on the block-diagonal CSR form of a
-:class:`~sbm_pyg.sampling.SampledGraph` (see :mod:`sbm_pyg.sparse`), for all
-heads and sequences of a ragged batch in one kernel call, and keep only
+:class:`~sbm_pyg.sampling.SampledGraph` (see :mod:`sbm_pyg.ops.csr`), for
+all heads and sequences of a ragged batch in one kernel call, and keep only
 :math:`O(E + N H D)` for backward: nothing of size :obj:`[E, D]` or
-:obj:`[E, k]`.
+:obj:`[E, k]`. The attention runs on one of three backends
+(:mod:`sbm_pyg.ops`): the fused kernel of the compiled extension (CPU), the
+Triton kernels (CUDA), or PyTorch's CSR kernels (any device, the reference).
 """
 from __future__ import annotations
 
@@ -16,8 +18,16 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from sbm_pyg._validation import check_generator, require_tensor
+from sbm_pyg.ops import backend_info as _backends
+from sbm_pyg.ops.compiled_attention import fused_attention
+from sbm_pyg.ops.csr import (
+    full_precision,
+    sddmm,
+    segment_softmax,
+    segment_sum,
+    spmm,
+)
 from sbm_pyg.sampling import SampledGraph
-from sbm_pyg.sparse import sddmm, segment_softmax, segment_sum, spmm
 
 __all__ = ["sparse_attention", "edge_probability", "STE_MODES",
            "ATTENTION_BACKENDS"]
@@ -208,7 +218,7 @@ class _SparseAttention(torch.autograd.Function):
 
 class _TritonSparseAttention(torch.autograd.Function):
     r"""The same attention with the fused Triton kernels of
-    :mod:`sbm_pyg._triton_attention`: one pass per row with an online
+    :mod:`sbm_pyg.ops.triton_attention`: one pass per row with an online
     softmax; saved for backward: :obj:`q, k, v, out` and each row's
     log-sum-exp, nothing per edge."""
 
@@ -216,7 +226,7 @@ class _TritonSparseAttention(torch.autograd.Function):
     def forward(ctx, graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                 edge_prob: Optional[Tensor], scale: float, ste: str
                 ) -> Tuple[Tensor, Tensor]:
-        from sbm_pyg import _triton_attention as kernels
+        from sbm_pyg.ops import triton_attention as kernels
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out, lse = kernels.attention_forward(*graph.csr(), q, k, v, scale)
         ctx.graph, ctx.scale = graph, scale
@@ -229,7 +239,7 @@ class _TritonSparseAttention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
-        from sbm_pyg import _triton_attention as kernels
+        from sbm_pyg.ops import triton_attention as kernels
         q, k, v, out, lse = ctx.saved_tensors
         graph = ctx.graph
         (rowptr, col), (colptr, row_t) = graph.csr(), graph.csr_t()
@@ -251,7 +261,7 @@ def _attention_weights(graph: SampledGraph, q: Tensor, k: Tensor,
 
 
 STE_MODES = ("paper", "published")
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("torch", "compiled", "triton")
 
 
 @torch.compiler.disable
@@ -268,6 +278,7 @@ def sparse_attention(
     generator: Optional[torch.Generator] = None,
     return_attention_weights: bool = False,
     backend: Optional[str] = None,
+    sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
 ) -> Tensor | Tuple[Tensor, Tensor]:
     r"""Masked softmax attention on the sampled edges only.
 
@@ -320,12 +331,22 @@ def sparse_attention(
         generator (torch.Generator, optional): source of the dropout mask.
         return_attention_weights (bool): also return :math:`\alpha`
             :obj:`[E]` in edge order (before dropout).
-        backend (str, optional): :obj:`"triton"`, fused kernels that keep
-            nothing per edge for backward (CUDA; on the CPU only under
+        backend (str, optional): :obj:`"compiled"`, the fused kernel of
+            the compiled extension (CPU; keeps :math:`\alpha` :obj:`[E]`
+            for backward), :obj:`"triton"`, fused kernels that keep nothing
+            per edge for backward (CUDA; on the CPU only under
             ``TRITON_INTERPRET=1``, for testing), or :obj:`"torch"`, CSR
-            kernels of PyTorch (any device). :obj:`None` takes Triton for
-            CUDA tensors where it is installed, except for attention
-            dropout, which only the PyTorch path has.
+            kernels of PyTorch (any device; the reference). :obj:`None`
+            takes the fused kernel that is built for the tensors' device
+            (:func:`sbm_pyg.ops.backends`), and :obj:`"torch"` for
+            attention dropout, which only the PyTorch path has.
+        sbm ((Tensor, Tensor, Tensor), optional): instead of
+            :obj:`edge_prob`, the SBM the graph was sampled from,
+            :obj:`(q_memb [N_q, H, k], block [H, k, k], k_memb [N_k, H,
+            k])`: its edge probabilities get the straight-through gradient
+            as with :obj:`edge_prob=edge_probability(*sbm, graph)`; the
+            compiled backend sums it into the memberships inside its
+            backward pass, with no :obj:`[E]` tensor :math:`p`.
 
     Returns:
         Tensor :obj:`[N_q, H, D_v]`, or :obj:`(out, alpha)`.
@@ -355,6 +376,8 @@ def sparse_attention(
         if edge_prob.numel() != graph.num_edges:
             raise ValueError(f"edge_prob must have one entry per edge "
                              f"({graph.num_edges}), got {edge_prob.numel()}")
+    if sbm is not None:
+        _check_sbm(sbm, graph, edge_prob)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if ste not in STE_MODES:
@@ -364,6 +387,13 @@ def sparse_attention(
     backend = _attention_backend(backend, query.device, dropout)
     scale = 1.0 / math.sqrt(D)
     q, k, v = _heads_first(query), _heads_first(key), _heads_first(value)
+    if backend == "compiled":
+        out, alpha = _compiled_attention(graph, q, k, v, edge_prob, sbm,
+                                         scale, ste)
+        out = _nodes_first(out.to(value.dtype), H)
+        return (out, alpha) if return_attention_weights else out
+    if sbm is not None:
+        edge_prob = _ste_probability(*sbm, graph)
     if backend == "triton":
         out, lse = _TritonSparseAttention.apply(graph, q, k, v, edge_prob,
                                                 scale, ste)
@@ -379,18 +409,74 @@ def sparse_attention(
     return out
 
 
+def _check_sbm(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -> None:
+    if edge_prob is not None:
+        raise ValueError("give edge_prob or sbm, not both")
+    if not (isinstance(sbm, tuple) and len(sbm) == 3):
+        raise TypeError(f"sbm must be a tuple (q_memb, block, k_memb), got "
+                        f"{type(sbm).__name__}")
+    q_memb, block, k_memb = sbm
+    for name, t in (("q_memb", q_memb), ("block", block), ("k_memb", k_memb)):
+        require_tensor(f"sbm's {name}", t, 3, floating=True)
+    _check_graph(graph, q_memb.size(0), k_memb.size(0), q_memb.size(1),
+                 "sbm's q_memb", "k_memb")
+    k = q_memb.size(2)
+    if block.shape != (q_memb.size(1), k, k) or k_memb.size(2) != k:
+        raise ValueError(f"sbm must be (q_memb [N_q, H, k], block [H, k, k], "
+                         f"k_memb [N_k, H, k]), got shapes "
+                         f"{tuple(q_memb.shape)}, {tuple(block.shape)}, "
+                         f"{tuple(k_memb.shape)}")
+
+
+def _compiled_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
+                        edge_prob: Optional[Tensor],
+                        sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
+                        scale: float, ste: str) -> Tuple[Tensor, Tensor]:
+    # The kernel computes in float32 or float64; half precision inputs are
+    # cast (autograd casts their gradients back).
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    rowptr, col = graph.csr()
+    q_block = k_memb = None
+    with full_precision(q.device):
+        if sbm is not None:
+            q_memb, block, k_memb = sbm
+            q_block = torch.bmm(q_memb.transpose(0, 1).to(dtype),
+                                block.to(dtype)).reshape(-1, block.size(-1))
+            k_memb = _heads_first(k_memb.to(dtype)).contiguous()
+        if edge_prob is not None:
+            edge_prob = edge_prob.to(dtype)
+        return fused_attention(
+            rowptr, col, graph.colptr, graph.perm,
+            q.to(dtype).contiguous(), k.to(dtype).contiguous(),
+            v.to(dtype).contiguous(), edge_prob, q_block, k_memb,
+            scale=scale, ste=ste)
+
+
 def _attention_backend(backend: Optional[str], device: torch.device,
                        dropout: float) -> str:
     if backend not in (None,) + ATTENTION_BACKENDS:
         raise ValueError(f"backend must be one of {ATTENTION_BACKENDS} or "
                          f"None, got {backend!r}")
-    if backend == "torch" or (backend is None and device.type != "cuda"):
-        return "torch"
-    from sbm_pyg import _triton_attention
-    usable = _triton_attention.available(device)
     if backend is None:
-        return "triton" if usable and dropout == 0 else "torch"
-    if not usable:
+        # Only the PyTorch path has attention dropout.
+        return "torch" if dropout > 0 else _backends.backends(device)["attention"]
+    if backend == "compiled":
+        if not _backends.WITH_EXTENSION:
+            raise ValueError("backend='compiled' needs the compiled extension "
+                             "(sbm_pyg._C), which is not built; reinstall "
+                             "with a C++ compiler: pip install "
+                             "--no-build-isolation .")
+        if device.type != "cpu":
+            raise ValueError(f"backend='compiled' runs on the CPU; the "
+                             f"tensors are on {device}")
+        if dropout > 0:
+            raise ValueError("backend='compiled' has no attention dropout; "
+                             "use backend='torch' or dropout=0")
+        return backend
+    if backend == "torch":
+        return backend
+    from sbm_pyg.ops import triton_attention
+    if not triton_attention.available(device):
         raise ValueError(f"backend='triton' needs triton and CUDA tensors "
                          f"(or TRITON_INTERPRET=1 on the CPU); the tensors "
                          f"are on {device}")

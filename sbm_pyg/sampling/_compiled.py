@@ -6,23 +6,17 @@ degree, picks key clusters from the row :math:`\mathbf{Y}_i \mathbf{B}
 per-(sequence, head, cluster) alias tables, and merges duplicates within the
 row; rows whose drawing would cost more than testing every key
 (:data:`DENSE_ROW_THRESHOLD`) take one Bernoulli per key instead. See
-``csrc/fastrg.cpp``.
+``csrc/sampler/fastrg.cpp``.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from sbm_pyg._validation import Check, check_draws, invalid_values, sync
-
-_C: Any
-try:
-    _C = importlib.import_module("sbm_pyg._C")
-except ImportError:  # built without the extension (SBM_PYG_NO_EXT=1, no compiler)
-    _C = None
+from sbm_pyg.ops.backend_info import _C
 
 # A row is sampled densely (one Bernoulli per key) when its expected number
 # of draws, inflation included, is at least this fraction of its keys.

@@ -25,7 +25,7 @@ from sbm_pyg.sampling.graph import (
     _pointers,
     _sorted_unique,
 )
-from sbm_pyg.sparse import full_precision, sddmm
+from sbm_pyg.ops.csr import full_precision, sddmm
 
 __all__ = ["fastrg", "MODES", "BACKENDS"]
 

@@ -11,7 +11,7 @@ from torch_geometric import EdgeIndex
 from torch_geometric.typing import SparseTensor
 
 from sbm_pyg._validation import Check, as_ptr, require_tensor, sync
-from sbm_pyg.sparse import row_index
+from sbm_pyg.ops.csr import row_index
 
 __all__ = ["SampledGraph", "edge_pairs"]
 

@@ -28,8 +28,11 @@
 // the memory guard) before anything of that size is allocated:
 //   plan   -> per-row degree (or -1 for a dense row) and inflation c
 //   sample -> rowptr, edge_index, head, perm, colptr
-#include <torch/extension.h>
+#include "sampler/fastrg.h"
 
+#include "simd.h"
+
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -43,9 +46,9 @@
 #include <omp.h>
 #endif
 
-namespace {
-
 using at::Tensor;
+
+namespace {
 
 constexpr double kMaxInflation = 40.0;
 
@@ -114,14 +117,7 @@ int64_t poisson(Rng& rng, double mu) {
 // ---------------------------------------------------------------------------
 // Dot products over the k clusters: 8 independent accumulators so that the
 // compiler vectorizes without reassociating a single sum; cloned for AVX2
-// and AVX-512 and picked at load time, so the build needs no -march.
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    defined(__linux__)
-#define SBM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SBM_CLONES
-#endif
+// and AVX-512 (simd.h).
 
 template <typename scalar_t>
 inline double dot_impl(const scalar_t* a, const scalar_t* b, int64_t k) {
@@ -665,6 +661,10 @@ void check_inputs(const Tensor& W, const Tensor& Z, const Tensor& mass,
   TORCH_CHECK(Z.size(0) < (int64_t(1) << 31), "N_k must be below 2^31");
 }
 
+}  // namespace
+
+namespace sbm_pyg {
+
 std::vector<Tensor> fastrg_plan(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q,
                                 Tensor ptr_k, double delta, bool exact,
                                 int64_t seed, double threshold) {
@@ -706,10 +706,4 @@ std::vector<Tensor> fastrg_sample(Tensor W, Tensor Z, Tensor mass,
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "sbm_pyg compiled kernels (CPU)";
-  m.def("fastrg_plan", &fastrg_plan, "fastRG pass 1: row degrees");
-  m.def("fastrg_sample", &fastrg_sample, "fastRG pass 2: the graph");
-}
+}  // namespace sbm_pyg

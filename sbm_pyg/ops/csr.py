@@ -21,10 +21,10 @@ from torch import Tensor
 __all__ = ["sddmm", "spmm", "segment_sum", "segment_softmax", "row_index",
            "full_precision"]
 
-try:  # optional (pip install .[ext]); see segment_softmax
+from sbm_pyg.ops.backend_info import WITH_TORCH_SCATTER
+
+if WITH_TORCH_SCATTER:  # optional (pip install .[ext]); see _segment_max
     import torch_scatter
-except ImportError:
-    torch_scatter = None
 
 # torch's sparse CSR kernels warn that they are "beta" on every construction.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
@@ -122,7 +122,7 @@ def _segment_max(values: Tensor, rowptr: Tensor) -> Tensor:
     # the benchmark's ext section); for sums, and torch-sparse's SpMM, ours
     # are faster (2.5-3.9x), so only the max uses it. Empty rows differ
     # (0 vs -inf) and are never read.
-    if torch_scatter is not None and values.device.type == "cpu":
+    if WITH_TORCH_SCATTER and values.device.type == "cpu":
         return torch_scatter.segment_csr(values, rowptr, reduce="max")
     return torch.segment_reduce(values, "max", offsets=rowptr, unsafe=True)
 

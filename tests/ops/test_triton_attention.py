@@ -60,7 +60,7 @@ def test_triton_matches_the_torch_path(dtype, tol, ste, D, DV):
 def test_triton_rows_longer_than_a_block():
     # Every query attends to all 40 keys: rows span two blocks of 32 edges
     # and the online softmax rescales across them.
-    from sbm_pyg import _triton_attention
+    from sbm_pyg.ops import triton_attention as _triton_attention
     N = 40
     memb = torch.ones(N, 1, 1, dtype=torch.float64)
     graph = fastrg(memb, torch.full((1, 1, 1), 50.0, dtype=torch.float64),
@@ -116,5 +116,5 @@ def test_triton_backend_errors():
 def test_ci_runs_the_triton_kernels():
     # CI installs triton (the test extra), so the tests above cannot all be
     # skipped there without notice.
-    from sbm_pyg import _triton_attention
+    from sbm_pyg.ops import triton_attention as _triton_attention
     assert _triton_attention.available(torch.get_default_device())

@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-from sbm_pyg.sparse import row_index, sddmm, segment_softmax, segment_sum, spmm
+from sbm_pyg.ops.csr import row_index, sddmm, segment_softmax, segment_sum, spmm
 from tests.helpers import seeded
 
 # Rows 0 and 2 have edges, row 1 and row 3 are empty.
@@ -47,14 +47,14 @@ def test_segment_softmax_and_sum():
 def test_segment_softmax_same_with_and_without_torch_scatter(monkeypatch, dtype):
     # The max comes from torch-scatter where it is installed (faster on the
     # CPU) and from torch.segment_reduce otherwise: the same softmax.
-    import sbm_pyg.sparse as sparse
+    import sbm_pyg.ops.csr as csr
     pytest.importorskip("torch_scatter", reason="torch_scatter not installed")
     g = seeded(0)
     rowptr = torch.tensor([0, 3, 3, 10, 11, 40])
     scores = torch.randn(40, generator=g, dtype=dtype) * 30
     row = row_index(rowptr, 40)
     with_ext = segment_softmax(scores, rowptr, row)
-    monkeypatch.setattr(sparse, "torch_scatter", None)
+    monkeypatch.setattr(csr, "WITH_TORCH_SCATTER", False)
     without = segment_softmax(scores, rowptr, row)
     assert torch.equal(with_ext, without)
 

@@ -1,4 +1,4 @@
-r"""Fused sparse attention kernels in Triton (the GPU path of
+r"""Fused sparse attention kernels in Triton (the CUDA path of
 :func:`~sbm_pyg.nn.functional.sparse_attention`).
 
 The PyTorch path runs SDDMM → segment softmax → SpMM as separate kernels
@@ -33,12 +33,10 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
-__all__ = ["available", "attention_forward", "attention_backward", "STE_MODES"]
+from sbm_pyg.ops.compiled_attention import STE_CODES
 
-# Straight-through estimators of the edge probabilities' gradient, by the
-# code the backward kernel takes: none, the paper's equation
-# (dL/da_e * s_e), the published code's (clip(dL/da_e, -1, 1)).
-STE_MODES = {None: 0, "paper": 1, "published": 2}
+__all__ = ["available", "attention_forward", "attention_backward"]
+
 BLOCK_E = 32
 
 
@@ -242,7 +240,7 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
     if R:
         _backward_query_kernel[(R,)](q, k, v, grad_out, lse, delta, grad_q,
                                      grad_prob, rowptr, col, scale,
-                                     STE=STE_MODES[ste], **meta)
+                                     STE=STE_CODES[ste], **meta)
     if C:
         _backward_key_kernel[(C,)](q, k, v, grad_out, lse, delta, grad_k,
                                    grad_v, colptr, row_t, scale, **meta)

@@ -1,0 +1,27 @@
+// The compiled fastRG sampler (CPU): two passes, so that the caller can check
+// the draw count against its memory guard before the graph is allocated.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace sbm_pyg {
+
+// Pass 1: per-row degree (or -1 for a row tested densely), inflation, key
+// cluster masses and the input checks' statistics.
+std::vector<at::Tensor> fastrg_plan(at::Tensor Y, at::Tensor W, at::Tensor Z,
+                                    at::Tensor ptr_q, at::Tensor ptr_k,
+                                    double delta, bool exact, int64_t seed,
+                                    double threshold);
+
+// Pass 2: rowptr, edge_index, head, perm and colptr of the sampled graph.
+std::vector<at::Tensor> fastrg_sample(at::Tensor W, at::Tensor Z,
+                                      at::Tensor mass, at::Tensor ptr_q,
+                                      at::Tensor ptr_k, double delta,
+                                      bool exact, int64_t seed,
+                                      at::Tensor degree, at::Tensor inflation,
+                                      bool self_loops, at::Tensor inc_ptr,
+                                      at::Tensor inc_col);
+
+}  // namespace sbm_pyg

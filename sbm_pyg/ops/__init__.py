@@ -1,0 +1,38 @@
+r"""The kernels under the layers, with their backends in one place.
+
+* :mod:`sbm_pyg.ops.csr`: CSR kernels over the block-diagonal attention
+  matrix of a sampled graph (PyTorch, any device): the reference path.
+* :mod:`sbm_pyg.ops.compiled_attention`: the fused attention of the compiled
+  extension (CPU), as torch operators with autograd and fake kernels.
+* :mod:`sbm_pyg.ops.triton_attention`: the fused attention in Triton (CUDA).
+* :mod:`sbm_pyg.ops.backend_info`: which of them are built and which run.
+"""
+from sbm_pyg.ops.backend_info import (
+    WITH_EXTENSION,
+    WITH_TORCH_SCATTER,
+    WITH_TRITON,
+    backends,
+)
+from sbm_pyg.ops.csr import (
+    full_precision,
+    row_index,
+    sddmm,
+    segment_softmax,
+    segment_sum,
+    spmm,
+)
+from sbm_pyg.ops.compiled_attention import fused_attention
+
+__all__ = [
+    "backends",
+    "WITH_EXTENSION",
+    "WITH_TRITON",
+    "WITH_TORCH_SCATTER",
+    "sddmm",
+    "spmm",
+    "segment_sum",
+    "segment_softmax",
+    "row_index",
+    "full_precision",
+    "fused_attention",
+]

@@ -1,0 +1,67 @@
+r"""Which kernels are built and which ones run: the one place that says so,
+as :mod:`torch_geometric.typing` does for PyG.
+
+* :data:`WITH_EXTENSION`: the compiled extension ``sbm_pyg._C`` was built
+  (``setup.py``, ``csrc/``): the fastRG sampler and the fused attention
+  for CPU tensors. Without a compiler, or with ``SBM_PYG_NO_EXT=1`` at
+  install time, the package runs on its pure-PyTorch path.
+* :data:`WITH_TRITON`: Triton imports: fused attention for CUDA tensors.
+* :data:`WITH_TORCH_SCATTER`: torch-scatter imports: its segment max is
+  used for the PyTorch path's softmax on the CPU.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict
+
+import torch
+
+__all__ = ["WITH_EXTENSION", "WITH_TRITON", "WITH_TORCH_SCATTER",
+           "backends"]
+
+_C: Any
+try:
+    _C = importlib.import_module("sbm_pyg._C")
+except ImportError:  # built without the extension (no compiler, SBM_PYG_NO_EXT=1)
+    _C = None
+
+try:
+    import triton  # noqa: F401
+except ImportError:
+    WITH_TRITON = False
+else:
+    WITH_TRITON = True
+
+try:
+    import torch_scatter  # noqa: F401
+except ImportError:
+    WITH_TORCH_SCATTER = False
+else:
+    WITH_TORCH_SCATTER = True
+
+WITH_EXTENSION = _C is not None
+
+
+def backends(device: "torch.device | str" = "cpu") -> Dict[str, str]:
+    r"""The kernels that run by default for tensors on :obj:`device`.
+
+    Returns:
+        :obj:`{"sampler": ..., "attention": ...}`: the sampler is
+        :obj:`"compiled"` (``sbm_pyg._C``) or :obj:`"torch"`; the attention
+        is :obj:`"compiled"` (the fused CPU kernel), :obj:`"triton"` (CUDA)
+        or :obj:`"torch"`. Attention dropout always runs on
+        :obj:`"torch"`, the only path that has it.
+
+    Example:
+        >>> from sbm_pyg.ops import backends
+        >>> sorted(backends("cpu"))
+        ['attention', 'sampler']
+    """
+    device = torch.device(device)
+    cpu = device.type == "cpu"
+    if cpu:
+        attention = "compiled" if WITH_EXTENSION else "torch"
+    else:
+        attention = "triton" if WITH_TRITON and device.type == "cuda" else "torch"
+    return dict(sampler="compiled" if cpu and WITH_EXTENSION else "torch",
+                attention=attention)
