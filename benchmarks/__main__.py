@@ -11,7 +11,7 @@ resident set; on CUDA ``max_memory_allocated``.
 
 Sections (one module each): ``attention``, ``sampler``, ``published``,
 ``exact``, ``memory`` (in :mod:`benchmarks.sampler`), ``scaling``,
-``layer``, ``ext``.
+``layer``, ``training``, ``ext``.
 
 ``--quick`` runs tiny sizes in seconds (the test suite runs it so that the
 script cannot rot; timings are never pass/fail in tests).
@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from benchmarks.attention import attention_case, bench_attention
+from benchmarks.attention import attention_case, bench_attention, sdpa_backend
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
 from benchmarks.ext import bench_ext
 from benchmarks.layer import bench_layer
@@ -40,7 +40,8 @@ from benchmarks.sampler import (
     sampler_memory,
 )
 from benchmarks.scaling import bench_scaling
-from sbm_pyg.sampling import _compiled as _fastrg_compiled
+from benchmarks.training import bench_training, training_step
+from sbm_pyg.ops import backends
 
 
 def memory_case(spec: dict) -> str:
@@ -50,8 +51,13 @@ def memory_case(spec: dict) -> str:
     torch.set_num_threads(spec["threads"])
     sampler = spec["method"].startswith("fastrg")
     cpu = torch.device("cpu")
-    fn = (sampler_case(spec, cpu) if sampler else
-          attention_case(spec["method"], spec["n"], spec["density"], cpu))
+    if spec["method"].startswith("train-"):
+        fn = training_step(spec["method"][len("train-"):], spec["n"],
+                           spec["density"], cpu)
+    elif sampler:
+        fn = sampler_case(spec, cpu)
+    else:
+        fn = attention_case(spec["method"], spec["n"], spec["density"], cpu)
     out = fn()  # warm-up: lazily built state (the graph's row index) is not counted
     edges = out.num_edges if sampler else None
     del out
@@ -68,7 +74,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--threads", type=int, default=2,
                         help="torch CPU threads (default 2)")
     sections = ["attention", "sampler", "published", "exact", "memory",
-                "scaling", "layer", "ext"]
+                "scaling", "layer", "training", "ext"]
     parser.add_argument("--sections", nargs="+", default=sections,
                         choices=sections)
     parser.add_argument("--out", type=Path, default=None,
@@ -92,11 +98,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         sizes, densities, scaling_n = [256, 512], [0.01, 0.05], 512
         scaling_densities, layer_n, batch_case = [0.01, 0.1], 256, (4, 128)
         published_case, exact_n, memory_n = (2, 128), 256, 512
+        training_sizes, training_densities = [128], [0.05, 0.2]
     else:
         sizes, densities, scaling_n = [1024, 4096, 16384], [0.005, 0.01, 0.05, 0.2], 4096
         scaling_densities = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
         layer_n, batch_case = 4096, (32, 1024)
         published_case, exact_n, memory_n = (8, 1024), 4096, 16384
+        training_sizes, training_densities = [1024, 2048, 4096, 8192], [0.01, 0.05, 0.2]
 
     results = dict(device=str(device), threads=args.threads,
                    torch=torch.__version__, machine=platform.machine(),
@@ -106,12 +114,14 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                    gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                    heads=HEADS, head_dim=HEAD_DIM, repeats=args.repeats,
                    quick=args.quick,
-                   fastrg_backend="compiled" if _fastrg_compiled.available()
-                   and device.type == "cpu" else "torch")
+                   fastrg_backend=backends(device)["sampler"],
+                   attention_backend=backends(device)["attention"],
+                   sdpa_backend=sdpa_backend(device))
     log = lambda s: print(s, flush=True)  # noqa: E731
     log(f"sbm_pyg benchmarks on {device} ({args.threads} threads), H={HEADS}, "
-        f"D={HEAD_DIM}, forward+backward, median of {args.repeats}, fastrg "
-        f"backend {results['fastrg_backend']}")
+        f"D={HEAD_DIM}, forward+backward, median of {args.repeats}; backends: "
+        f"fastrg {results['fastrg_backend']}, attention "
+        f"{results['attention_backend']}, SDPA {results['sdpa_backend']}")
     if "attention" in args.sections:
         log("\n[attention] fixed sampled graph, time in ms")
         results["attention"] = bench_attention(sizes, densities, device,
@@ -149,6 +159,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 f"~{density:.0%} expected density")
             results["layer"].append(bench_layer(layer_n, density, device,
                                                 args.repeats, log))
+    if "training" in args.sections:
+        log(f"\n[training] one step (forward, backward, Adam) of the LRA model "
+            f"({2} layers, {HEADS} heads of {HEAD_DIM}, k={CLUSTERS}), batch 1, "
+            f"SBM calibrated to each density vs full attention (SDPA)")
+        results["training"] = bench_training(training_sizes, training_densities,
+                                             device, args.repeats, args.threads,
+                                             log)
     if "ext" in args.sections:
         log(f"\n[ext] torch-scatter / torch-sparse kernels vs ours, n={memory_n}, "
             f"time ratio ext / ours")

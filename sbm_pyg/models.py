@@ -58,7 +58,7 @@ class _Block(Module):
                                        Linear(mlp_channels, channels))
         self.dropout = torch.nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, mask: Tensor,
+    def forward(self, x: Tensor, mask: Optional[Tensor],
                 generator: Optional[torch.Generator]) -> Tensor:
         h = self.norm1(x)
         if isinstance(self.attention, SBMMultiheadAttention):
@@ -199,9 +199,9 @@ class SBMTransformer(Module):
         B, N = tokens.shape
         if N > self.max_len:
             raise ValueError(f"tokens has length {N} > max_len={self.max_len}")
-        if mask is None:
-            mask = torch.ones(B, N, dtype=torch.bool, device=tokens.device)
-        elif mask.dtype != torch.bool or mask.shape != (B, N):
+        # mask=None stays None down to the attentions: full attention then
+        # runs SDPA without a mask, its fastest path.
+        if mask is not None and (mask.dtype != torch.bool or mask.shape != (B, N)):
             raise ValueError(f"mask must be a bool tensor of shape [{B}, {N}], "
                              f"got {mask.dtype} {tuple(mask.shape)}")
         pos = torch.arange(N, device=tokens.device)
@@ -213,9 +213,12 @@ class SBMTransformer(Module):
         if output in ("both", "token"):
             token_logits = self.token_head(x)
         if output in ("both", "sequence"):
-            weights = mask.to(x.dtype)[..., None]
-            seq_logits = self.seq_head((x * weights).sum(1)
-                                       / weights.sum(1).clamp(min=1))
+            if mask is None:
+                seq_logits = self.seq_head(x.sum(1) / max(N, 1))
+            else:
+                weights = mask.to(x.dtype)[..., None]
+                seq_logits = self.seq_head((x * weights).sum(1)
+                                           / weights.sum(1).clamp(min=1))
         sampled = expected = None
         density_loss = x.new_zeros(())
         if self.attention_kind == "sbm":

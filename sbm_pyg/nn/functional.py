@@ -388,10 +388,10 @@ def sparse_attention(
     scale = 1.0 / math.sqrt(D)
     q, k, v = _heads_first(query), _heads_first(key), _heads_first(value)
     if backend == "compiled":
-        out, alpha = _compiled_attention(graph, q, k, v, edge_prob, sbm,
-                                         scale, ste)
-        out = _nodes_first(out.to(value.dtype), H)
-        return (out, alpha) if return_attention_weights else out
+        flat, weights = _compiled_attention(graph, q, k, v, edge_prob, sbm,
+                                            scale, ste)
+        out = _nodes_first(flat.to(value.dtype), H)
+        return (out, weights) if return_attention_weights else out
     if sbm is not None:
         edge_prob = _ste_probability(*sbm, graph)
     if backend == "triton":

@@ -13,6 +13,7 @@ from sbm_pyg.ops.backend_info import (
     WITH_TRITON,
     backends,
 )
+from sbm_pyg.ops.compiled_attention import fused_attention
 from sbm_pyg.ops.csr import (
     full_precision,
     row_index,
@@ -21,7 +22,6 @@ from sbm_pyg.ops.csr import (
     segment_sum,
     spmm,
 )
-from sbm_pyg.ops.compiled_attention import fused_attention
 
 __all__ = [
     "backends",

@@ -42,7 +42,7 @@ else:
 WITH_EXTENSION = _C is not None
 
 
-def backends(device: "torch.device | str" = "cpu") -> Dict[str, str]:
+def backends(device: torch.device | str = "cpu") -> Dict[str, str]:
     r"""The kernels that run by default for tensors on :obj:`device`.
 
     Returns:

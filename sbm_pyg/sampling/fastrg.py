@@ -15,6 +15,7 @@ from sbm_pyg._validation import (
     require_tensor,
     sync,
 )
+from sbm_pyg.ops.csr import full_precision, sddmm
 from sbm_pyg.sampling import _compiled
 from sbm_pyg.sampling.graph import (
     PtrLike,
@@ -25,7 +26,6 @@ from sbm_pyg.sampling.graph import (
     _pointers,
     _sorted_unique,
 )
-from sbm_pyg.ops.csr import full_precision, sddmm
 
 __all__ = ["fastrg", "MODES", "BACKENDS"]
 
