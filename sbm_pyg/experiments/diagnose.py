@@ -86,9 +86,12 @@ def repeat_diagnostics(model: SBMTransformer, batch: int = 16,
 
         graphs: List = []
         handle = conv.register_graph_hook(lambda _, g: graphs.append(g))
-        was_training, old_ste = model.training, conv.ste
+        was_training, old_ste, old_fuse = model.training, conv.ste, conv.fuse
         model.train()
         conv.ste = ste
+        # The message path forms the edge probabilities as a tensor, whose
+        # gradient is what is captured; the fused kernels never form it.
+        conv.fuse = False
         try:
             with mock.patch.object(conv_module, "_ste_probability", probability):
                 out = model(tokens, generator=torch.Generator(device)
@@ -100,7 +103,7 @@ def repeat_diagnostics(model: SBMTransformer, batch: int = 16,
         finally:
             handle.remove()
             model.train(was_training)
-            conv.ste = old_ste
+            conv.ste, conv.fuse = old_ste, old_fuse
         (graph,), (grad,) = graphs, captured
         j, i = graph.edge_index
         edge_class = classes[i // N, i % N, j % N]
