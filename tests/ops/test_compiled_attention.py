@@ -200,3 +200,32 @@ def test_compiles_without_graph_breaks():
     got = torch.autograd.grad(loss, [args[i] for i in (4, 5, 6, 8, 9)])
     for a, b in zip(got, eager):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["SBMConv", "SBMMultiheadAttention", "SBMGPSConv"])
+def test_layers_use_it_by_default(monkeypatch, layer):
+    import sbm_pyg.nn.functional as functional
+    from sbm_pyg.nn import SBMConv, SBMGPSConv, SBMMultiheadAttention
+    calls = []
+    real = fused_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("q_block") is not None or args[8] is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(functional, "fused_attention", spy)
+    torch.manual_seed(0)
+    x = torch.randn(12, 8)
+    batch = torch.tensor([0] * 5 + [1] * 7)
+    if layer == "SBMConv":
+        out = SBMConv(8, 4, heads=2, num_clusters=3)(x, batch)
+    elif layer == "SBMMultiheadAttention":
+        out = SBMMultiheadAttention(8, heads=2, head_channels=4,
+                                    num_clusters=3)(x.view(2, 6, 8))
+    else:
+        edge_index = torch.tensor([[0, 1, 5, 6], [1, 0, 6, 5]])
+        out = SBMGPSConv(8, None, heads=2, attn_kwargs=dict(num_clusters=3))(
+            x, edge_index, batch)
+    out.sum().backward()
+    # One call, with the memberships: their gradient comes from the kernel.
+    assert calls == [True]
