@@ -59,6 +59,19 @@ def _batch_to_ptr(batch: Tensor, num_rows: int, num_graphs: int,
                                                   device=batch.device))
 
 
+def _check_not_edges(batch) -> None:
+    # conv(x, edge_index) is every PyG user's first call: say what this
+    # layer takes instead.
+    if is_sparse(batch) or (isinstance(batch, Tensor) and batch.dim() == 2):
+        shape = tuple(batch.size()) if isinstance(batch, Tensor) else "sparse"
+        raise ValueError(
+            f"SBMConv takes (x, batch): batch must be the 1-D sequence index "
+            f"of each node, got a {shape} graph, which looks like an "
+            f"edge_index. SBMConv samples its own attention graph; pass a "
+            f"local graph as include_edges=edge_index to add it to every "
+            f"head's graph")
+
+
 class _ClipGrad(torch.autograd.Function):
     r"""Identity forward; backward clips the gradient to :math:`[-1, 1]`."""
 
@@ -267,6 +280,7 @@ class SBMConv(MessagePassing):
             return ptr if isinstance(ptr, tuple) else (ptr, ptr)
         if batch is None:
             return None, None
+        _check_not_edges(batch)
         batch_src, batch_dst = batch if isinstance(batch, tuple) else (batch, batch)
         if batch_src is None or batch_dst is None:
             raise ValueError("batch must give both the source and the "

@@ -275,3 +275,15 @@ def test_include_edges_as_pyg_structure_types(structure):
                               return_attention_weights=True)
     assert torch.equal(graph.edge_index, ref_graph.edge_index)
     assert torch.allclose(out, ref)
+
+
+def test_edge_index_in_place_of_batch_is_explained():
+    # PyG users call conv(x, edge_index) first: the error says what to do.
+    from torch_geometric import EdgeIndex
+    conv = make_conv()
+    x = x_input()
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    for graph in (edge_index, EdgeIndex(edge_index, sparse_size=(10, 10)),
+                  edge_index.new_ones(3).float().diag().to_sparse()):
+        with pytest.raises(ValueError, match="include_edges=edge_index"):
+            conv(x, graph)
