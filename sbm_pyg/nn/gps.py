@@ -1,6 +1,7 @@
 r"""The GPS graph-transformer layer with SBM global attention."""
 from __future__ import annotations
 
+import difflib
 import inspect
 from typing import Any, Dict, Optional
 
@@ -17,6 +18,28 @@ from sbm_pyg._validation import require_tensor
 from sbm_pyg.nn.conv import SBMConv
 
 __all__ = ["SBMGPSConv"]
+
+
+# SBMConv's own arguments that SBMGPSConv sets itself.
+_FIXED_ATTN_ARGS = ("self", "in_channels", "out_channels", "heads", "concat",
+                    "root_weight", "kwargs")
+
+
+def _check_attn_kwargs(attn_kwargs: Dict[str, Any]) -> None:
+    # A misspelt key would otherwise reach MessagePassing.__init__, whose
+    # error names the wrong class.
+    allowed = {name for cls in (SBMConv, MessagePassing)
+               for name in inspect.signature(cls.__init__).parameters
+               if name not in _FIXED_ATTN_ARGS + ("node_dim",)}
+    unknown = sorted(set(attn_kwargs) - allowed)
+    if unknown:
+        hints = {key: difflib.get_close_matches(key, allowed, n=1)
+                 for key in unknown}
+        hint = "; ".join(f"{key!r}: did you mean {match[0]!r}?"
+                         for key, match in hints.items() if match)
+        raise TypeError(f"attn_kwargs has keys SBMConv does not take: "
+                        f"{unknown}" + (f" ({hint})" if hint else "")
+                        + f"; it takes {sorted(allowed)}")
 
 
 class SBMGPSConv(torch.nn.Module):
@@ -109,8 +132,10 @@ class SBMGPSConv(torch.nn.Module):
         self.include_input_edges = include_input_edges
         # As MultiheadAttention: per-head projections of size C / H, then an
         # output projection.
+        attn_kwargs = dict(attn_kwargs or {})
+        _check_attn_kwargs(attn_kwargs)
         self.attn = SBMConv(channels, channels // heads, heads, concat=True,
-                            root_weight=False, **(attn_kwargs or {}))
+                            root_weight=False, **attn_kwargs)
         self.attn_out = Linear(channels, channels)
         self.mlp = Sequential(
             Linear(channels, channels * 2),
@@ -166,6 +191,9 @@ class SBMGPSConv(torch.nn.Module):
         # SparseTensor or torch.sparse adj_t); fastrg reads its pairs.
         include = edge_index if self.include_input_edges else None
         hs = []
+        if self.conv is None and kwargs:
+            raise TypeError(f"{sorted(kwargs)} would go to the local conv, but "
+                            f"this layer has conv=None")
         if self.conv is not None:  # local MPNN
             h = self.conv(x, edge_index, **kwargs)
             h = F.dropout(h, p=self.dropout, training=self.training)

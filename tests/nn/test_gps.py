@@ -195,3 +195,20 @@ def test_torch_compile_matches_eager():
     eager = layer(*args, generator=seeded(0))
     compiled = torch.compile(layer)(*args, generator=seeded(0))
     assert torch.allclose(compiled, eager, atol=1e-5)
+
+
+def test_attn_kwargs_typo_names_the_attention():
+    # A misspelt key used to reach MessagePassing.__init__, whose error
+    # blamed the wrong class.
+    with pytest.raises(TypeError, match="'num_cluster': did you mean 'num_clusters'"):
+        SBMGPSConv(8, None, heads=2, attn_kwargs={"num_cluster": 8})
+    layer = SBMGPSConv(8, None, heads=2, attn_kwargs={"num_clusters": 3,
+                                                      "aggr": "add"})
+    assert layer.attn.num_clusters == 3
+
+
+def test_kwargs_without_a_local_conv_are_refused():
+    layer = SBMGPSConv(8, None, heads=2, attn_kwargs={"num_clusters": 3})
+    x, edge_index = torch.randn(6, 8), torch.tensor([[0, 1], [1, 0]])
+    with pytest.raises(TypeError, match="conv=None"):
+        layer(x, edge_index, return_attention_weights=True)
