@@ -7,6 +7,7 @@ from sbm_pyg.nn import (
     SBMGPSConv,
     SBMMultiheadAttention,
     StochasticBlockModel,
+    density_loss,
 )
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
 from sbm_pyg.sampling import SampledGraph, bernoulli, expected_adjacency, fastrg
@@ -28,6 +29,7 @@ __all__ = [
     "SBMConv",
     "SBMMultiheadAttention",
     "SBMGPSConv",
+    "density_loss",
     "models",
     "experiments",
     "theory",

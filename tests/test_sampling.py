@@ -590,3 +590,26 @@ def test_from_keys_builds_the_graph_and_rejects_bad_keys():
                                ptr_k=[0, 1, 2])
     with pytest.raises(ValueError, match="num_heads"):
         SampledGraph.from_keys(key, 0, 2, 3)
+
+
+def test_sequence_is_the_batch_restricted_to_one_input():
+    g = seeded(0)
+    ptr_q, ptr_k = [0, 4, 4, 11], [0, 3, 5, 12]
+    q_memb = torch.rand(11, 2, 3, generator=g)
+    k_memb = torch.rand(12, 2, 3, generator=g)
+    block = torch.full((2, 3, 3), 0.3)
+    graph = sampling.fastrg(q_memb, block, k_memb, ptr_q=ptr_q, ptr_k=ptr_k,
+                            generator=g)
+    dense = torch.zeros(2, 11, 12, dtype=torch.bool)
+    dense[graph.head, graph.edge_index[1], graph.edge_index[0]] = True
+    for s in range(3):
+        part = graph.sequence(s)
+        nq, nk = ptr_q[s + 1] - ptr_q[s], ptr_k[s + 1] - ptr_k[s]
+        assert (part.num_queries, part.num_keys, part.num_heads) == (nq, nk, 2)
+        local = torch.zeros(2, nq, nk, dtype=torch.bool)
+        local[part.head, part.edge_index[1], part.edge_index[0]] = True
+        assert torch.equal(local, dense[:, ptr_q[s]:ptr_q[s + 1],
+                                        ptr_k[s]:ptr_k[s + 1]])
+        assert torch.allclose(part.density()[0], graph.density()[s])
+    with pytest.raises(ValueError, match="index must be an int in"):
+        graph.sequence(3)

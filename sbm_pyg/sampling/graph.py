@@ -129,6 +129,33 @@ class SampledGraph:
         counts = self.edge_counts().double()
         return torch.where(pairs > 0, counts / pairs.clamp(min=1), 0.0)
 
+    def sequence(self, index: int) -> SampledGraph:
+        r"""The graph of one sequence of the batch, all heads, with its own
+        query and key indices :obj:`0..n_q-1` and :obj:`0..n_k-1`.
+
+        Args:
+            index (int): the sequence, in :obj:`[0, num_graphs)`.
+
+        Example:
+            >>> graph = SampledGraph.from_edge_index(
+            ...     torch.tensor([[0, 1, 3], [1, 0, 2]]), 4, 4,
+            ...     ptr_q=torch.tensor([0, 2, 4]), ptr_k=torch.tensor([0, 2, 4]))
+            >>> graph.sequence(1).edge_index  # key 3 -> query 2, locally 1 -> 0
+            tensor([[1],
+                    [0]])
+        """
+        if not isinstance(index, int) or not 0 <= index < self.num_graphs:
+            raise ValueError(f"index must be an int in [0, {self.num_graphs}), "
+                             f"got {index!r}")
+        q0, q1 = (int(x) for x in self.ptr_q[index:index + 2].tolist())
+        k0, k1 = (int(x) for x in self.ptr_k[index:index + 2].tolist())
+        nq, nk = q1 - q0, k1 - k0
+        j, i = self.edge_index
+        keep = (i >= q0) & (i < q1)
+        # Edges are sorted by (head, query, key): the local keys stay sorted.
+        key = (self.head[keep] * nq + i[keep] - q0) * nk + j[keep] - k0
+        return SampledGraph.from_keys(key, self.num_heads, nq, nk)
+
     def _pattern(self, head: Optional[int]) -> Tuple[Tensor, Tensor, int, int]:
         # CSR (indptr over queries, keys, rows, columns) of one head, or of
         # the block-diagonal matrix of all heads.
