@@ -28,6 +28,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     if args.command == "train":
         check_train_arguments(train_parser, args)
+        if args.resume:
+            from sbm_pyg.experiments.train import resolve_resume
+            resolve_resume(train_parser, args,
+                           list(sys.argv[1:] if argv is None else argv))
         from sbm_pyg.experiments.train import train
         final = train(args)
         print(json.dumps(final, indent=1))

@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple, Union
+from typing import Dict, Iterator, List, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +116,53 @@ def check_train_arguments(parser: argparse.ArgumentParser, args) -> None:
                      "--attention sbm")
     if args.resume and not (args.out / "checkpoint.pt").exists():
         parser.error(f"--resume: no checkpoint at {args.out / 'checkpoint.pt'}")
+    # Rank 0 only: under torchrun it creates OUT before the others look.
+    if (not args.resume and int(os.environ.get("RANK", "0")) == 0
+            and args.out.is_dir() and any(args.out.iterdir())):
+        parser.error(f"--out {args.out} is not empty: pass --resume to "
+                     f"continue the run in it, or choose another directory")
+
+
+# Settings a resumed run may change: how far it runs, where, and what it
+# logs. Any other setting is the checkpoint's.
+RESUMABLE = {"steps", "out", "resume", "device", "log_every", "eval_every",
+             "checkpoint_every", "eval_batches", "no_progress",
+             "diagnose_every", "data_dir", "preset"}
+
+
+def _given(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set:
+    # The destinations of the options written on the command line.
+    return {action.dest for action in parser._actions
+            for option in action.option_strings
+            if any(t == option or t.startswith(option + "=") for t in argv)}
+
+
+def resolve_resume(parser: argparse.ArgumentParser, args,
+                   argv: Sequence[str]) -> None:
+    """With --resume the checkpoint's settings hold: those not given on the
+    command line are taken from it, and one given with another value is
+    refused (a new learning rate would not reach the restored optimizer, a
+    new model size would not load)."""
+    state = torch.load(args.out / "checkpoint.pt", map_location="cpu",
+                       weights_only=False)
+    saved = state.get("args")
+    if saved is None:  # a checkpoint of an earlier version: nothing to check
+        return
+    given, differ = _given(parser, argv), []
+    for key, value in saved.items():
+        if key in RESUMABLE or not hasattr(args, key):
+            continue
+        current = getattr(args, key)
+        shown = str(current) if isinstance(current, Path) else current
+        if key not in given:
+            setattr(args, key, Path(value) if isinstance(current, Path) else value)
+        elif shown != value:
+            differ.append(f"--{key.replace('_', '-')} {shown} (the run has "
+                          f"{value})")
+    if differ:
+        parser.error("--resume continues a run with its own settings, and "
+                     "these differ from them: " + "; ".join(differ) +
+                     ". Start a new run in another --out to change them")
 
 
 def build_model(args) -> SBMTransformer:

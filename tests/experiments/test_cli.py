@@ -221,3 +221,28 @@ def test_ddp_two_processes_keep_identical_parameters(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     final = json.loads((out / "final.json").read_text())
     assert final["world_size"] == 2 and final["ranks_identical"] is True
+
+
+def test_resume_refuses_changed_settings_and_keeps_the_runs(tmp_path, capsys):
+    out = run(tmp_path, "a", "--steps", "2", "--lr", "1e-3")
+    for changed, shown in ((["--lr", "5e-2"], "--lr 0.05 (the run has 0.001)"),
+                           (["--seq-len", "16"], "--seq-len 16 (the run has 8)")):
+        with pytest.raises(SystemExit) as exit_info:
+            run(tmp_path, "a", "--steps", "3", "--resume", *changed)
+        assert exit_info.value.code == 2
+        assert shown in capsys.readouterr().err
+    # Settings not repeated come from the run, not from the defaults: this
+    # run's --num-clusters 8 holds without TINY, and --steps may grow.
+    main(["train", "--task", "repeat", "--out", str(out), "--resume",
+          "--steps", "3", "--no-progress", "--log-every", "1"])
+    final = json.loads((out / "final.json").read_text())
+    assert final["steps"] == 3
+    assert [r["step"] for r in metrics(out) if r["split"] == "train"] == [1, 2, 3]
+
+
+def test_a_non_empty_out_needs_resume(tmp_path, capsys):
+    run(tmp_path, "a", "--steps", "2")
+    with pytest.raises(SystemExit) as exit_info:
+        run(tmp_path, "a", "--steps", "2")
+    assert exit_info.value.code == 2
+    assert "is not empty: pass --resume" in capsys.readouterr().err
