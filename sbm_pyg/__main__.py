@@ -14,11 +14,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sbm_pyg")
     sub = parser.add_subparsers(dest="command", required=True)
     from sbm_pyg.experiments.train import add_train_arguments, check_train_arguments
-    train_parser = sub.add_parser("train", help="train an SBM-Transformer or a baseline")
+    show_defaults = argparse.ArgumentDefaultsHelpFormatter
+    train_parser = sub.add_parser("train", help="train an SBM-Transformer or a baseline",
+                                  formatter_class=show_defaults)
     add_train_arguments(train_parser)
-    plot_parser = sub.add_parser("plot", help="plot loss, accuracy and density of runs")
-    plot_parser.add_argument("runs", nargs="+", type=Path)
-    plot_parser.add_argument("--out", type=Path, default=Path("runs.png"))
+    plot_parser = sub.add_parser("plot", help="plot loss, accuracy and density of runs",
+                                 formatter_class=show_defaults)
+    plot_parser.add_argument("runs", nargs="+", type=Path, help="run directories")
+    plot_parser.add_argument("--out", type=Path, default=None,
+                             help="the PNG to write; without it, runs.png in "
+                                  "the runs' common parent directory")
     args = parser.parse_args(argv)
     if args.command == "train" and args.preset is not None:
         # A preset only changes defaults: parse again so that arguments
@@ -47,8 +52,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     missing = [str(r) for r in args.runs if not (r / "metrics.jsonl").exists()]
     if missing:
         plot_parser.error(f"no metrics.jsonl in {', '.join(missing)}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        plot_parser.error("plotting needs matplotlib: pip install matplotlib "
+                          "(or the package's extra, pip install '.[plot]')")
+    out = args.out or Path(os.path.commonpath(
+        [str(r.resolve().parent) for r in args.runs])) / "runs.png"
     from sbm_pyg.experiments.plot import plot_runs
-    print(plot_runs(args.runs, args.out))
+    print(plot_runs(args.runs, out))
     return 0
 
 

@@ -37,7 +37,11 @@ PRESETS: Dict[str, dict] = {
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
+    def add(*names, **kwargs):
+        # A help text on every option, so that --help shows its default.
+        kwargs.setdefault("help", "(default: %(default)s)")
+        return parser.add_argument(*names, **kwargs)
+
     add("--preset", choices=sorted(PRESETS), default=None,
         help="defaults of a named experiment; explicit arguments override them")
     add("--task", choices=["repeat", "listops"], default=None,

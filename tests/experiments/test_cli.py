@@ -202,6 +202,26 @@ def test_plot(tmp_path):
     png = tmp_path / "plot.png"
     main(["plot", str(a), str(b), "--out", str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Without --out, beside the runs (not in the working directory).
+    main(["plot", str(a), str(b)])
+    assert (tmp_path / "runs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch,
+                                                      capsys):
+    a = run(tmp_path, "a", "--steps", "1")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plot", str(a)])
+    assert exit_info.value.code == 2
+    assert "plotting needs matplotlib" in capsys.readouterr().err
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "--lr LR" in (text := capsys.readouterr().out)
+    assert "(default: 0.001)" in text
 
 
 def _free_port() -> int:
