@@ -14,7 +14,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_sparse, softmax
 
-from sbm_pyg._validation import require_tensor, sync
+from sbm_pyg._validation import invalid_values, require_tensor, sync
 from sbm_pyg.nn.block_model import INITS, StochasticBlockModel
 from sbm_pyg.nn.functional import (
     STE_MODES,
@@ -358,12 +358,24 @@ class SBMConv(MessagePassing):
         H, C = self.heads, self.out_channels
         Nq, Nk = query.size(0), key.size(0)
         ptr_k, ptr_q = self._pointers(batch, ptr, Nk, Nq)
-        graph = fastrg(q_memb.detach(), block.detach(), k_memb.detach(),
-                       ptr_q=ptr_q, ptr_k=ptr_k, mode=self.mode,
-                       exploration=self.exploration if self.training else 0.0,
-                       self_loops=self.self_loops,
-                       include_edges=include_edges, max_edges=self.max_edges,
-                       generator=generator)
+        try:
+            graph = fastrg(q_memb.detach(), block.detach(), k_memb.detach(),
+                           ptr_q=ptr_q, ptr_k=ptr_k, mode=self.mode,
+                           exploration=self.exploration if self.training else 0.0,
+                           self_loops=self.self_loops,
+                           include_edges=include_edges,
+                           max_edges=self.max_edges, generator=generator)
+        except ValueError as err:
+            # Sigmoid memberships are never negative: NaN or inf came in
+            # with the features (or the weights). Name what the user passed.
+            for memb, source in (("q_memb", "x (x_dst: the queries)"),
+                                 ("k_memb", "x (x_src: the keys)")):
+                if str(err) == invalid_values(memb):
+                    raise ValueError(
+                        f"SBMConv: {source} or the layer's weights contain "
+                        f"NaN or inf, so its SBM memberships are not "
+                        f"finite") from err
+            raise
         for hook in self._graph_hooks.values():
             hook(self, graph)
         # The straight-through estimator uses the edge probabilities'

@@ -287,3 +287,17 @@ def test_edge_index_in_place_of_batch_is_explained():
                   edge_index.new_ones(3).float().diag().to_sparse()):
         with pytest.raises(ValueError, match="include_edges=edge_index"):
             conv(x, graph)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_features_are_named(bad):
+    conv = make_conv()
+    x = x_input()
+    x[3, 2] = bad
+    with pytest.raises(ValueError, match=r"x \(x_dst: the queries\) or the layer's "
+                                         r"weights contain NaN or inf"):
+        conv(x)
+    keys = x_input(n=9)
+    keys[0, 0] = bad
+    with pytest.raises(ValueError, match=r"x \(x_src: the keys\)"):
+        conv((keys, x_input(n=4)))
