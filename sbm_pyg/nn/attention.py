@@ -36,7 +36,8 @@ class SBMMultiheadAttention(torch.nn.Module):
             (default: :obj:`True`)
         dropout (float): dropout on the attention weights. (default: :obj:`0.`)
         **kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
-            :obj:`max_edges`, :obj:`ste`, :obj:`sbm_init` of :class:`SBMConv`.
+            :obj:`max_edges`, :obj:`ste`, :obj:`sbm_init`, :obj:`eval_seed` of
+            :class:`SBMConv`.
 
     Shapes:
         - **input:** x :math:`(B, N, C)`, mask :math:`(B, N)` (bool, True =

@@ -162,6 +162,13 @@ class SBMConv(MessagePassing):
             25% of the pairs sampled) or :obj:`"dense"` (about 99%: the head
             starts as full attention), see :class:`StochasticBlockModel`.
             (default: :obj:`"paper"`)
+        eval_seed (int, optional): in :obj:`eval()` mode, without a
+            :obj:`generator`, sample every forward from a generator seeded
+            with this, so that evaluating the same input twice gives the
+            same graph and output (a :obj:`load_state_dict` round trip
+            included). :obj:`None` samples afresh each time, as the paper
+            evaluates. Training always samples afresh. (default:
+            :obj:`None`)
         **kwargs (optional): additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`. Setting
             :obj:`self.fuse = False` runs PyG's gather/scatter
@@ -206,6 +213,7 @@ class SBMConv(MessagePassing):
         max_edges: Optional[int] = None,
         ste: str = "paper",
         sbm_init: str = "paper",
+        eval_seed: Optional[int] = None,
         **kwargs,
     ):
         kwargs.setdefault("aggr", "add")
@@ -235,6 +243,11 @@ class SBMConv(MessagePassing):
         self.mode = mode
         self.max_edges = max_edges
         self.ste = ste
+        if eval_seed is not None and (not isinstance(eval_seed, int)
+                                      or isinstance(eval_seed, bool)):
+            raise TypeError(f"eval_seed must be an int or None, got "
+                            f"{eval_seed!r}")
+        self.eval_seed = eval_seed
         if isinstance(in_channels, int):
             in_channels = (in_channels, in_channels)
         self.lin_key = Linear(in_channels[0], heads * out_channels, bias=bias)
@@ -358,6 +371,8 @@ class SBMConv(MessagePassing):
         H, C = self.heads, self.out_channels
         Nq, Nk = query.size(0), key.size(0)
         ptr_k, ptr_q = self._pointers(batch, ptr, Nk, Nq)
+        if generator is None and not self.training and self.eval_seed is not None:
+            generator = torch.Generator(query.device).manual_seed(self.eval_seed)
         try:
             graph = fastrg(q_memb.detach(), block.detach(), k_memb.detach(),
                            ptr_q=ptr_q, ptr_k=ptr_k, mode=self.mode,

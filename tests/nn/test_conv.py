@@ -301,3 +301,25 @@ def test_non_finite_features_are_named(bad):
     keys[0, 0] = bad
     with pytest.raises(ValueError, match=r"x \(x_src: the keys\)"):
         conv((keys, x_input(n=4)))
+
+
+def test_eval_seed_makes_evaluation_repeatable():
+    conv = make_conv(eval_seed=0)
+    x = x_input()
+    conv.eval()
+    first = conv(x, batch=BATCH)
+    assert torch.equal(conv(x, batch=BATCH), first)
+    copy = make_conv(eval_seed=0)
+    copy.load_state_dict(conv.state_dict())
+    copy.eval()
+    assert torch.equal(copy(x, batch=BATCH), first)  # a round trip agrees
+    conv.train()  # training samples afresh
+    outs = [conv(x, batch=BATCH) for _ in range(3)]
+    assert not all(torch.equal(o, outs[0]) for o in outs[1:])
+    # Without a seed, evaluation samples afresh too (the paper's setting).
+    free = make_conv(exploration=0.0)
+    free.eval()
+    outs = [free(x, batch=BATCH) for _ in range(3)]
+    assert not all(torch.equal(o, outs[0]) for o in outs[1:])
+    with pytest.raises(TypeError, match="eval_seed must be an int"):
+        make_conv(eval_seed=0.5)
