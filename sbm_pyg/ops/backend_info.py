@@ -12,6 +12,8 @@ as :mod:`torch_geometric.typing` does for PyG.
 from __future__ import annotations
 
 import importlib
+import os
+import warnings
 from typing import Any, Dict
 
 import torch
@@ -24,6 +26,16 @@ try:
     _C = importlib.import_module("sbm_pyg._C")
 except ImportError:  # built without the extension (no compiler, SBM_PYG_NO_EXT=1)
     _C = None
+    if os.environ.get("SBM_PYG_NO_EXT", "0") != "1":
+        # Said once, at import: without it the layers run several times
+        # slower and nothing else would tell.
+        warnings.warn(
+            "sbm_pyg: the compiled kernels (sbm_pyg._C) are not built or not "
+            "importable, so the sampler and the CPU attention run their "
+            "pure-PyTorch path, several times slower. Install with a C++ "
+            "compiler (pip install --no-build-isolation .), and run Python "
+            "from outside the source tree of a non-editable install. Set "
+            "SBM_PYG_NO_EXT=1 to silence this.", RuntimeWarning, stacklevel=2)
 
 try:
     import triton  # noqa: F401
