@@ -17,6 +17,8 @@ pytestmark = pytest.mark.host
 
 ROOT = Path(__file__).parents[1]
 README_BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+INSTALL_BLOCKS = re.findall(r"```python\n(.*?)```",
+                            (ROOT / "docs" / "install.md").read_text(), re.S)
 MODULES = sorted(m.name for m in pkgutil.walk_packages(sbm_pyg.__path__, "sbm_pyg.")
                  if m.name not in ("sbm_pyg._C", "sbm_pyg.__main__"))
 PUBLIC_MODULES = ["sbm_pyg", "sbm_pyg.sampling", "sbm_pyg.nn", "sbm_pyg.nn.functional",
@@ -29,6 +31,8 @@ WITH_EXAMPLES = [
     "sbm_pyg.nn.StochasticBlockModel", "sbm_pyg.nn.SBMConv",
     "sbm_pyg.nn.SBMMultiheadAttention", "sbm_pyg.nn.SBMGPSConv", "sbm_pyg.nn.GraphRecorder",
     "sbm_pyg.models.SBMTransformer", "sbm_pyg.theory.check_conditions",
+    "sbm_pyg.nn.density_loss", "sbm_pyg.sampling.SampledGraph.sequence",
+    "sbm_pyg.ops.backends",
     "sbm_pyg.theory.hamiltonian_path", "sbm_pyg.experiments.repeat_batch",
     "sbm_pyg.experiments.tasks.repeat_accuracy_bound",
 ]
@@ -42,6 +46,13 @@ def test_readme_has_code():
                          ids=[f"block{i}" for i in range(len(README_BLOCKS))])
 def test_readme_python_blocks_run(block):
     exec(compile(block, "README.md", "exec"), {})
+
+
+@pytest.mark.parametrize("block", INSTALL_BLOCKS,
+                         ids=[f"block{i}" for i in range(len(INSTALL_BLOCKS))])
+def test_install_page_python_blocks_run(block):
+    assert INSTALL_BLOCKS  # the page has its quickstart
+    exec(compile(block, "docs/install.md", "exec"), {})
 
 
 @pytest.mark.parametrize("module_name", MODULES)

@@ -26,8 +26,9 @@ from sbm_pyg.ops.backend_info import WITH_TORCH_SCATTER
 if WITH_TORCH_SCATTER:  # optional (pip install .[ext]); see _segment_max
     import torch_scatter
 
-# torch's sparse CSR kernels warn that they are "beta" on every construction.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+# torch's sparse CSR/CSC kernels warn that they are "beta" on every
+# construction (SampledGraph.to_edge_index builds a CSC tensor).
+warnings.filterwarnings("ignore", message="Sparse CS[RC] tensor support is in beta")
 
 
 def full_precision(device: torch.device):
