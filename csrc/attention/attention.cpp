@@ -514,6 +514,25 @@ bool check_memberships(const std::optional<Tensor>& q_block,
   return true;
 }
 
+// The graph, q, k, v and scale, which both passes read.
+template <typename T>
+Args<T> graph_args(const Tensor& rowptr, const Tensor& col,
+                   const Tensor& colptr, const Tensor& perm, const Tensor& q,
+                   const Tensor& k, const Tensor& v, double scale) {
+  Args<T> a{};
+  a.rowptr = rowptr.data_ptr<int64_t>();
+  a.col = col.data_ptr<int64_t>();
+  a.colptr = colptr.data_ptr<int64_t>();
+  a.perm = perm.data_ptr<int64_t>();
+  a.q = q.data_ptr<T>();
+  a.k = k.data_ptr<T>();
+  a.v = v.data_ptr<T>();
+  a.D = q.size(1);
+  a.Dv = v.size(1);
+  a.scale = (T)scale;
+  return a;
+}
+
 }  // namespace
 
 namespace sbm_pyg {
@@ -535,18 +554,10 @@ std::tuple<Tensor, Tensor, Tensor> sparse_attention(
   const auto bounds = chunks(rowptr.data_ptr<int64_t>(), R);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention", [&] {
     using T = scalar_t;
-    Args<T> a{};
-    a.rowptr = rowptr.data_ptr<int64_t>();
-    a.col = col.data_ptr<int64_t>();
-    a.q = q.data_ptr<T>();
-    a.k = k.data_ptr<T>();
-    a.v = v.data_ptr<T>();
+    Args<T> a = graph_args<T>(rowptr, col, colptr, perm, q, k, v, scale);
     a.o = out.data_ptr<T>();
     a.alpha = alpha.data_ptr<T>();
     a.lse_out = lse.data_ptr<T>();
-    a.D = q.size(1);
-    a.Dv = v.size(1);
-    a.scale = (T)scale;
     for_chunks(bounds, [&](int64_t r0, int64_t r1) { forward_rows(a, r0, r1); });
   });
   return {out, alpha, lse};
@@ -590,14 +601,7 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
   const auto col_bounds = chunks(colptr.data_ptr<int64_t>(), C);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_backward", [&] {
     using T = scalar_t;
-    Args<T> a{};
-    a.rowptr = rowptr.data_ptr<int64_t>();
-    a.col = col.data_ptr<int64_t>();
-    a.colptr = colptr.data_ptr<int64_t>();
-    a.perm = perm.data_ptr<int64_t>();
-    a.q = q.data_ptr<T>();
-    a.k = k.data_ptr<T>();
-    a.v = v.data_ptr<T>();
+    Args<T> a = graph_args<T>(rowptr, col, colptr, perm, q, k, v, scale);
     a.out = out.data_ptr<T>();
     a.lse = lse.data_ptr<T>();
     a.dout = grad_out.data_ptr<T>();
@@ -611,10 +615,7 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
     a.dkm = memb ? dkm.data_ptr<T>() : nullptr;
     a.delta = delta.data_ptr<T>();
     a.erow = erow.data_ptr<int32_t>();
-    a.D = q.size(1);
-    a.Dv = v.size(1);
     a.K = memb ? q_block->size(1) : 0;
-    a.scale = (T)scale;
     a.ste = ste;
     int32_t* er = erow.data_ptr<int32_t>();
     for_chunks(row_bounds, [&](int64_t r0, int64_t r1) {

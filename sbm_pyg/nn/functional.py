@@ -106,13 +106,21 @@ def edge_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
         >>> edge_probability(memb, block, memb, graph)
         tensor([0.2500])
     """
+    _check_memberships(graph, q_memb, block, k_memb)
+    return _SDDMM.apply(graph, _query_block(q_memb, block), _heads_first(k_memb))
+
+
+def _query_block(q_memb: Tensor, block: Tensor) -> Tensor:
+    # Q̂ Ŝ per head, heads first: [N_q, H, k] x [H, k, k] -> [H * N_q, k].
+    return torch.bmm(q_memb.transpose(0, 1), block).reshape(-1, block.size(-1))
+
+
+def _check_memberships(graph: SampledGraph, q_memb: Tensor, block: Tensor,
+                       k_memb: Tensor, prefix: str = "") -> None:
     for name, t in (("q_memb", q_memb), ("block", block), ("k_memb", k_memb)):
-        require_tensor(name, t, 3, floating=True)
+        require_tensor(prefix + name, t, 3, floating=True)
     _check_graph(graph, q_memb.size(0), k_memb.size(0), q_memb.size(1),
-                 "q_memb", "k_memb")
-    q_block = torch.bmm(q_memb.transpose(0, 1), block)  # [H, N_q, k]
-    return _SDDMM.apply(graph, q_block.reshape(-1, q_block.size(-1)),
-                        _heads_first(k_memb))
+                 prefix + "q_memb", "k_memb")
 
 
 class _SDDMMGradOnly(_SDDMM):
@@ -131,8 +139,7 @@ class _SDDMMGradOnly(_SDDMM):
 def _ste_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
                      graph: SampledGraph) -> Tensor:
     # edge_probability's backward with placeholder values (see above).
-    q_block = torch.bmm(q_memb.transpose(0, 1), block)
-    return _SDDMMGradOnly.apply(graph, q_block.reshape(-1, q_block.size(-1)),
+    return _SDDMMGradOnly.apply(graph, _query_block(q_memb, block),
                                 _heads_first(k_memb))
 
 
@@ -332,10 +339,10 @@ def sparse_attention(
         return_attention_weights (bool): also return :math:`\alpha`
             :obj:`[E]` in edge order (before dropout).
         backend (str, optional): :obj:`"compiled"`, the fused kernel of
-            the compiled extension (CPU; keeps :math:`\alpha` :obj:`[E]`
-            for backward), :obj:`"triton"`, fused kernels that keep nothing
-            per edge for backward (CUDA; on the CPU only under
-            ``TRITON_INTERPRET=1``, for testing), or :obj:`"torch"`, CSR
+            the compiled extension (CPU), or :obj:`"triton"`, fused kernels
+            (CUDA; on the CPU only under ``TRITON_INTERPRET=1``, for
+            testing), both keeping nothing per edge for backward (the
+            output and each row's log-sum-exp), or :obj:`"torch"`, CSR
             kernels of PyTorch (any device; the reference). :obj:`None`
             takes the fused kernel that is built for the tensors' device
             (:func:`sbm_pyg.ops.backends`), and :obj:`"torch"` for
@@ -416,10 +423,7 @@ def _check_sbm(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -> None:
         raise TypeError(f"sbm must be a tuple (q_memb, block, k_memb), got "
                         f"{type(sbm).__name__}")
     q_memb, block, k_memb = sbm
-    for name, t in (("q_memb", q_memb), ("block", block), ("k_memb", k_memb)):
-        require_tensor(f"sbm's {name}", t, 3, floating=True)
-    _check_graph(graph, q_memb.size(0), k_memb.size(0), q_memb.size(1),
-                 "sbm's q_memb", "k_memb")
+    _check_memberships(graph, q_memb, block, k_memb, prefix="sbm's ")
     k = q_memb.size(2)
     if block.shape != (q_memb.size(1), k, k) or k_memb.size(2) != k:
         raise ValueError(f"sbm must be (q_memb [N_q, H, k], block [H, k, k], "
@@ -440,8 +444,7 @@ def _compiled_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
     with full_precision(q.device):
         if sbm is not None:
             q_memb, block, k_memb = sbm
-            q_block = torch.bmm(q_memb.transpose(0, 1).to(dtype),
-                                block.to(dtype)).reshape(-1, block.size(-1))
+            q_block = _query_block(q_memb.to(dtype), block.to(dtype))
             k_memb = _heads_first(k_memb.to(dtype)).contiguous()
         if edge_prob is not None:
             edge_prob = edge_prob.to(dtype)
