@@ -9,7 +9,7 @@ pytestmark = pytest.mark.host
 
 
 def test_demo_prints_both_tables(capsys):
-    main(["--lengths", "16", "64", "--seconds", "0.5", "--num-clusters", "8"])
+    main(["--lengths", "16", "64", "--steps", "20", "--num-clusters", "8"])
     out = capsys.readouterr().out
     assert "SBM head at initialization" in out and "The trained SBM head" in out
     rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
@@ -21,4 +21,16 @@ def test_demo_prints_both_tables(capsys):
         # Medges/s is the edges over the printed (rounded) time.
         assert abs(float(rate) - int(edges) / float(ms) / 1e3) <= (
             0.01 + int(edges) / 1e3 * abs(1 / float(ms) - 1 / (float(ms) + 0.05)))
-    assert re.search(r"trained \d+ steps", out)
+    assert re.search(r"trained 20 steps", out)
+
+
+def test_demo_training_learns_the_task(capsys):
+    # The default run: a user's first result must beat the majority class
+    # (from the library's earlier initialization it collapsed onto it).
+    main(["--lengths", "16"])
+    out = capsys.readouterr().out
+    found = re.search(r"token accuracy ([\d.]+) \(majority class ([\d.]+)\), "
+                      r"test density ([\d.]+)", out)
+    assert found, out
+    accuracy, majority, density = map(float, found.groups())
+    assert accuracy > majority + 0.15 and density > 0.05

@@ -16,11 +16,12 @@ def read_metrics(run: Path) -> List[dict]:
 
 
 def plot_runs(runs: Sequence[Path], out: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure of its own, not pyplot's: saving needs no GUI, and the caller's
+    # backend (a notebook's inline one) is left as it is.
+    from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig = Figure(figsize=(13, 3.6))
+    axes = fig.subplots(1, 3)
     for run in runs:
         records = [r for r in read_metrics(run) if r.get("split") == "train"]
         steps = [r["step"] for r in records]
@@ -37,5 +38,4 @@ def plot_runs(runs: Sequence[Path], out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
-    plt.close(fig)
     return out
