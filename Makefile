@@ -26,10 +26,24 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # The documentation site (docs/_build/html); the notebooks are executed, so
-# this takes a few minutes. Warnings are errors.
-docs: $(STAMP)
-	$(PY) -m pip install -q "sphinx>=7" "myst-nb>=1.0"
-	$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html
+# this takes a few minutes. Warnings are errors. It builds in the active
+# virtualenv or conda environment when there is one (the package must be
+# installed there; the docs tools are added), else in .venv; DOCS_PY=...
+# picks another Python. MathJax is served from the site, not a CDN.
+DOCS_ENV := $(or $(VIRTUAL_ENV),$(CONDA_PREFIX))
+ifeq ($(DOCS_ENV),)
+DOCS_PY ?= $(PY)
+DOCS_NEEDS := $(STAMP)
+else
+DOCS_PY ?= $(DOCS_ENV)/bin/python
+DOCS_NEEDS :=
+endif
+
+docs: $(DOCS_NEEDS)
+	@$(DOCS_PY) -c "import sys; sys.path.pop(0); import sbm_pyg" 2>/dev/null || { echo "make docs: \
+	sbm_pyg is not installed in $(DOCS_PY); pip install --no-build-isolation -e . first"; exit 1; }
+	$(DOCS_PY) -m pip install -q "sphinx>=7" "myst-nb>=1.0" sphinx-mathjax-offline ipykernel matplotlib
+	$(DOCS_PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html
 
 demo: $(STAMP)
 	$(PY) -m sbm_pyg.demo

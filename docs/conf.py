@@ -10,6 +10,9 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
+    # MathJax 3 copied into the site and loaded from there: the math renders
+    # offline.
+    "sphinx-mathjax-offline",
     "sphinx.ext.intersphinx",
     "myst_nb",
 ]
