@@ -19,7 +19,7 @@ import torch
 from sbm_pyg.experiments.tasks import repeat_batch
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn import SBMMultiheadAttention
-from sbm_pyg.sampling import _compiled as _fastrg_compiled
+from sbm_pyg.ops import backends
 
 HEAD_DIM = 32
 
@@ -95,8 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=600,
                         help="training steps (default: %(default)s, about 8 s "
                              "on 2 CPU cores)")
-    parser.add_argument("--num-clusters", "--clusters", type=int, default=32,
-                        dest="num_clusters", help="(--clusters: earlier name)")
+    parser.add_argument("--num-clusters", type=int, default=32)
     parser.add_argument("--lam", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -108,7 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     generator = torch.Generator().manual_seed(args.seed)
     model = _repeat_model(args.train_length, args.num_clusters)
     attn = model.blocks[0].attention
-    backend = "compiled" if _fastrg_compiled.available() else "torch"
+    backend = backends("cpu")["sampler"]
     print(f"fastrg backend: {backend}; time_ms and Medges/s are one whole "
           f"forward pass (projections, SBM, sampling, attention)\n")
     print_table(f"SBM head at initialization (k={args.num_clusters}, head dim "

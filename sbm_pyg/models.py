@@ -10,17 +10,14 @@ from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, ModuleList
 from torch_geometric.nn.attention import PerformerAttention
 
-from sbm_pyg._validation import renamed_arguments, require_tensor
 from sbm_pyg.nn import SBMMultiheadAttention
 from sbm_pyg.nn.baselines import FullAttention, LinearAttention
+from sbm_pyg.validation import require_tensor
 
 __all__ = ["SBMTransformer", "TransformerOutput", "FullAttention",
            "LinearAttention", "ATTENTIONS"]
 
 ATTENTIONS = ("sbm", "full", "linear", "performer")
-# Earlier argument names → PyG's names, accepted with a warning.
-RENAMED = dict(dim="channels", layers="num_layers", head_dim="head_channels",
-               mlp_dim="mlp_channels", clusters="num_clusters")
 
 
 @dataclass
@@ -100,10 +97,7 @@ class SBMTransformer(Module):
         attn_dropout (float): dropout on attention weights (sbm, full).
         **sbm_kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
             :obj:`max_edges`, :obj:`ste`, :obj:`sbm_init` of
-            :class:`~sbm_pyg.nn.SBMConv`. The names :obj:`dim`,
-            :obj:`layers`, :obj:`head_dim`, :obj:`mlp_dim` and
-            :obj:`clusters` of earlier versions still
-            work, with a :class:`DeprecationWarning`.
+            :class:`~sbm_pyg.nn.SBMConv`.
 
     Shapes:
         - **input:** tokens :math:`(B, N)` (long), mask :math:`(B, N)` (bool,
@@ -128,12 +122,6 @@ class SBMTransformer(Module):
                  seq_classes: int = 10, dropout: float = 0.0,
                  attn_dropout: float = 0.0, **sbm_kwargs):
         super().__init__()
-        old = renamed_arguments("SBMTransformer", sbm_kwargs, RENAMED)
-        channels = old.get("channels", channels)
-        num_layers = old.get("num_layers", num_layers)
-        head_channels = old.get("head_channels", head_channels)
-        mlp_channels = old.get("mlp_channels", mlp_channels)
-        num_clusters = old.get("num_clusters", num_clusters)
         if attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got "
                              f"{attention!r}")

@@ -38,9 +38,8 @@ def ragged_ptr(device):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_sampler_makes_nothing_on_the_default_device(device, backend, mode):
-    from sbm_pyg.sampling import _compiled as _fastrg_compiled
-    if backend == "compiled" and (device.type != "cpu"
-                                  or not _fastrg_compiled.available()):
+    from sbm_pyg.ops import WITH_EXTENSION
+    if backend == "compiled" and (device.type != "cpu" or not WITH_EXTENSION):
         pytest.skip("the compiled sampler is built for CPU tensors")
     q, b, k = memberships(device)
     ptr_q, ptr_k = ragged_ptr(device)
@@ -133,7 +132,7 @@ def test_generator_on_another_device_is_refused(device):
 def test_cuda_memory_guard_counts_the_allocator_cache(monkeypatch):
     # Blocks that the caching allocator reserved but no tensor uses can be
     # allocated again: 1 GiB free on the driver + (10 - 4) GiB cached.
-    from sbm_pyg._validation import available_memory
+    from sbm_pyg.validation import available_memory
     monkeypatch.setattr(torch.cuda, "mem_get_info",
                         lambda device=None: (1 << 30, 80 << 30))
     monkeypatch.setattr(torch.cuda, "memory_reserved",

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from sbm_pyg.nn.functional import sparse_attention  # noqa: E402
+from sbm_pyg.ops import WITH_EXTENSION  # noqa: E402
 from sbm_pyg.sampling import SampledGraph, fastrg  # noqa: E402
-from sbm_pyg.sampling import _compiled as _fastrg_compiled  # noqa: E402
 
 settings.register_profile(
     "ci", max_examples=340, derandomize=True, deadline=None,
@@ -31,7 +31,7 @@ settings.register_profile("long", max_examples=5000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-BACKENDS = ["torch"] + (["compiled"] if _fastrg_compiled.available()
+BACKENDS = ["torch"] + (["compiled"] if WITH_EXTENSION
                         and torch.get_default_device().type == "cpu" else [])
 
 

@@ -1,6 +1,5 @@
 import copy
 import math
-import warnings
 
 import pytest
 import torch
@@ -122,26 +121,6 @@ def test_output_selects_the_head():
     assert token.seq_logits is None and seq.token_logits is None
     assert torch.equal(token.token_logits, both.token_logits)
     assert torch.equal(seq.seq_logits, both.seq_logits)
-
-
-def test_earlier_argument_names_still_work_with_a_warning():
-    torch.manual_seed(0)
-    new = SBMTransformer(10, 8, channels=16, num_layers=2, heads=2,
-                         head_channels=4, mlp_channels=24, num_clusters=8)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.manual_seed(0)
-        old = SBMTransformer(10, 8, dim=16, layers=2, heads=2, head_dim=4,
-                             mlp_dim=24, clusters=8)
-    assert sorted(str(w.message).split("'")[1] for w in caught
-                  if w.category is DeprecationWarning) == sorted(
-        ["dim", "layers", "head_dim", "mlp_dim", "clusters"])
-    assert {k: v.shape for k, v in old.state_dict().items()} == \
-        {k: v.shape for k, v in new.state_dict().items()}
-    assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(),
-                                                 new.state_dict().values()))
-    assert len(old.blocks) == 2
-    assert old.blocks[0].attention.conv.sbm.num_clusters == 8
 
 
 @pytest.mark.parametrize("ste", ["paper", "published"])

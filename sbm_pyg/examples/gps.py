@@ -198,11 +198,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add("--max-nodes", type=int, default=64)
     add("--colors", type=int, default=2)
     add("--hidden", type=int, default=32)
-    add("--num-layers", "--layers", type=int, default=2, dest="num_layers",
-        help="GPS layers (--layers: earlier name)")
+    add("--num-layers", type=int, default=2, help="GPS layers")
     add("--heads", type=int, default=2)
-    add("--num-clusters", "--clusters", type=int, default=32, dest="num_clusters",
-        help="SBM clusters per head (--clusters: earlier name)")
+    add("--num-clusters", type=int, default=32, help="SBM clusters per head")
     add("--lam", type=float, default=0.0, help="density penalty (sbm)")
     add("--include-input-edges", action="store_true")
     add("--batch-size", type=int, default=32)

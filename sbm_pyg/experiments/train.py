@@ -49,13 +49,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--attention", choices=["sbm", "full", "linear", "performer"], default="sbm")
     add("--seq-len", type=int, default=64,
         help="repeat: sequence length N; listops: max_length")
-    add("--num-layers", "--layers", type=int, default=1, dest="num_layers",
-        help="encoder blocks (--layers: earlier name)")
+    add("--num-layers", type=int, default=1, help="encoder blocks")
     add("--heads", type=int, default=1)
-    add("--channels", "--dim", type=int, default=32, dest="channels",
-        help="embedding size (--dim: earlier name)")
-    add("--num-clusters", "--clusters", type=int, default=128,
-        dest="num_clusters", help="SBM clusters per head (--clusters: earlier name)")
+    add("--channels", type=int, default=32, help="embedding size")
+    add("--num-clusters", type=int, default=128, help="SBM clusters per head")
     add("--lam", type=float, default=0.0, help="density penalty lambda")
     add("--steps", type=int, default=1000)
     add("--batch-size", type=int, default=32)
@@ -178,17 +175,12 @@ def build_model(args) -> SBMTransformer:
         num_tokens, max_len = args.seq_len + 1, args.seq_len
     return SBMTransformer(
         num_tokens, max_len,
-        # Runs saved by earlier versions name three of these differently.
-        channels=getattr(args, "channels", None) or args.dim,
-        num_layers=getattr(args, "num_layers", None) or args.layers,
+        channels=args.channels, num_layers=args.num_layers,
         heads=args.heads, attention=args.attention,
-        num_clusters=getattr(args, "num_clusters", None) or args.clusters,
+        num_clusters=args.num_clusters,
         token_classes=1, seq_classes=10, dropout=args.dropout,
-        # Runs saved before --ste / --sbm-init existed used the paper's
-        # estimator and initialization.
         **(dict(exploration=args.exploration, mode=args.mode,
-                ste=getattr(args, "ste", "paper"),
-                sbm_init=getattr(args, "sbm_init", "paper"))
+                ste=args.ste, sbm_init=args.sbm_init)
            if args.attention == "sbm" else {}),
     )
 

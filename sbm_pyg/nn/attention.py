@@ -7,8 +7,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from sbm_pyg._validation import require_tensor
 from sbm_pyg.nn.conv import SBMConv
+from sbm_pyg.validation import require_tensor
 
 __all__ = ["SBMMultiheadAttention"]
 

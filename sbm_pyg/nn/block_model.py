@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
-from sbm_pyg._validation import require_tensor
+from sbm_pyg.validation import require_tensor
 
 __all__ = ["StochasticBlockModel", "INITS"]
 

@@ -14,7 +14,6 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_sparse, softmax
 
-from sbm_pyg._validation import invalid_values, require_tensor, sync
 from sbm_pyg.nn.block_model import INITS, StochasticBlockModel
 from sbm_pyg.nn.functional import (
     STE_MODES,
@@ -23,6 +22,7 @@ from sbm_pyg.nn.functional import (
     sparse_attention,
 )
 from sbm_pyg.sampling import MODES, SampledGraph, fastrg
+from sbm_pyg.validation import invalid_values, require_tensor, sync
 
 __all__ = ["SBMConv"]
 

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from sbm_pyg._validation import check_generator, require_tensor
 from sbm_pyg.ops import backend_info as _backends
 from sbm_pyg.ops.compiled_attention import fused_attention
 from sbm_pyg.ops.csr import (
@@ -28,6 +27,7 @@ from sbm_pyg.ops.csr import (
     spmm,
 )
 from sbm_pyg.sampling import SampledGraph
+from sbm_pyg.validation import check_generator, require_tensor
 
 __all__ = ["sparse_attention", "edge_probability", "STE_MODES",
            "ATTENTION_BACKENDS"]

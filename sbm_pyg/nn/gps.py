@@ -14,8 +14,8 @@ from torch_geometric.nn.inits import reset
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 from torch_geometric.typing import Adj
 
-from sbm_pyg._validation import require_tensor
 from sbm_pyg.nn.conv import SBMConv
+from sbm_pyg.validation import require_tensor
 
 __all__ = ["SBMGPSConv"]
 

@@ -19,13 +19,15 @@ from typing import Any, Dict
 import torch
 
 __all__ = ["WITH_EXTENSION", "WITH_TRITON", "WITH_TORCH_SCATTER",
-           "backends"]
+           "extension", "backends"]
 
-_C: Any
+# The compiled module sbm_pyg._C (pybind functions of the sampler; its
+# attention registers torch.ops.sbm_pyg), or None. Loaded here only.
+extension: Any
 try:
-    _C = importlib.import_module("sbm_pyg._C")
+    extension = importlib.import_module("sbm_pyg._C")
 except ImportError:  # built without the extension (no compiler, SBM_PYG_NO_EXT=1)
-    _C = None
+    extension = None
     if os.environ.get("SBM_PYG_NO_EXT", "0") != "1":
         # Said once, at import: without it the layers run several times
         # slower and nothing else would tell.
@@ -51,7 +53,7 @@ except ImportError:
 else:
     WITH_TORCH_SCATTER = True
 
-WITH_EXTENSION = _C is not None
+WITH_EXTENSION = extension is not None
 
 
 def backends(device: torch.device | str = "cpu") -> Dict[str, str]:

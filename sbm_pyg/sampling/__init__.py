@@ -13,8 +13,9 @@ time and memory linear in the number of edges; :func:`bernoulli` and
 :func:`expected_adjacency` are dense :math:`O(N_q N_k)` references for tests
 and small inputs.
 """
+from sbm_pyg.sampling.edges import edge_pairs
 from sbm_pyg.sampling.fastrg import BACKENDS, MODES, fastrg
-from sbm_pyg.sampling.graph import SampledGraph, edge_pairs
+from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.sampling.reference import bernoulli, expected_adjacency
 
 __all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency",

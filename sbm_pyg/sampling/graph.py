@@ -2,7 +2,7 @@ r"""The sampled multi-head attention graph and its constructors."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 import torch_geometric.typing
@@ -10,14 +10,12 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.typing import SparseTensor
 
-from sbm_pyg._validation import Check, as_ptr, require_tensor, sync
 from sbm_pyg.ops.csr import row_index
+from sbm_pyg.sampling.checks import PtrLike, check_pointers, included_pairs
+from sbm_pyg.sampling.edges import edge_pairs, edges_from_keys, sorted_unique
+from sbm_pyg.validation import require_tensor, sync
 
-__all__ = ["SampledGraph", "edge_pairs"]
-
-PtrLike = Union[None, Tensor, Sequence[int]]
-
-
+__all__ = ["SampledGraph"]
 
 
 @dataclass
@@ -227,14 +225,16 @@ class SampledGraph:
             if not isinstance(n, int) or n < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {n!r}")
         pairs = edge_pairs("edge_index", edge_index)
-        ptr_q, ptr_k, checks = _pointers(ptr_q, ptr_k, num_queries, num_keys,
-                                         pairs.device)
-        i, j, check = _included_pairs(pairs, ptr_q, ptr_k, num_queries,
-                                      num_keys, "edge_index")
+        ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, num_queries,
+                                              num_keys, pairs.device)
+        i, j, check = included_pairs(pairs, ptr_q, ptr_k, num_queries,
+                                     num_keys, "edge_index")
         sync(checks + [check])
-        key = _sorted_unique(i * num_keys + j)
-        return _graph_from_keys(key, 1, num_queries, num_keys, ptr_q, ptr_k,
-                          key.numel(), float(key.numel()))
+        key = sorted_unique(i * num_keys + j)
+        return cls(num_queries=num_queries, num_keys=num_keys, num_heads=1,
+                   ptr_q=ptr_q, ptr_k=ptr_k, **edges_from_keys(
+                       key, 1, num_queries, num_keys, key.numel(),
+                       float(key.numel()))._asdict())
 
     @classmethod
     def from_keys(cls, key: Tensor, num_heads: int, num_queries: int,
@@ -268,7 +268,7 @@ class SampledGraph:
                 raise ValueError(f"{name} must be an int >= "
                                  f"{1 if name == 'num_heads' else 0}, got {n!r}")
         H, Nq, Nk = num_heads, num_queries, num_keys
-        ptr_q, ptr_k, checks = _pointers(ptr_q, ptr_k, Nq, Nk, key.device)
+        ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, Nk, key.device)
         unsorted = (key[1:] <= key[:-1]).any()
         out = ((key < 0) | (key >= H * Nq * Nk)).any()
         checks += [(unsorted, "key must be strictly increasing (sorted, no "
@@ -276,10 +276,11 @@ class SampledGraph:
                    (out, f"key must lie in [0, H * N_q * N_k = {H * Nq * Nk})")]
         row = key.clamp(0, max(H * Nq * Nk - 1, 0)) // max(Nk, 1)
         pairs = torch.stack([key.clamp(min=0) - row * Nk, row % max(Nq, 1)])
-        checks.append(_included_pairs(pairs, ptr_q, ptr_k, Nq, Nk, "key")[2])
+        checks.append(included_pairs(pairs, ptr_q, ptr_k, Nq, Nk, "key")[2])
         sync(checks)
-        return _graph_from_keys(key, H, Nq, Nk, ptr_q, ptr_k, key.numel(),
-                                float(key.numel()))
+        return cls(num_queries=Nq, num_keys=Nk, num_heads=H, ptr_q=ptr_q,
+                   ptr_k=ptr_k, **edges_from_keys(key, H, Nq, Nk, key.numel(),
+                                                  float(key.numel()))._asdict())
 
     def to(self, device: Union[str, torch.device]) -> SampledGraph:
         """A copy with every tensor on :obj:`device`."""
@@ -290,109 +291,3 @@ class SampledGraph:
                             num_keys=self.num_keys, num_heads=self.num_heads,
                             num_draws=self.num_draws,
                             expected_draws=self.expected_draws, **moved)
-
-
-
-def _pointers(ptr_q: PtrLike, ptr_k: PtrLike, Nq: int, Nk: int,
-              device: torch.device) -> Tuple[Tensor, Tensor, List[Check]]:
-    # Query and key pointers of the same sequences, and their checks.
-    ptr_q, check_q = as_ptr("ptr_q", ptr_q, Nq, device)
-    ptr_k, check_k = as_ptr("ptr_k", ptr_k, Nk, device)
-    if ptr_q.numel() != ptr_k.numel():
-        raise ValueError(f"ptr_q and ptr_k must describe the same number of "
-                         f"sequences, got {ptr_q.numel() - 1} and "
-                         f"{ptr_k.numel() - 1}")
-    return ptr_q, ptr_k, [check_q, check_k]
-
-
-
-def _keys_to_csr(key: Tensor, H: int, Nq: int, Nk: int):
-    row = key // Nk  # h * N_q + i, sorted
-    key_idx = key - row * Nk
-    head = row // Nq
-    rowptr = torch.searchsorted(row, torch.arange(H * Nq + 1,
-                                                  device=key.device))
-    return row, key_idx, head, rowptr
-
-
-
-
-def _graph_from_keys(key: Tensor, H: int, Nq: int, Nk: int, ptr_q: Tensor,
-               ptr_k: Tensor, num_draws: int,
-               expected_draws: float) -> SampledGraph:
-    # SampledGraph.from_keys without its checks, for the samplers, whose
-    # keys are sorted, unique and within the sequences by construction.
-    row, j, head, rowptr = _keys_to_csr(key, H, Nq, Nk)
-    i = row - head * Nq
-    col = head * Nk + j
-    perm = torch.argsort(col * max(Nq, 1) + i)
-    colptr = torch.searchsorted(col[perm],
-                                torch.arange(H * Nk + 1, device=key.device))
-    graph = SampledGraph(edge_index=torch.stack([j, i]), head=head,
-                         num_queries=Nq, num_keys=Nk, num_heads=H, ptr_q=ptr_q,
-                         ptr_k=ptr_k, rowptr=rowptr, perm=perm, colptr=colptr,
-                         num_draws=num_draws, expected_draws=expected_draws)
-    graph._cache.update(col=col, row_t=row[perm])
-    return graph
-
-
-
-
-def _sorted_unique(key: Tensor) -> Tensor:
-    # Measured on CPU (2 threads): sort + adjacent difference took 26 ms vs
-    # 58 ms for torch.unique at 1.7M keys, but 240 vs 207 ms at 5.4M.
-    if key.numel() > 2**22:
-        return torch.unique(key)
-    key = torch.sort(key).values
-    first = torch.ones_like(key, dtype=torch.bool)
-    first[1:] = key[1:] != key[:-1]
-    return key[first]
-
-
-
-
-def edge_pairs(name: str, edges: object) -> Tensor:
-    r"""The (key, query) pairs :obj:`[2, E]` of a structure input given as
-    PyG layers take it: an :obj:`edge_index` LongTensor or
-    :class:`~torch_geometric.EdgeIndex` (row 0 the source/key), or an
-    :obj:`adj_t` (:class:`torch_sparse.SparseTensor` or a :obj:`torch.sparse`
-    tensor, rows are the targets/queries)."""
-    if isinstance(edges, SparseTensor) and not isinstance(edges, Tensor):
-        row, col, _ = edges.coo()
-        return torch.stack([col, row])
-    if isinstance(edges, Tensor) and edges.layout != torch.strided:
-        coo = edges.to_sparse_coo().coalesce()
-        return coo.indices().flip(0)
-    require_tensor(name, edges, 2)
-    assert isinstance(edges, Tensor)  # for type checkers: require_tensor raised otherwise
-    if edges.dtype != torch.long or edges.size(0) != 2:
-        raise TypeError(f"{name} must be a LongTensor of shape [2, E], an "
-                        f"EdgeIndex, a SparseTensor or a torch.sparse adj_t, "
-                        f"got {edges.dtype} {tuple(edges.shape)}")
-    # An EdgeIndex's metadata does not apply to the pairs taken apart; rows
-    # of a transposed [E, 2] tensor would be strided (slow searchsorted).
-    edges = edges.as_tensor() if isinstance(edges, EdgeIndex) else edges
-    return edges.contiguous()
-
-
-def _included_pairs(edges, ptr_q: Tensor, ptr_k: Tensor, Nq: int, Nk: int,
-                    name: str = "include_edges"
-                    ) -> Tuple[Tensor, Tensor, Check]:
-    r"""Queries :math:`i` and keys :math:`j` of :obj:`include_edges` (key
-    :math:`j` → query :math:`i`), and the deferred check that they are in
-    range and stay within their sequence."""
-    edges = edge_pairs(name, edges)
-    if edges.device != ptr_q.device:
-        raise ValueError(f"{name} is on {edges.device}, the sequence "
-                         f"pointers on {ptr_q.device}")
-    j, i = edges
-    in_range = (j >= 0) & (j < Nk) & (i >= 0) & (i < Nq)
-    same = (torch.searchsorted(ptr_k, j, right=True)
-            == torch.searchsorted(ptr_q, i, right=True))
-    bad = ~(in_range & same).all()
-    # Until the check raises (at fastrg's one sync), out-of-range pairs are
-    # clamped so that nothing indexes out of bounds; a mask would sync.
-    i, j = i.clamp(0, max(Nq - 1, 0)), j.clamp(0, max(Nk - 1, 0))
-    return i, j, (bad, f"{name} must hold pairs (key j, query i) with "
-                       f"0 <= j < N_k={Nk}, 0 <= i < N_q={Nq}, within one "
-                       f"sequence")

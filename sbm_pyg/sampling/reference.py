@@ -7,9 +7,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from sbm_pyg._validation import as_ptr, check_generator, check_memory, sync
-from sbm_pyg.sampling.fastrg import _check_sbm
-from sbm_pyg.sampling.graph import PtrLike, SampledGraph, _graph_from_keys
+from sbm_pyg.sampling.checks import PtrLike, as_ptr, check_sbm
+from sbm_pyg.sampling.edges import edges_from_keys
+from sbm_pyg.sampling.graph import SampledGraph
+from sbm_pyg.validation import check_generator, check_memory, sync
 
 __all__ = ["expected_adjacency", "bernoulli"]
 
@@ -18,8 +19,6 @@ def _batch(ptr: Tensor, num_rows: int) -> Tensor:
     return torch.repeat_interleave(torch.arange(ptr.numel() - 1,
                                                 device=ptr.device),
                                    ptr.diff(), output_size=num_rows)
-
-
 
 
 def expected_adjacency(
@@ -49,8 +48,8 @@ def expected_adjacency(
     Returns:
         Tensor :obj:`[H, N_q, N_k]` in the dtype of :obj:`q_memb`.
     """
-    ptr_q, ptr_k, checks = _check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
-                                      mode, exploration, self_loops)
+    ptr_q, ptr_k, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
+                                     mode, exploration, self_loops)
     sync(checks)
     Nq, H, _ = q_memb.shape
     Nk = k_memb.size(0)
@@ -95,8 +94,10 @@ def bernoulli(
     H, Nq, Nk = P.shape
     mask = torch.bernoulli(P.double(), generator=generator).bool()
     key = mask.reshape(-1).nonzero().view(-1)  # (h * N_q + i) * N_k + j
+    # expected_adjacency has checked the pointers.
     ptr_q, _ = as_ptr("ptr_q", ptr_q, Nq, P.device)
     ptr_k, _ = as_ptr("ptr_k", ptr_k, Nk, P.device)
-    return _graph_from_keys(key, H, Nq, Nk, ptr_q, ptr_k, key.numel(),
-                      float(P.sum()))
+    edges = edges_from_keys(key, H, Nq, Nk, key.numel(), float(P.sum()))
+    return SampledGraph(num_queries=Nq, num_keys=Nk, num_heads=H, ptr_q=ptr_q,
+                        ptr_k=ptr_k, **edges._asdict())
 

@@ -176,25 +176,6 @@ def test_diagnose_every_logs_without_changing_the_run(tmp_path):
     assert [r["loss"] for r in metrics(plain)] == [r["loss"] for r in metrics(diagnosed)]
 
 
-def test_earlier_option_names_and_saved_arguments_still_work(tmp_path):
-    out = tmp_path / "old"
-    main(["train", "--task", "repeat", "--out", str(out), "--seq-len", "8",
-          "--dim", "16", "--clusters", "4", "--layers", "2", "--batch-size", "4",
-          "--steps", "1", "--no-progress"])
-    args = json.loads((out / "final.json").read_text())["args"]
-    assert (args["channels"], args["num_clusters"], args["num_layers"]) == (16, 4, 2)
-    # A run saved by an earlier version names them dim, clusters, layers.
-    from argparse import Namespace
-
-    from sbm_pyg.experiments import build_model
-    saved = {k: v for k, v in args.items()
-             if k not in ("channels", "num_clusters", "num_layers")}
-    model = build_model(Namespace(**saved, dim=16, clusters=4, layers=2))
-    assert len(model.blocks) == 2
-    assert model.blocks[0].attention.conv.sbm.num_clusters == 4
-    assert model.token_embedding.embedding_dim == 16
-
-
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib")
     a = run(tmp_path, "a", "--steps", "3")

@@ -1,0 +1,149 @@
+r"""The sampler's argument checks: the SBM, the sequence pointers, the
+included edges and the guard on the number of draws.
+
+Value checks on device tensors are returned as :data:`~sbm_pyg.validation.Check`
+pairs and raised together at the sampler's one host sync
+(:func:`~sbm_pyg.validation.sync`); until then the tensors they guard are
+clamped so that nothing indexes out of bounds.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from sbm_pyg.sampling.edges import edge_pairs
+from sbm_pyg.validation import (
+    Check,
+    check_memory,
+    nonnegative_finite,
+    require_tensor,
+)
+
+__all__ = ["MODES", "PtrLike", "check_sbm", "check_pointers", "as_ptr",
+           "included_pairs", "check_draws"]
+
+MODES = ("poisson", "exact")
+PtrLike = Union[None, Tensor, Sequence[int]]
+
+
+def check_sbm(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: PtrLike,
+              ptr_k: PtrLike, mode: str, exploration: float, self_loops: bool,
+              check_memberships: bool = True) -> Tuple[Tensor, Tensor, List[Check]]:
+    r"""Checks an SBM and its sequences; returns the pointers as tensors and
+    the deferred value checks. :obj:`check_memberships=False` leaves the
+    memberships' values to the backend, which reads them in its first pass
+    anyway."""
+    require_tensor("q_memb", q_memb, 3, floating=True)
+    require_tensor("block", block, 3, floating=True)
+    require_tensor("k_memb", k_memb, 3, floating=True)
+    Nq, H, k = q_memb.shape
+    if block.shape != (H, k, k):
+        raise ValueError(f"block must have shape [H, k, k] = [{H}, {k}, {k}] "
+                         f"to match q_memb {tuple(q_memb.shape)}, got "
+                         f"{tuple(block.shape)}")
+    if k_memb.shape[1:] != (H, k):
+        raise ValueError(f"k_memb must have shape [N_k, {H}, {k}] to match "
+                         f"q_memb {tuple(q_memb.shape)}, got "
+                         f"{tuple(k_memb.shape)}")
+    if not (q_memb.device == block.device == k_memb.device):
+        raise ValueError("q_memb, block and k_memb must be on the same device")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not isinstance(exploration, (int, float)) or not (
+            math.isfinite(exploration) and exploration >= 0):
+        raise ValueError(f"exploration must be a finite number >= 0, got "
+                         f"{exploration!r}")
+    Nk, device = k_memb.size(0), q_memb.device
+    if H * max(Nq, 1) * max(Nk, 1) >= 2**62:
+        raise ValueError(f"H * N_q * N_k = {H} * {Nq} * {Nk} overflows the "
+                         f"int64 edge keys")
+    ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, Nk, device)
+    checks.append(nonnegative_finite("block", block))
+    if check_memberships:
+        checks += [nonnegative_finite("q_memb", q_memb),
+                   nonnegative_finite("k_memb", k_memb)]
+    if self_loops:
+        if Nq != Nk:
+            raise ValueError(f"self_loops=True needs queries and keys to be "
+                             f"the same sequences, got N_q={Nq}, N_k={Nk}")
+        checks.append(((ptr_q != ptr_k).any(),
+                       "self_loops=True needs queries and keys to be the "
+                       "same sequences: ptr_q must equal ptr_k"))
+    return ptr_q, ptr_k, checks
+
+
+def as_ptr(name: str, ptr: PtrLike, num_rows: int,
+           device: torch.device) -> Tuple[Tensor, Check]:
+    """Returns a CSR pointer :obj:`[G + 1]` on :obj:`device` and its check."""
+    if ptr is None:
+        ptr = torch.tensor([0, num_rows], device=device)
+    elif not isinstance(ptr, Tensor):
+        try:
+            ptr = torch.as_tensor(ptr, device=device)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name} must be a LongTensor or a sequence of "
+                            f"ints, got {type(ptr).__name__}") from e
+    if ptr.dtype not in (torch.int64, torch.int32) or ptr.dim() != 1:
+        raise TypeError(f"{name} must be a 1-D integer tensor, got dtype "
+                        f"{ptr.dtype} and shape {tuple(ptr.shape)}")
+    if ptr.numel() < 1:
+        raise ValueError(f"{name} must have at least one entry")
+    ptr = ptr.to(device=device, dtype=torch.long)
+    bad = (ptr[0] != 0) | (ptr[-1] != num_rows) | (ptr.diff() < 0).any()
+    # The check raises only at the next sync; until then the kernels run on a
+    # pointer made valid, so that a bad one cannot index out of bounds.
+    safe = torch.cummax(ptr.clamp(0, num_rows), dim=0).values
+    safe[0], safe[-1] = 0, num_rows
+    return safe, (bad, f"{name} must start at 0, end at the number of rows "
+                       f"({num_rows}) and be non-decreasing")
+
+
+def check_pointers(ptr_q: PtrLike, ptr_k: PtrLike, Nq: int, Nk: int,
+                   device: torch.device) -> Tuple[Tensor, Tensor, List[Check]]:
+    r"""Query and key pointers of the same sequences, and their checks."""
+    ptr_q, check_q = as_ptr("ptr_q", ptr_q, Nq, device)
+    ptr_k, check_k = as_ptr("ptr_k", ptr_k, Nk, device)
+    if ptr_q.numel() != ptr_k.numel():
+        raise ValueError(f"ptr_q and ptr_k must describe the same number of "
+                         f"sequences, got {ptr_q.numel() - 1} and "
+                         f"{ptr_k.numel() - 1}")
+    return ptr_q, ptr_k, [check_q, check_k]
+
+
+def included_pairs(edges: object, ptr_q: Tensor, ptr_k: Tensor, Nq: int,
+                   Nk: int, name: str = "include_edges"
+                   ) -> Tuple[Tensor, Tensor, Check]:
+    r"""Queries :math:`i` and keys :math:`j` of :obj:`include_edges` (key
+    :math:`j` → query :math:`i`), and the deferred check that they are in
+    range and stay within their sequence."""
+    pairs = edge_pairs(name, edges)
+    if pairs.device != ptr_q.device:
+        raise ValueError(f"{name} is on {pairs.device}, the sequence "
+                         f"pointers on {ptr_q.device}")
+    j, i = pairs
+    in_range = (j >= 0) & (j < Nk) & (i >= 0) & (i < Nq)
+    same = (torch.searchsorted(ptr_k, j, right=True)
+            == torch.searchsorted(ptr_q, i, right=True))
+    bad = ~(in_range & same).all()
+    # Until the check raises (at the sampler's one sync), out-of-range pairs
+    # are clamped so that nothing indexes out of bounds; a mask would sync.
+    i, j = i.clamp(0, max(Nq - 1, 0)), j.clamp(0, max(Nk - 1, 0))
+    return i, j, (bad, f"{name} must hold pairs (key j, query i) with "
+                       f"0 <= j < N_k={Nk}, 0 <= i < N_q={Nq}, within one "
+                       f"sequence")
+
+
+def check_draws(num_draws: float, expected: float, num_bytes: float,
+                max_edges: Optional[int], device: torch.device, G: int,
+                H: int, Nq: int, Nk: int) -> None:
+    """The sampler's guard, before anything of the graph's size is
+    allocated: raises if more than :obj:`max_edges` edges were drawn or if
+    :obj:`num_bytes` would not fit on :obj:`device`."""
+    what = (f"fastrg over {G} sequence(s), {H} head(s), N_q={Nq}, N_k={Nk} "
+            f"drew {num_draws:.0f} edges (expected {expected:.1f})")
+    if max_edges is not None and num_draws > max_edges:
+        raise ValueError(f"{what}, more than max_edges={max_edges}")
+    check_memory(num_bytes, device, what)
