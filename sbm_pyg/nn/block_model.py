@@ -8,9 +8,10 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
+from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["StochasticBlockModel", "INITS"]
+__all__ = ["StochasticBlockModel", "INITS", "mean_densities"]
 
 #: Initializations of :class:`StochasticBlockModel`.
 INITS = ("paper", "dense")
@@ -131,3 +132,21 @@ class StochasticBlockModel(Module):
         init = "" if self.init == "paper" else f", init={self.init!r}"
         return (f"{self.__class__.__name__}(heads={self.heads}, "
                 f"channels={self.channels}, num_clusters={self.num_clusters}{init})")
+
+
+def mean_densities(graph: SampledGraph, q_memb: Tensor, block: Tensor,
+                   k_memb: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""The expected density :math:`\frac{1}{n_q n_k} \sum_{ij} p_{ij}`
+    (closed form, differentiable) and the sampled density of each head
+    :obj:`[H]`, averaged over the non-empty sequences of :obj:`graph`."""
+    pairs = (graph.ptr_q.diff() * graph.ptr_k.diff()).to(q_memb.dtype)
+    nonempty = (pairs > 0).to(q_memb.dtype)[:, None]  # [G, 1]
+    count = nonempty.sum().clamp(min=1)
+    mass_q = torch.segment_reduce(q_memb, "sum", offsets=graph.ptr_q,
+                                  axis=0, unsafe=True)  # [G, H, k]
+    mass_k = torch.segment_reduce(k_memb, "sum", offsets=graph.ptr_k,
+                                  axis=0, unsafe=True)
+    expected = torch.einsum("ghu,huv,ghv->gh", mass_q, block, mass_k)
+    expected = expected / pairs.clamp(min=1)[:, None]
+    sampled = graph.density().to(q_memb.dtype) * nonempty
+    return (expected * nonempty).sum(0) / count, sampled.sum(0) / count

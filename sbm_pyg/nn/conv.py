@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Literal, Optional, Tuple, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -12,76 +12,26 @@ from torch.utils.hooks import RemovableHandle
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
-from torch_geometric.utils import is_sparse, softmax
+from torch_geometric.utils import softmax
 
-from sbm_pyg.nn.block_model import INITS, StochasticBlockModel
+from sbm_pyg.nn.block_model import INITS, StochasticBlockModel, mean_densities
 from sbm_pyg.nn.functional import (
+    ATTENTION_BACKENDS,
     STE_MODES,
-    _heads_first,
-    _ste_probability,
     sparse_attention,
+    straight_through_probability,
 )
-from sbm_pyg.sampling import MODES, SampledGraph, fastrg
-from sbm_pyg.validation import invalid_values, require_tensor, sync
+from sbm_pyg.nn.inputs import project, raise_for_features, sequence_pointers
+from sbm_pyg.ops.csr import heads_first
+from sbm_pyg.ops.torch_attention import clip_grad
+from sbm_pyg.sampling import BACKENDS, MODES, SampledGraph, fastrg
 
 __all__ = ["SBMConv"]
 
 Pair = Tuple[Optional[Tensor], Optional[Tensor]]
-
-
-def _project(lin: Linear, x, name: str) -> Tensor:
-    # Sparse node features (torch.sparse or torch_sparse.SparseTensor) are
-    # projected with a sparse-dense product.
-    if not (isinstance(x, Tensor) or is_sparse(x)):
-        raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"{name} must be a [num_nodes, channels] matrix, got "
-                         f"shape {tuple(x.size())}")
-    if lin.in_channels > 0 and x.size(-1) != lin.in_channels:
-        raise ValueError(f"{name} must have {lin.in_channels} channels, got "
-                         f"{x.size(-1)}")
-    if not is_sparse(x):
-        return lin(x)
-    weight_t = lin.weight.t()
-    out = x @ weight_t if isinstance(x, SparseTensor) else torch.sparse.mm(x, weight_t)
-    return out if lin.bias is None else out + lin.bias
-
-
-def _batch_to_ptr(batch: Tensor, num_rows: int, num_graphs: int,
-                  name: str) -> Tensor:
-    require_tensor(name, batch, 1)
-    if batch.dtype != torch.long:
-        raise TypeError(f"{name} must be a LongTensor, got {batch.dtype}")
-    if batch.numel() != num_rows:
-        raise ValueError(f"{name} must have one entry per node ({num_rows}), "
-                         f"got {batch.numel()}")
-    return torch.searchsorted(batch, torch.arange(num_graphs + 1,
-                                                  device=batch.device))
-
-
-def _check_not_edges(batch) -> None:
-    # conv(x, edge_index) is every PyG user's first call: say what this
-    # layer takes instead.
-    if is_sparse(batch) or (isinstance(batch, Tensor) and batch.dim() == 2):
-        shape = tuple(batch.size()) if isinstance(batch, Tensor) else "sparse"
-        raise ValueError(
-            f"SBMConv takes (x, batch): batch must be the 1-D sequence index "
-            f"of each node, got a {shape} graph, which looks like an "
-            f"edge_index. SBMConv samples its own attention graph; pass a "
-            f"local graph as include_edges=edge_index to add it to every "
-            f"head's graph")
-
-
-class _ClipGrad(torch.autograd.Function):
-    r"""Identity forward; backward clips the gradient to :math:`[-1, 1]`."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        return grad.clamp(-1.0, 1.0)
+# The attention paths a layer can run: sparse_attention's backends, or PyG's
+# gather/scatter message() (the reference, with [E, H, d] gathers).
+LAYER_ATTENTION_BACKENDS = ATTENTION_BACKENDS + ("message_passing",)
 
 
 class SBMConv(MessagePassing):
@@ -146,14 +96,10 @@ class SBMConv(MessagePassing):
             nodes). (default: :obj:`False`)
         mode (str): :obj:`"exact"` (each pair with probability
             :math:`\min(p_{ij} + \delta, 1)`) or :obj:`"poisson"` (the
-            paper's Algorithm 1, :math:`1 - e^{-(p_{ij} + \delta)}`), see
-            :func:`~sbm_pyg.sampling.fastrg`. Since :math:`p_{ij} < 1` here
-            (sigmoid memberships, :math:`\hat{\mathbf{S}}` sums to 1),
-            :obj:`"poisson"` samples no pair with probability above
-            :math:`1 - e^{-1-\delta} \approx 0.63`, so a head cannot reach
-            full attention; :obj:`"exact"` is the default because it learns
-            best on the repeated-token task (README, "Experiments").
-            (default: :obj:`"exact"`)
+            paper's Algorithm 1, :math:`1 - e^{-(p_{ij} + \delta)}`, which
+            never exceeds :math:`1 - e^{-1-\delta} \approx 0.63` here, so
+            a head cannot reach full attention), see
+            :func:`~sbm_pyg.sampling.fastrg`. (default: :obj:`"exact"`)
         max_edges (int, optional): raise instead of sampling more edges
             than this in one forward.
         ste (str): the straight-through estimator, :obj:`"paper"` or
@@ -169,11 +115,20 @@ class SBMConv(MessagePassing):
             included). :obj:`None` samples afresh each time, as the paper
             evaluates. Training always samples afresh. (default:
             :obj:`None`)
+        sampler_backend (str, optional): the backend of
+            :func:`~sbm_pyg.sampling.fastrg`, :obj:`"compiled"` or
+            :obj:`"torch"`; :obj:`None` picks the fastest built for the
+            device. (default: :obj:`None`)
+        attention_backend (str, optional): the backend of
+            :func:`~sbm_pyg.nn.functional.sparse_attention`
+            (:obj:`"compiled"`, :obj:`"triton"` or :obj:`"torch"`), or
+            :obj:`"message_passing"`: PyG's gather/scatter :meth:`message`
+            path (same result, :obj:`[E, H, d]` memory; its
+            :obj:`edge_prob` argument carries the straight-through
+            gradient, visible to message hooks). :obj:`None` picks the
+            fastest built for the device. (default: :obj:`None`)
         **kwargs (optional): additional arguments of
-            :class:`torch_geometric.nn.conv.MessagePassing`. Setting
-            :obj:`self.fuse = False` runs PyG's gather/scatter
-            :meth:`message` path instead of the fused sparse kernels (same
-            result, more memory).
+            :class:`torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:**
@@ -214,21 +169,23 @@ class SBMConv(MessagePassing):
         ste: str = "paper",
         sbm_init: str = "paper",
         eval_seed: Optional[int] = None,
+        sampler_backend: Optional[str] = None,
+        attention_backend: Optional[str] = None,
         **kwargs,
     ):
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
-        # PyG sets fuse only when message_and_aggregate is implemented; here
-        # it selects the fused sparse kernels over the message() path.
-        self.fuse = True
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if ste not in STE_MODES:
-            raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
-        if sbm_init not in INITS:
-            raise ValueError(f"sbm_init must be one of {INITS}, got {sbm_init!r}")
+        for name, value, choices in (
+                ("mode", mode, MODES), ("ste", ste, STE_MODES),
+                ("sbm_init", sbm_init, INITS),
+                ("sampler_backend", sampler_backend, (None,) + BACKENDS),
+                ("attention_backend", attention_backend,
+                 (None,) + LAYER_ATTENTION_BACKENDS)):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got "
+                                 f"{value!r}")
         if not (isinstance(exploration, (int, float)) and exploration >= 0):
             raise ValueError(f"exploration must be >= 0, got {exploration!r}")
         self.in_channels = in_channels
@@ -243,6 +200,8 @@ class SBMConv(MessagePassing):
         self.mode = mode
         self.max_edges = max_edges
         self.ste = ste
+        self.sampler_backend = sampler_backend
+        self.attention_backend = attention_backend
         if eval_seed is not None and (not isinstance(eval_seed, int)
                                       or isinstance(eval_seed, bool)):
             raise TypeError(f"eval_seed must be an int or None, got "
@@ -284,31 +243,31 @@ class SBMConv(MessagePassing):
             self.lin_skip.reset_parameters()
         self.sbm.reset_parameters()
 
-    def _pointers(self, batch, ptr, num_src: int, num_dst: int
-                  ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-        """CSR pointers (ptr_k, ptr_q) of key and query rows."""
-        if ptr is not None:
-            if batch is not None:
-                raise ValueError("pass either batch or ptr, not both")
-            return ptr if isinstance(ptr, tuple) else (ptr, ptr)
-        if batch is None:
-            return None, None
-        _check_not_edges(batch)
-        batch_src, batch_dst = batch if isinstance(batch, tuple) else (batch, batch)
-        if batch_src is None or batch_dst is None:
-            raise ValueError("batch must give both the source and the "
-                             "target batch vector")
-        flags = [(b.diff() < 0).any() | (b < 0).any()
-                 for b in (batch_src, batch_dst) if isinstance(b, Tensor)]
-        last = [b[-1] for b in (batch_src, batch_dst)
-                if isinstance(b, Tensor) and b.numel() > 0]
-        flags_and_max = sync([(flag, "batch must be sorted and non-negative "
-                                     "(as PyG's DataLoader makes it)")
-                              for flag in flags],
-                             *last)
-        num_graphs = int(max(flags_and_max, default=-1)) + 1
-        return (_batch_to_ptr(batch_src, num_src, num_graphs, "batch"),
-                _batch_to_ptr(batch_dst, num_dst, num_graphs, "batch"))
+    @overload
+    def forward(
+        self,
+        x: Union[Tensor, SparseTensor, Tuple],
+        batch: Union[None, Tensor, Pair] = None,
+        *,
+        ptr: Union[None, Tensor, Pair] = None,
+        include_edges: Optional[Tensor] = None,
+        return_attention_weights: Optional[Literal[False]] = None,
+        generator: Optional[torch.Generator] = None,
+    ) -> Tensor:
+        pass
+
+    @overload
+    def forward(
+        self,
+        x: Union[Tensor, SparseTensor, Tuple],
+        batch: Union[None, Tensor, Pair] = None,
+        *,
+        ptr: Union[None, Tensor, Pair] = None,
+        include_edges: Optional[Tensor] = None,
+        return_attention_weights: Literal[True],
+        generator: Optional[torch.Generator] = None,
+    ) -> Tuple[Tensor, Tuple[SampledGraph, Tensor]]:
+        pass
 
     def forward(
         self,
@@ -319,7 +278,7 @@ class SBMConv(MessagePassing):
         include_edges: Optional[Tensor] = None,
         return_attention_weights: Optional[bool] = None,
         generator: Optional[torch.Generator] = None,
-    ):
+    ) -> Union[Tensor, Tuple[Tensor, Tuple[SampledGraph, Tensor]]]:
         r"""Runs the layer.
 
         Args:
@@ -344,9 +303,9 @@ class SBMConv(MessagePassing):
         """
         H, C = self.heads, self.out_channels
         x_src, x_dst = x if isinstance(x, tuple) else (x, x)
-        query = _project(self.lin_query, x_dst, "x_dst").view(-1, H, C)
-        key = _project(self.lin_key, x_src, "x_src").view(-1, H, C)
-        value = _project(self.lin_value, x_src, "x_src").view(-1, H, C)
+        query = project(self.lin_query, x_dst, "x_dst").view(-1, H, C)
+        key = project(self.lin_key, x_src, "x_src").view(-1, H, C)
+        value = project(self.lin_value, x_src, "x_src").view(-1, H, C)
         q_memb, block, k_memb = self.sbm(query, key)
         out, graph, alpha = self._sample_and_attend(
             query, key, value, q_memb, block, k_memb, batch, ptr,
@@ -354,7 +313,7 @@ class SBMConv(MessagePassing):
         Nq = query.size(0)
         out = out.reshape(Nq, H * C) if self.concat else out.mean(dim=1)
         if self.lin_skip is not None:
-            out = out + _project(self.lin_skip, x_dst, "x_dst")
+            out = out + project(self.lin_skip, x_dst, "x_dst")
         if return_attention_weights:
             return out, (graph, alpha)
         return out
@@ -370,7 +329,7 @@ class SBMConv(MessagePassing):
                            ) -> Tuple[Tensor, SampledGraph, Optional[Tensor]]:
         H, C = self.heads, self.out_channels
         Nq, Nk = query.size(0), key.size(0)
-        ptr_k, ptr_q = self._pointers(batch, ptr, Nk, Nq)
+        ptr_k, ptr_q = sequence_pointers(batch, ptr, Nk, Nq)
         if generator is None and not self.training and self.eval_seed is not None:
             generator = torch.Generator(query.device).manual_seed(self.eval_seed)
         try:
@@ -379,49 +338,47 @@ class SBMConv(MessagePassing):
                            exploration=self.exploration if self.training else 0.0,
                            self_loops=self.self_loops,
                            include_edges=include_edges,
-                           max_edges=self.max_edges, generator=generator)
+                           max_edges=self.max_edges, generator=generator,
+                           backend=self.sampler_backend)
         except ValueError as err:
-            # Sigmoid memberships are never negative: NaN or inf came in
-            # with the features (or the weights). Name what the user passed.
-            for memb, source in (("q_memb", "x (x_dst: the queries)"),
-                                 ("k_memb", "x (x_src: the keys)")):
-                if str(err) == invalid_values(memb):
-                    raise ValueError(
-                        f"SBMConv: {source} or the layer's weights contain "
-                        f"NaN or inf, so its SBM memberships are not "
-                        f"finite") from err
+            raise_for_features(err)
             raise
         for hook in self._graph_hooks.values():
             hook(self, graph)
         # The straight-through estimator uses the edge probabilities'
         # gradient only: their values are never computed.
         need_ste = torch.is_grad_enabled() and q_memb.requires_grad
-        self._record_density(graph, q_memb, block, k_memb)
+        self.expected_density, self.sampled_density = mean_densities(
+            graph, q_memb, block, k_memb)
 
-        if self.fuse:
-            # The weights cost a pass of their own on the Triton path.
-            out = sparse_attention(
-                query, key, value, graph, None, self.dropout,
-                self.training, ste=self.ste, generator=generator,
-                return_attention_weights=need_alpha,
-                sbm=(q_memb, block, k_memb) if need_ste else None)
-            out, alpha = out if need_alpha else (out, None)
-            return out, graph, alpha
-        edge_prob = (_ste_probability(q_memb, block, k_memb, graph)
+        if self.attention_backend != "message_passing":
+            sbm = (q_memb, block, k_memb) if need_ste else None
+            if need_alpha:  # a pass of its own on the Triton path
+                out, alpha = sparse_attention(
+                    query, key, value, graph, None, self.dropout,
+                    self.training, ste=self.ste, generator=generator,
+                    backend=self.attention_backend, sbm=sbm,
+                    return_attention_weights=True)
+                return out, graph, alpha
+            return sparse_attention(
+                query, key, value, graph, None, self.dropout, self.training,
+                ste=self.ste, generator=generator,
+                backend=self.attention_backend, sbm=sbm), graph, None
+        edge_prob = (straight_through_probability(q_memb, block, k_memb, graph)
                      if need_ste else None)
         _, col = graph.csr()
         out = self.propagate(
             torch.stack([col, graph.row().long()]),
-            query=_heads_first(query), key=_heads_first(key),
-            value=_heads_first(value), edge_prob=edge_prob,
+            query=heads_first(query), key=heads_first(key),
+            value=heads_first(value), edge_prob=edge_prob,
             size=(H * Nk, H * Nq))
-        alpha, self._alpha = self._alpha, None
-        return out.view(H, Nq, C).transpose(0, 1), graph, alpha
+        weights, self._alpha = self._alpha, None
+        return out.view(H, Nq, C).transpose(0, 1), graph, weights
 
     def message(self, query_i: Tensor, key_j: Tensor, value_j: Tensor,
                 edge_prob: Optional[Tensor], index: Tensor,
                 ptr: Optional[Tensor], size_i: Optional[int]) -> Tensor:
-        r"""The reference path (:obj:`self.fuse = False`), TransformerConv
+        r"""The reference path (:obj:`attention_backend="message_passing"`), TransformerConv
         style: scores, segment softmax and weighted values per edge, with
         :obj:`[E, H, d]` gathers; same result as the fused kernels."""
         score = (query_i * key_j).sum(dim=-1) / math.sqrt(self.out_channels)
@@ -430,26 +387,11 @@ class SBMConv(MessagePassing):
             score = score + score.detach() * (edge_prob - edge_prob.detach())
         elif edge_prob is not None:
             # Value unchanged, dL/dp = clip(dL/d score, -1, 1).
-            score = score + _ClipGrad.apply(edge_prob - edge_prob.detach())
+            score = score + clip_grad(edge_prob - edge_prob.detach())
         alpha = softmax(score, index, ptr, size_i)
         self._alpha = alpha
         alpha = F.dropout(alpha, p=self.dropout, training=self.training)
         return value_j * alpha.unsqueeze(-1)
-
-    def _record_density(self, graph: SampledGraph, q_memb: Tensor,
-                        block: Tensor, k_memb: Tensor) -> None:
-        pairs = (graph.ptr_q.diff() * graph.ptr_k.diff()).to(q_memb.dtype)
-        nonempty = (pairs > 0).to(q_memb.dtype)[:, None]  # [G, 1]
-        count = nonempty.sum().clamp(min=1)
-        mass_q = torch.segment_reduce(q_memb, "sum", offsets=graph.ptr_q,
-                                      axis=0, unsafe=True)  # [G, H, k]
-        mass_k = torch.segment_reduce(k_memb, "sum", offsets=graph.ptr_k,
-                                      axis=0, unsafe=True)
-        expected = torch.einsum("ghu,huv,ghv->gh", mass_q, block, mass_k)
-        expected = expected / pairs.clamp(min=1)[:, None]
-        self.expected_density = (expected * nonempty).sum(0) / count
-        self.sampled_density = (graph.density().to(q_memb.dtype)
-                                * nonempty).sum(0) / count
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.in_channels}, "

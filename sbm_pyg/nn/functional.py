@@ -11,66 +11,21 @@ Triton kernels (CUDA), or PyTorch's CSR kernels (any device, the reference).
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Literal, Optional, Tuple, Union, overload
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from sbm_pyg.ops import backend_info as _backends
 from sbm_pyg.ops.compiled_attention import fused_attention
-from sbm_pyg.ops.csr import (
-    full_precision,
-    sddmm,
-    segment_softmax,
-    segment_sum,
-    spmm,
-)
+from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
+from sbm_pyg.ops.torch_attention import SDDMM, SDDMMGradOnly, SparseAttention
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import check_generator, require_tensor
 
-__all__ = ["sparse_attention", "edge_probability", "STE_MODES",
+__all__ = ["sparse_attention", "edge_probability",
+           "straight_through_probability", "STE_MODES",
            "ATTENTION_BACKENDS"]
-
-
-def _heads_first(x: Tensor) -> Tensor:
-    # [N, H, D] -> [H * N, D], row h * N + i, matching the CSR rows/columns.
-    N, H, D = x.shape
-    return x.transpose(0, 1).reshape(H * N, D)
-
-
-def _nodes_first(x: Tensor, H: int) -> Tensor:
-    # [H * N, D] -> [N, H, D]
-    return x.view(H, -1, x.size(-1)).transpose(0, 1)
-
-
-def _spmm_t(graph: SampledGraph, values: Tensor, dense: Tensor) -> Tensor:
-    colptr, row_t = graph.csr_t()
-    return spmm(colptr, row_t, values[graph.perm], dense)
-
-
-class _SDDMM(torch.autograd.Function):
-    r""":math:`v_e = \langle a_{r(e)}, b_{c(e)} \rangle` with gradients as
-    sparse-dense products."""
-
-    @staticmethod
-    def forward(ctx, graph: SampledGraph, a: Tensor, b: Tensor) -> Tensor:
-        ctx.graph = graph
-        ctx.save_for_backward(a, b)
-        return sddmm(*graph.csr(), a, b).to(a.dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor):
-        a, b = ctx.saved_tensors
-        graph = ctx.graph
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[1]:
-            rowptr, col = graph.csr()
-            grad_a = spmm(rowptr, col, grad, b).to(a.dtype)
-        if ctx.needs_input_grad[2]:
-            grad_b = _spmm_t(graph, grad, a).to(b.dtype)
-        return None, grad_a, grad_b
 
 
 # Sampled graphs have data-dependent sizes and the CSR kernels are opaque to
@@ -107,7 +62,7 @@ def edge_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
         tensor([0.2500])
     """
     _check_memberships(graph, q_memb, block, k_memb)
-    return _SDDMM.apply(graph, _query_block(q_memb, block), _heads_first(k_memb))
+    return SDDMM.apply(graph, _query_block(q_memb, block), heads_first(k_memb))
 
 
 def _query_block(q_memb: Tensor, block: Tensor) -> Tensor:
@@ -123,24 +78,15 @@ def _check_memberships(graph: SampledGraph, q_memb: Tensor, block: Tensor,
                  prefix + "q_memb", "k_memb")
 
 
-class _SDDMMGradOnly(_SDDMM):
-    r"""The gradients of :class:`_SDDMM` with zeros for values: for the
-    straight-through estimator, whose forward never reads :math:`p_e`, so
-    the :math:`O(E k)` forward product is skipped."""
-
-    @staticmethod
-    def forward(ctx, graph: SampledGraph, a: Tensor, b: Tensor) -> Tensor:
-        ctx.graph = graph
-        ctx.save_for_backward(a, b)
-        return a.new_zeros(graph.num_edges)
-
-
 @torch.compiler.disable
-def _ste_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
-                     graph: SampledGraph) -> Tensor:
-    # edge_probability's backward with placeholder values (see above).
-    return _SDDMMGradOnly.apply(graph, _query_block(q_memb, block),
-                                _heads_first(k_memb))
+def straight_through_probability(q_memb: Tensor, block: Tensor,
+                                 k_memb: Tensor, graph: SampledGraph) -> Tensor:
+    r""":func:`edge_probability` for the straight-through estimator: zeros
+    :obj:`[E]` (the attention's forward never reads :math:`p_e`, so the
+    :math:`O(E k)` product is skipped) with :func:`edge_probability`'s
+    backward."""
+    return SDDMMGradOnly.apply(graph, _query_block(q_memb, block),
+                               heads_first(k_memb))
 
 
 def _check_graph(graph: SampledGraph, Nq: int, Nk: int, H: int, q_name: str,
@@ -155,120 +101,65 @@ def _check_graph(graph: SampledGraph, Nq: int, Nk: int, H: int, q_name: str,
             f"N_k={Nk}, H={H}")
 
 
-def _ste_gradient(grad_score: Tensor, score: Optional[Tensor],
-                  ste: str) -> Tensor:
-    # dL/dp_e from dL/da_e (see sparse_attention's docstring).
-    if ste == "paper":
-        assert score is not None  # saved in forward for this estimator
-        return grad_score * score
-    return grad_score.clamp(-1.0, 1.0)
-
-
-class _SparseAttention(torch.autograd.Function):
-    r"""Fused SDDMM → segment softmax → SpMM with a hand-written backward
-    (the PyTorch path).
-
-    Saved for backward: the flattened :obj:`q, k, v` (:obj:`[H N, D]`), the
-    attention weights and, when needed, the scores and the dropout mask
-    (:obj:`[E]` each).
-    """
-
-    @staticmethod
-    def forward(ctx, graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
-                edge_prob: Optional[Tensor], scale: float, dropout: float,
-                generator: Optional[torch.Generator], ste: str
-                ) -> Tuple[Tensor, Tensor]:
-        rowptr, col = graph.csr()
-        score = sddmm(rowptr, col, q, k, scale)  # [E]
-        alpha = segment_softmax(score, rowptr, graph.row())  # [E]
-        keep = None
-        weight = alpha
-        if dropout > 0:
-            keep = torch.rand(alpha.shape, dtype=alpha.dtype,
-                              device=alpha.device, generator=generator)
-            keep = (keep >= dropout).to(alpha.dtype) / (1.0 - dropout)
-            weight = alpha * keep
-        out = spmm(rowptr, col, weight, v)  # [H * N_q, D]
-        ctx.graph, ctx.scale, ctx.ste = graph, scale, ste
-        ctx.prob_dtype = edge_prob.dtype if edge_prob is not None else None
-        keep_score = edge_prob is not None and ste == "paper"
-        ctx.save_for_backward(q, k, v, alpha, keep,
-                              score if keep_score else None)
-        ctx.mark_non_differentiable(alpha)
-        return out.to(v.dtype), alpha
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out: Tensor, _grad_alpha: Tensor):
-        q, k, v, alpha, keep, score = ctx.saved_tensors
-        graph, scale = ctx.graph, ctx.scale
-        rowptr, col = graph.csr()
-        weight = alpha if keep is None else alpha * keep
-        grad_v = _spmm_t(graph, weight, grad_out)
-        grad_alpha = sddmm(rowptr, col, grad_out, v)  # [E]
-        if keep is not None:
-            grad_alpha.mul_(keep)
-        # Softmax backward, in place: a_e (g_e - sum_{e' in row} a_e' g_e').
-        row_dot = segment_sum(alpha * grad_alpha, rowptr)
-        grad_score = grad_alpha.sub_(row_dot.index_select(0, graph.row()))
-        grad_score.mul_(alpha)
-        grad_prob = None
-        if ctx.prob_dtype is not None:
-            grad_prob = _ste_gradient(grad_score, score, ctx.ste)
-            grad_prob = grad_prob.to(ctx.prob_dtype)
-        grad_score.mul_(scale)
-        grad_q = spmm(rowptr, col, grad_score, k)
-        grad_k = _spmm_t(graph, grad_score, q)
-        return (None, grad_q.to(q.dtype), grad_k.to(k.dtype),
-                grad_v.to(v.dtype), grad_prob, None, None, None, None)
-
-
-class _TritonSparseAttention(torch.autograd.Function):
-    r"""The same attention with the fused Triton kernels of
-    :mod:`sbm_pyg.ops.triton_attention`: one pass per row with an online
-    softmax; saved for backward: :obj:`q, k, v, out` and each row's
-    log-sum-exp, nothing per edge."""
-
-    @staticmethod
-    def forward(ctx, graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
-                edge_prob: Optional[Tensor], scale: float, ste: str
-                ) -> Tuple[Tensor, Tensor]:
-        from sbm_pyg.ops import triton_attention as kernels
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out, lse = kernels.attention_forward(*graph.csr(), q, k, v, scale)
-        ctx.graph, ctx.scale = graph, scale
-        ctx.ste = ste if edge_prob is not None else None
-        ctx.prob_dtype = edge_prob.dtype if edge_prob is not None else None
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
-        from sbm_pyg.ops import triton_attention as kernels
-        q, k, v, out, lse = ctx.saved_tensors
-        graph = ctx.graph
-        (rowptr, col), (colptr, row_t) = graph.csr(), graph.csr_t()
-        grad_q, grad_k, grad_v, grad_prob = kernels.attention_backward(
-            rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
-            ctx.scale, ctx.ste)
-        if grad_prob is not None:
-            grad_prob = grad_prob.to(ctx.prob_dtype)
-        return None, grad_q, grad_k, grad_v, grad_prob, None, None
-
-
-def _attention_weights(graph: SampledGraph, q: Tensor, k: Tensor,
-                       lse: Tensor, scale: float) -> Tensor:
-    # alpha_e = exp(s_e - logsumexp of its row), for the Triton path, which
-    # keeps no per-edge weights.
-    rowptr, col = graph.csr()
-    score = sddmm(rowptr, col, q.detach(), k.detach(), scale)
-    return score.sub_(lse.to(score.dtype).index_select(0, graph.row())).exp_()
-
-
 STE_MODES = ("paper", "published")
 ATTENTION_BACKENDS = ("torch", "compiled", "triton")
+
+
+@overload
+def sparse_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    graph: SampledGraph,
+    edge_prob: Optional[Tensor] = None,
+    dropout: float = 0.0,
+    training: bool = False,
+    *,
+    ste: str = "paper",
+    generator: Optional[torch.Generator] = None,
+    return_attention_weights: Literal[False] = False,
+    backend: Optional[str] = None,
+    sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+) -> Tensor:
+    pass
+
+
+@overload
+def sparse_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    graph: SampledGraph,
+    edge_prob: Optional[Tensor] = None,
+    dropout: float = 0.0,
+    training: bool = False,
+    *,
+    ste: str = "paper",
+    generator: Optional[torch.Generator] = None,
+    return_attention_weights: Literal[True],
+    backend: Optional[str] = None,
+    sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+) -> Tuple[Tensor, Tensor]:
+    pass
+
+
+@overload
+def sparse_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    graph: SampledGraph,
+    edge_prob: Optional[Tensor] = None,
+    dropout: float = 0.0,
+    training: bool = False,
+    *,
+    ste: str = "paper",
+    generator: Optional[torch.Generator] = None,
+    return_attention_weights: bool = False,
+    backend: Optional[str] = None,
+    sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    pass
 
 
 @torch.compiler.disable
@@ -286,7 +177,7 @@ def sparse_attention(
     return_attention_weights: bool = False,
     backend: Optional[str] = None,
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
-) -> Tensor | Tuple[Tensor, Tensor]:
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Masked softmax attention on the sampled edges only.
 
     For each head :math:`h` and query :math:`i` with sampled keys
@@ -393,23 +284,24 @@ def sparse_attention(
     dropout = dropout if training else 0.0
     backend = _attention_backend(backend, query.device, dropout)
     scale = 1.0 / math.sqrt(D)
-    q, k, v = _heads_first(query), _heads_first(key), _heads_first(value)
+    q, k, v = heads_first(query), heads_first(key), heads_first(value)
     if backend == "compiled":
         flat, weights = _compiled_attention(graph, q, k, v, edge_prob, sbm,
                                             scale, ste)
-        out = _nodes_first(flat.to(value.dtype), H)
+        out = nodes_first(flat.to(value.dtype), H)
         return (out, weights) if return_attention_weights else out
     if sbm is not None:
-        edge_prob = _ste_probability(*sbm, graph)
+        edge_prob = straight_through_probability(*sbm, graph)
     if backend == "triton":
-        out, lse = _TritonSparseAttention.apply(graph, q, k, v, edge_prob,
-                                                scale, ste)
-        alpha = (_attention_weights(graph, q, k, lse, scale)
+        from sbm_pyg.ops import triton_attention
+        out, lse = triton_attention.TritonAttention.apply(
+            graph, q, k, v, edge_prob, scale, ste)
+        alpha = (triton_attention.attention_weights(graph, q, k, lse, scale)
                  if return_attention_weights else None)
     else:
-        out, alpha = _SparseAttention.apply(graph, q, k, v, edge_prob, scale,
+        out, alpha = SparseAttention.apply(graph, q, k, v, edge_prob, scale,
                                             dropout, generator, ste)
-    out = _nodes_first(out, H)
+    out = nodes_first(out, H)
     if return_attention_weights:
         assert alpha is not None
         return out, alpha
@@ -445,7 +337,7 @@ def _compiled_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
         if sbm is not None:
             q_memb, block, k_memb = sbm
             q_block = _query_block(q_memb.to(dtype), block.to(dtype))
-            k_memb = _heads_first(k_memb.to(dtype)).contiguous()
+            k_memb = heads_first(k_memb.to(dtype)).contiguous()
         if edge_prob is not None:
             edge_prob = edge_prob.to(dtype)
         return fused_attention(

@@ -1,7 +1,9 @@
 r"""The kernels under the layers, with their backends in one place.
 
 * :mod:`sbm_pyg.ops.csr`: CSR kernels over the block-diagonal attention
-  matrix of a sampled graph (PyTorch, any device): the reference path.
+  matrix of a sampled graph (PyTorch, any device).
+* :mod:`sbm_pyg.ops.torch_attention`: the attention on those kernels as
+  autograd functions: the reference path.
 * :mod:`sbm_pyg.ops.compiled_attention`: the fused attention of the compiled
   extension (CPU), as torch operators with autograd and fake kernels.
 * :mod:`sbm_pyg.ops.triton_attention`: the fused attention in Triton (CUDA).

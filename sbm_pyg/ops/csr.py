@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["sddmm", "spmm", "segment_sum", "segment_softmax", "row_index",
-           "full_precision"]
+           "full_precision", "heads_first", "nodes_first"]
 
 from sbm_pyg.ops.backend_info import WITH_TORCH_SCATTER
 
@@ -148,3 +148,15 @@ def segment_softmax(scores: Tensor, rowptr: Tensor, row: Tensor) -> Tensor:
     exp = torch.sub(scores, row_max.index_select(0, row)).exp_()
     norm = segment_sum(exp, rowptr).reciprocal_()
     return exp.mul_(norm.index_select(0, row))
+
+
+def heads_first(x: Tensor) -> Tensor:
+    r""":obj:`[N, H, D]` → :obj:`[H * N, D]`: row :obj:`h * N + i`, the
+    rows and columns of the block-diagonal CSR matrix."""
+    N, H, D = x.shape
+    return x.transpose(0, 1).reshape(H * N, D)
+
+
+def nodes_first(x: Tensor, H: int) -> Tensor:
+    r""":obj:`[H * N, D]` → :obj:`[N, H, D]`, the inverse of :func:`heads_first`."""
+    return x.view(H, -1, x.size(-1)).transpose(0, 1)

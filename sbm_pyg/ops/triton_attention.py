@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 try:
     import triton
@@ -34,8 +35,10 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
 from sbm_pyg.ops.compiled_attention import STE_CODES
+from sbm_pyg.ops.csr import sddmm
 
-__all__ = ["available", "attention_forward", "attention_backward"]
+__all__ = ["available", "attention_forward", "attention_backward",
+           "TritonAttention", "attention_weights"]
 
 BLOCK_E = 32
 
@@ -245,3 +248,46 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
         _backward_key_kernel[(C,)](q, k, v, grad_out, lse, delta, grad_k,
                                    grad_v, colptr, row_t, scale, **meta)
     return grad_q, grad_k, grad_v, grad_prob if ste is not None else None
+
+
+class TritonAttention(torch.autograd.Function):
+    r"""The same attention with the fused Triton kernels of
+    :mod:`sbm_pyg.ops.triton_attention`: one pass per row with an online
+    softmax; saved for backward: :obj:`q, k, v, out` and each row's
+    log-sum-exp, nothing per edge."""
+
+    @staticmethod
+    def forward(ctx, graph, q: Tensor, k: Tensor, v: Tensor,
+                edge_prob: Optional[Tensor], scale: float, ste: str
+                ) -> Tuple[Tensor, Tensor]:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        rowptr, col = graph.csr()
+        out, lse = attention_forward(rowptr, col, q, k, v, scale)
+        ctx.graph, ctx.scale = graph, scale
+        ctx.ste = ste if edge_prob is not None else None
+        ctx.prob_dtype = edge_prob.dtype if edge_prob is not None else None
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        graph = ctx.graph
+        (rowptr, col), (colptr, row_t) = graph.csr(), graph.csr_t()
+        grad_q, grad_k, grad_v, grad_prob = attention_backward(
+            rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
+            ctx.scale, ctx.ste)
+        if grad_prob is not None:
+            grad_prob = grad_prob.to(ctx.prob_dtype)
+        return None, grad_q, grad_k, grad_v, grad_prob, None, None
+
+
+def attention_weights(graph, q: Tensor, k: Tensor,
+                       lse: Tensor, scale: float) -> Tensor:
+    r""":math:`\alpha_e = \exp(s_e - \mathrm{lse}_{r(e)})` from the saved
+    log-sum-exp: the forward keeps no per-edge weights."""
+    rowptr, col = graph.csr()
+    score = sddmm(rowptr, col, q.detach(), k.detach(), scale)
+    return score.sub_(lse.to(score.dtype).index_select(0, graph.row())).exp_()

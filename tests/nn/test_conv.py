@@ -1,3 +1,5 @@
+import typing
+
 import pytest
 import torch
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
@@ -93,13 +95,13 @@ def test_bipartite_input():
 @pytest.mark.parametrize("ste", ["paper", "published"])
 def test_fused_path_equals_pyg_message_passing(monkeypatch, ste):
     conv = make_conv(dropout=0.0, ste=ste)
-    assert conv.fuse
+    assert conv.attention_backend is None
     x = x_input().requires_grad_()
     with monkeypatch.context() as m:  # the fused path must not call message()
         m.setattr(conv, "message", None)
         out_fused, (g1, a1) = run(conv, x, batch=BATCH, return_attention_weights=True)
     grads_fused = torch.autograd.grad(out_fused.pow(2).sum(), [x] + list(conv.parameters()))
-    conv.fuse = False
+    conv.attention_backend = "message_passing"
     calls = []
     message = conv.message
     monkeypatch.setattr(conv, "message", lambda *a, **k: calls.append(1) or message(*a, **k))
@@ -323,3 +325,31 @@ def test_eval_seed_makes_evaluation_repeatable():
     assert not all(torch.equal(o, outs[0]) for o in outs[1:])
     with pytest.raises(TypeError, match="eval_seed must be an int"):
         make_conv(eval_seed=0.5)
+
+
+def test_backends_are_constructor_arguments(monkeypatch):
+    from sbm_pyg.nn import conv as conv_module
+    seen = {}
+    fastrg, attention = conv_module.fastrg, conv_module.sparse_attention
+    monkeypatch.setattr(conv_module, "fastrg", lambda *a, **k: seen.update(
+        sampler=k["backend"]) or fastrg(*a, **k))
+    monkeypatch.setattr(conv_module, "sparse_attention", lambda *a, **k: seen.update(
+        attention=k["backend"]) or attention(*a, **k))
+    conv = make_conv(dropout=0.0, sampler_backend="torch", attention_backend="torch")
+    run(conv, x_input(), batch=BATCH)
+    assert seen == {"sampler": "torch", "attention": "torch"}
+    assert not hasattr(SBMConv, "fuse") or conv.fuse is False  # PyG's own meaning
+    with pytest.raises(ValueError, match="sampler_backend must be one of"):
+        make_conv(sampler_backend="cuda")
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        make_conv(attention_backend="fused")
+
+
+@pytest.mark.skipif(not hasattr(typing, "get_overloads"), reason="Python < 3.11")
+def test_forward_is_typed_by_return_attention_weights():
+    # As PyG's TransformerConv: one overload per return shape.
+    overloads = typing.get_overloads(SBMConv.forward)
+    returns = [typing.get_type_hints(f)["return"] for f in overloads]
+    assert returns[0] is torch.Tensor
+    assert typing.get_args(returns[1])[0] is torch.Tensor
+

@@ -143,15 +143,15 @@ def test_edge_probability(graph):
         (q.requires_grad_(), b.requires_grad_(), k.requires_grad_()))
 
 
-def test_ste_probability_has_the_gradients_of_edge_probability(graph):
+def teststraight_through_probability_has_the_gradients_of_edge_probability(graph):
     # SBMConv's straight-through path skips the forward product: its values
     # are placeholders, its gradients those of edge_probability.
-    from sbm_pyg.nn.functional import _ste_probability
+    from sbm_pyg.nn.functional import straight_through_probability
     q, b, k = sbm()
     weight = torch.randn(graph.num_edges, dtype=torch.float64,
                          generator=seeded(0))
     grads = []
-    for fn in (edge_probability, _ste_probability):
+    for fn in (edge_probability, straight_through_probability):
         inputs = [t.detach().clone().requires_grad_() for t in (q, b, k)]
         (fn(*inputs, graph) * weight).sum().backward()
         grads.append([t.grad for t in inputs])

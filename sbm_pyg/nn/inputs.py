@@ -1,0 +1,105 @@
+r"""What :class:`~sbm_pyg.nn.SBMConv` takes: node features (dense or
+sparse) and the sequences of a batch, as a sorted batch vector or CSR
+pointers."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import is_sparse
+
+from sbm_pyg.validation import invalid_values, require_tensor, sync
+
+__all__ = ["project", "batch_to_ptr", "check_not_edges", "sequence_pointers",
+           "raise_for_features"]
+
+
+def project(lin: Linear, x, name: str) -> Tensor:
+    r""":obj:`lin(x)` for node features :obj:`x` :obj:`[N, F]` checked by
+    :obj:`name`; sparse features (torch.sparse or torch_sparse.SparseTensor)
+    are projected with a sparse-dense product."""
+    if not (isinstance(x, Tensor) or is_sparse(x)):
+        raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be a [num_nodes, channels] matrix, got "
+                         f"shape {tuple(x.size())}")
+    if lin.in_channels > 0 and x.size(-1) != lin.in_channels:
+        raise ValueError(f"{name} must have {lin.in_channels} channels, got "
+                         f"{x.size(-1)}")
+    if not is_sparse(x):
+        return lin(x)
+    weight_t = lin.weight.t()
+    out = x @ weight_t if isinstance(x, SparseTensor) else torch.sparse.mm(x, weight_t)
+    return out if lin.bias is None else out + lin.bias
+
+
+def batch_to_ptr(batch: Tensor, num_rows: int, num_graphs: int,
+                 name: str) -> Tensor:
+    r"""The CSR pointer :obj:`[G + 1]` of a sorted batch vector."""
+    require_tensor(name, batch, 1)
+    if batch.dtype != torch.long:
+        raise TypeError(f"{name} must be a LongTensor, got {batch.dtype}")
+    if batch.numel() != num_rows:
+        raise ValueError(f"{name} must have one entry per node ({num_rows}), "
+                         f"got {batch.numel()}")
+    return torch.searchsorted(batch, torch.arange(num_graphs + 1,
+                                                  device=batch.device))
+
+
+def check_not_edges(batch: object) -> None:
+    r"""Refuses an :obj:`edge_index` passed where the batch vector goes."""
+    # conv(x, edge_index) is every PyG user's first call: say what this
+    # layer takes instead.
+    if is_sparse(batch) or (isinstance(batch, Tensor) and batch.dim() == 2):
+        shape = tuple(batch.size()) if isinstance(batch, Tensor) else "sparse"
+        raise ValueError(
+            f"SBMConv takes (x, batch): batch must be the 1-D sequence index "
+            f"of each node, got a {shape} graph, which looks like an "
+            f"edge_index. SBMConv samples its own attention graph; pass a "
+            f"local graph as include_edges=edge_index to add it to every "
+            f"head's graph")
+
+
+def sequence_pointers(batch, ptr, num_src: int, num_dst: int
+                      ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    r"""CSR pointers :obj:`(ptr_k, ptr_q)` of the key and query rows, from a
+    sorted :obj:`batch` vector (or a pair) or given :obj:`ptr` (or a pair);
+:obj:`(None, None)` for one sequence."""
+    if ptr is not None:
+        if batch is not None:
+            raise ValueError("pass either batch or ptr, not both")
+        return ptr if isinstance(ptr, tuple) else (ptr, ptr)
+    if batch is None:
+        return None, None
+    check_not_edges(batch)
+    batch_src, batch_dst = batch if isinstance(batch, tuple) else (batch, batch)
+    if batch_src is None or batch_dst is None:
+        raise ValueError("batch must give both the source and the "
+                         "target batch vector")
+    flags = [(b.diff() < 0).any() | (b < 0).any()
+             for b in (batch_src, batch_dst) if isinstance(b, Tensor)]
+    last = [b[-1] for b in (batch_src, batch_dst)
+            if isinstance(b, Tensor) and b.numel() > 0]
+    flags_and_max = sync([(flag, "batch must be sorted and non-negative "
+                                 "(as PyG's DataLoader makes it)")
+                          for flag in flags],
+                         *last)
+    num_graphs = int(max(flags_and_max, default=-1)) + 1
+    return (batch_to_ptr(batch_src, num_src, num_graphs, "batch"),
+            batch_to_ptr(batch_dst, num_dst, num_graphs, "batch"))
+
+
+def raise_for_features(err: ValueError) -> None:
+    r"""Re-raises the sampler's error on non-finite memberships as one
+    naming the layer's inputs; returns for any other error."""
+    # Sigmoid memberships are never negative: NaN or inf came in with the
+    # features (or the weights). Name what the user passed.
+    for memb, source in (("q_memb", "x (x_dst: the queries)"),
+                         ("k_memb", "x (x_src: the keys)")):
+        if str(err) == invalid_values(memb):
+            raise ValueError(
+                f"SBMConv: {source} or the layer's weights contain NaN or "
+                f"inf, so its SBM memberships are not finite") from err
