@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sbm_pyg")
     sub = parser.add_subparsers(dest="command", required=True)
-    from sbm_pyg.experiments.train import add_train_arguments, check_train_arguments
+    from sbm_pyg.experiments.arguments import add_train_arguments, check_train_arguments
     show_defaults = argparse.ArgumentDefaultsHelpFormatter
     train_parser = sub.add_parser("train", help="train an SBM-Transformer or a baseline",
                                   formatter_class=show_defaults)
@@ -28,13 +28,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "train" and args.preset is not None:
         # A preset only changes defaults: parse again so that arguments
         # given on the command line still win.
-        from sbm_pyg.experiments.train import PRESETS
+        from sbm_pyg.experiments.arguments import PRESETS
         train_parser.set_defaults(**PRESETS[args.preset])
         args = parser.parse_args(argv)
     if args.command == "train":
         check_train_arguments(train_parser, args)
         if args.resume:
-            from sbm_pyg.experiments.train import resolve_resume
+            from sbm_pyg.experiments.arguments import resolve_resume
             resolve_resume(train_parser, args,
                            list(sys.argv[1:] if argv is None else argv))
         from sbm_pyg.experiments.train import train

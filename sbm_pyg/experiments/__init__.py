@@ -1,13 +1,17 @@
 """Tasks and training for the paper's experiments."""
+from sbm_pyg.experiments.runs import build_model, load_run
 from sbm_pyg.experiments.tasks import (
     ListOps,
-    evaluate,
+    ListOpsTask,
+    RepeatTask,
+    evaluate_expression,
     generate_expression,
+    make_task,
     repeat_accuracy_bound,
     repeat_batch,
     tokenize,
 )
-from sbm_pyg.experiments.train import build_model, load_run
 
 __all__ = ["repeat_batch", "repeat_accuracy_bound", "ListOps", "generate_expression",
-           "evaluate", "tokenize", "build_model", "load_run"]
+           "evaluate_expression", "tokenize", "RepeatTask", "ListOpsTask",
+           "make_task", "build_model", "load_run"]

@@ -23,43 +23,86 @@ from __future__ import annotations
 import argparse
 import json
 from typing import Dict, List, Optional, Sequence
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sbm_pyg.experiments.runs import load_run
 from sbm_pyg.experiments.tasks import repeat_batch
 from sbm_pyg.models import SBMTransformer
-from sbm_pyg.nn import conv as conv_module
 from sbm_pyg.nn.functional import STE_MODES
 
-__all__ = ["repeat_diagnostics"]
+__all__ = ["repeat_diagnostics", "pair_classes", "sbm_probability"]
 
 CLASSES = ("self", "same_token", "other")
 
 
-def _pair_classes(tokens: Tensor) -> Tensor:
-    # [B, N, N] class index of (query i, key j): 0 self, 1 same token, 2 other.
+def pair_classes(tokens: Tensor) -> Tensor:
+    r"""The class of each (query :math:`i`, key :math:`j`) pair,
+    :obj:`[B, N, N]`: 0 self, 1 the same token elsewhere, 2 another token."""
     same = tokens[:, :, None] == tokens[:, None, :]
     eye = torch.eye(tokens.size(1), dtype=torch.bool, device=tokens.device)
     return torch.where(eye, 0, torch.where(same, 1, 2))
 
 
 @torch.no_grad()
-def _sbm_probability(model: SBMTransformer, tokens: Tensor) -> Tensor:
-    # [B, H, N, N] the first block's SBM edge probabilities p_ij, formed
-    # densely: a reference for diagnostics, O(N^2) per sequence.
-    B, N = tokens.shape
-    x = model.token_embedding(tokens) + model.position_embedding(
-        torch.arange(N, device=tokens.device))
-    flat = model.blocks[0].norm1(x).reshape(B * N, -1)
+def sbm_probability(model: SBMTransformer, tokens: Tensor) -> Tensor:
+    r"""The first block's SBM edge probabilities :math:`p_{ij}`
+    :obj:`[B, H, N, N]` on :obj:`tokens` :obj:`[B, N]`, formed densely
+    (:math:`O(N^2)` per sequence: a reference for diagnostics). Read off the
+    memberships the layer's :class:`~sbm_pyg.nn.StochasticBlockModel`
+    returns in one evaluation forward (a forward hook)."""
     conv = model.blocks[0].attention.conv
-    H, C = conv.heads, conv.out_channels
-    q_memb, block, k_memb = conv.sbm(conv.lin_query(flat).view(-1, H, C),
-                                     conv.lin_key(flat).view(-1, H, C))
-    return torch.einsum("bihu,huv,bjhv->bhij", q_memb.view(B, N, H, -1), block,
-                        k_memb.view(B, N, H, -1))
+    captured: List = []
+    handle = conv.sbm.register_forward_hook(
+        lambda module, inputs, output: captured.append(output))
+    was_training = model.training
+    try:
+        model.eval()
+        model(tokens, generator=torch.Generator(tokens.device).manual_seed(0),
+              output="token")
+    finally:
+        handle.remove()
+        model.train(was_training)
+    q_memb, block, k_memb = captured[0]  # rows (sequence, position)
+    B, N = tokens.shape
+    return torch.einsum("bihu,huv,bjhv->bhij", q_memb.view(B, N, conv.heads, -1),
+                        block, k_memb.view(B, N, conv.heads, -1))
+
+
+def _straight_through_gradients(model: SBMTransformer, tokens: Tensor,
+                                labels: Tensor, ste: str, seed: int):
+    # One training forward and backward under the estimator ste; returns the
+    # first layer's graph and dL/dp of its edges. The message-passing path
+    # forms the edge probabilities as a message argument, whose gradient a
+    # message hook captures; the fused kernels never form them.
+    conv = model.blocks[0].attention.conv
+    graphs: List = []
+    grads: List = []
+
+    def capture(module, inputs, output):
+        inputs[0]["edge_prob"].register_hook(lambda g: grads.append(g.detach()))
+
+    handles = [conv.register_graph_hook(lambda _, g: graphs.append(g)),
+               conv.register_message_forward_hook(capture)]
+    saved = model.training, conv.ste, conv.attention_backend
+    model.train()
+    conv.ste, conv.attention_backend = ste, "message_passing"
+    try:
+        out = model(tokens, generator=torch.Generator(tokens.device)
+                    .manual_seed(seed + 1), output="token")
+        loss = F.binary_cross_entropy_with_logits(out.token_logits.squeeze(-1),
+                                                  labels)
+        model.zero_grad()
+        loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(saved[0])
+        conv.ste, conv.attention_backend = saved[1:]
+    (graph,), (grad,) = graphs, grads
+    return graph, grad
 
 
 def repeat_diagnostics(model: SBMTransformer, batch: int = 16,
@@ -73,53 +116,24 @@ def repeat_diagnostics(model: SBMTransformer, batch: int = 16,
     tokens, labels = repeat_batch(batch, N,
                                   torch.Generator().manual_seed(seed))
     tokens, labels = tokens.to(device), labels.to(device)
-    classes = _pair_classes(tokens)  # [B, N, N]
-    conv = model.blocks[0].attention.conv
+    classes = pair_classes(tokens)  # [B, N, N]
     result: Dict[str, dict] = {}
     for ste in STE_MODES:
-        captured: List = []
-
-        def probability(*args, _f=conv_module._ste_probability):
-            p = _f(*args)
-            p.register_hook(lambda g: captured.append(g.detach()))
-            return p
-
-        graphs: List = []
-        handle = conv.register_graph_hook(lambda _, g: graphs.append(g))
-        was_training, old_ste, old_fuse = model.training, conv.ste, conv.fuse
-        model.train()
-        conv.ste = ste
-        # The message path forms the edge probabilities as a tensor, whose
-        # gradient is what is captured; the fused kernels never form it.
-        conv.fuse = False
-        try:
-            with mock.patch.object(conv_module, "_ste_probability", probability):
-                out = model(tokens, generator=torch.Generator(device)
-                            .manual_seed(seed + 1), output="token")
-                loss = F.binary_cross_entropy_with_logits(
-                    out.token_logits.squeeze(-1), labels)
-                model.zero_grad()
-                loss.backward()
-        finally:
-            handle.remove()
-            model.train(was_training)
-            conv.ste, conv.fuse = old_ste, old_fuse
-        (graph,), (grad,) = graphs, captured
+        graph, grad = _straight_through_gradients(model, tokens, labels, ste, seed)
         j, i = graph.edge_index
         edge_class = classes[i // N, i % N, j % N]
         stats = {}
         for c, name in enumerate(CLASSES):
-            sel = edge_class == c
-            g = grad[sel]
+            g = grad[edge_class == c]
             stats[name] = dict(
-                sampled_edges=int(sel.sum()),
+                sampled_edges=g.numel(),
                 mean_grad=float(g.mean()) if g.numel() else None,
                 descent_raises_p=float((g < 0).double().mean())
                 if g.numel() else None)
         result[ste] = stats
     # SBM probabilities and sampled fractions by class (graph of the last
     # forward; exploration as in training).
-    p = _sbm_probability(model, tokens)
+    p = sbm_probability(model, tokens)
     sampled = torch.zeros_like(p, dtype=torch.bool)
     j, i = graph.edge_index
     sampled[i // N, graph.head, i % N, j % N] = True
@@ -137,7 +151,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from sbm_pyg.experiments.train import load_run
     model, run_args = load_run(args.run)
     if run_args["task"] != "repeat" or run_args["attention"] != "sbm":
         parser.error("the run must train attention sbm on the repeat task")

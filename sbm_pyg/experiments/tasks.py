@@ -8,13 +8,15 @@ import math
 import random
 import statistics
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["repeat_batch", "repeat_accuracy_bound", "OPERATORS", "VOCAB", "generate_expression",
-           "evaluate", "tokenize", "ListOps"]
+__all__ = ["repeat_batch", "repeat_accuracy_bound", "OPERATORS", "VOCAB",
+           "generate_expression", "evaluate_expression", "tokenize", "ListOps",
+           "RepeatTask", "ListOpsTask", "make_task"]
 
 
 def repeat_batch(batch: int, length: int,
@@ -99,12 +101,12 @@ def generate_expression(rng: random.Random, max_depth: int = 10,
                  for _ in range(rng.randint(2, max_args))])
 
 
-def evaluate(tree: Tree) -> int:
+def evaluate_expression(tree: Tree) -> int:
     r"""MIN, MAX, MED (the median, truncated to int) and SM (sum mod 10)."""
     if isinstance(tree, int):
         return tree
     op, args = tree
-    values = [evaluate(a) for a in args]
+    values = [evaluate_expression(a) for a in args]
     if op == "[MIN":
         return min(values)
     if op == "[MAX":
@@ -175,7 +177,7 @@ class ListOps:
             key = " ".join(tokens)
             if min_length < len(tokens) < max_length and key not in seen:
                 seen.add(key)
-                samples.append(([_INDEX[t] for t in tokens], evaluate(tree)))
+                samples.append(([_INDEX[t] for t in tokens], evaluate_expression(tree)))
         if len(samples) < total:
             raise ValueError(f"could only generate {len(samples)} distinct "
                              f"expressions of length in ({min_length}, "
@@ -190,3 +192,82 @@ class ListOps:
             splits[name] = (tokens, torch.tensor([len(s) for s, _ in chunk]),
                             torch.tensor([label for _, label in chunk]))
         return splits
+
+
+Batch = Tuple[Tensor, Tensor, Tensor]  # tokens [B, N], mask [B, N], labels
+
+
+class RepeatTask:
+    r"""Finding repeated tokens as a training task: fresh batches of
+    :func:`repeat_batch`, a binary label per token."""
+
+    output = "token"
+
+    def __init__(self, seq_len: int, batch_size: int,
+                 generator: torch.Generator):
+        self.seq_len, self.batch_size, self.generator = seq_len, batch_size, generator
+
+    def batch(self, split: str = "train") -> Batch:
+        tokens, labels = repeat_batch(self.batch_size, self.seq_len, self.generator)
+        return tokens, torch.ones_like(tokens, dtype=torch.bool), labels
+
+    def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
+        return (self.batch(split) for _ in range(count))
+
+    @staticmethod
+    def loss_and_correct(out, mask: Tensor, labels: Tensor
+                         ) -> Tuple[Tensor, Tensor, int]:
+        logits = out.token_logits.squeeze(-1)[mask]
+        target = labels.to(logits.device)[mask.to(logits.device)]
+        loss = F.binary_cross_entropy_with_logits(logits, target)
+        return loss, ((logits > 0).float() == target).sum(), target.numel()
+
+
+class ListOpsTask:
+    r"""ListOps as a training task: random batches of a :class:`ListOps`
+    split, a class (0-9) per sequence; the test split is evaluated whole."""
+
+    output = "sequence"
+
+    def __init__(self, data: ListOps, batch_size: int,
+                 generator: torch.Generator):
+        self.data, self.batch_size, self.generator = data, batch_size, generator
+
+    def batch(self, split: str = "train") -> Batch:
+        tokens, lengths, labels = self.data.splits[split]
+        # Each rank draws its own examples.
+        idx = torch.randint(0, tokens.size(0), (self.batch_size,),
+                            generator=self.generator)
+        return self._padded(tokens[idx], lengths[idx], labels[idx])
+
+    def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
+        if split != "test":
+            return (self.batch(split) for _ in range(count))
+        tokens, lengths, labels = self.data.splits["test"]
+        return (self._padded(tokens[start:start + self.batch_size],
+                             lengths[start:start + self.batch_size],
+                             labels[start:start + self.batch_size])
+                for start in range(0, tokens.size(0), self.batch_size))
+
+    @staticmethod
+    def _padded(tokens: Tensor, lengths: Tensor, labels: Tensor) -> Batch:
+        n = int(lengths.max())
+        return tokens[:, :n], torch.arange(n)[None, :] < lengths[:, None], labels
+
+    @staticmethod
+    def loss_and_correct(out, mask: Tensor, labels: Tensor
+                         ) -> Tuple[Tensor, Tensor, int]:
+        target = labels.to(out.seq_logits.device)
+        loss = F.cross_entropy(out.seq_logits, target)
+        return loss, (out.seq_logits.argmax(-1) == target).sum(), target.numel()
+
+
+def make_task(args, generator: torch.Generator) -> Union[RepeatTask, ListOpsTask]:
+    r"""The task of a training run's arguments (:obj:`task`,
+    :obj:`seq_len`, :obj:`batch_size` and the ListOps options)."""
+    if args.task == "repeat":
+        return RepeatTask(args.seq_len, args.batch_size, generator)
+    data = ListOps(args.data_dir, sizes=tuple(args.listops_sizes),
+                   min_length=args.listops_min_length, max_length=args.seq_len,
+                   seed=args.seed)
+    return ListOpsTask(data, args.batch_size, generator)

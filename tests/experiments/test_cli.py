@@ -71,7 +71,7 @@ def test_sbm_lr_and_adam_eps_set_the_optimizer(tmp_path):
 
 
 def test_load_run_rebuilds_the_trained_model(tmp_path):
-    from sbm_pyg.experiments.train import load_run
+    from sbm_pyg.experiments import load_run
     out = run(tmp_path, "load", "--steps", "2", "--num-layers", "2", "--heads", "2",
               "--ste", "published")
     model, args = load_run(out)
@@ -147,7 +147,7 @@ def test_preset_sets_defaults_and_arguments_override_them(tmp_path):
     assert args["preset"] == "repeat-paper" and args["mode"] == "exact"
     # ...from the default start, one learning rate for every parameter.
     assert (args["ste"], args["sbm_init"], args["sbm_lr"]) == ("paper", "paper", None)
-    from sbm_pyg.experiments.train import PRESETS
+    from sbm_pyg.experiments.arguments import PRESETS
     assert PRESETS["repeat-paper"]["seq_len"] == 256
     assert PRESETS["repeat-paper"]["batch_size"] == 256
     assert PRESETS["repeat-paper"]["steps"] == 2000

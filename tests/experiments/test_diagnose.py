@@ -1,14 +1,18 @@
 import pytest
 import torch
 
-from sbm_pyg.experiments.diagnose import _pair_classes, repeat_diagnostics
+from sbm_pyg.experiments.diagnose import (
+    pair_classes,
+    repeat_diagnostics,
+    sbm_probability,
+)
 from sbm_pyg.experiments.tasks import repeat_batch
 from sbm_pyg.models import SBMTransformer
 
 
 def test_pair_classes():
     tokens = torch.tensor([[3, 1, 3]])
-    assert _pair_classes(tokens).tolist() == [[[0, 2, 1], [2, 0, 2], [1, 2, 0]]]
+    assert pair_classes(tokens).tolist() == [[[0, 2, 1], [2, 0, 2], [1, 2, 0]]]
 
 
 def test_repeat_diagnostics_counts_agree():
@@ -16,7 +20,7 @@ def test_repeat_diagnostics_counts_agree():
     model = SBMTransformer(17, 16, channels=8, heads=2, num_clusters=4, mode="exact")
     stats = repeat_diagnostics(model, batch=4, seed=3)
     tokens, _ = repeat_batch(4, 16, torch.Generator().manual_seed(3))
-    classes = _pair_classes(tokens)
+    classes = pair_classes(tokens)
     for ste in ("paper", "published"):
         for c, name in enumerate(("self", "same_token", "other")):
             pairs = 2 * int((classes == c).sum())  # two heads
@@ -27,7 +31,27 @@ def test_repeat_diagnostics_counts_agree():
             assert 0 <= stats[ste][name]["descent_raises_p"] <= 1
     assert stats["paper"]["other"]["mean_grad"] != \
         stats["published"]["other"]["mean_grad"]
-    assert model.blocks[0].attention.conv.ste == "paper"  # restored
+    conv = model.blocks[0].attention.conv
+    assert (conv.ste, conv.attention_backend) == ("paper", None)  # restored
+    assert model.training
+
+
+def test_sbm_probability_is_the_first_layers_sbm():
+    # Formed by hand from the model's first steps: embeddings, norm, the
+    # layer's projections and its SBM.
+    torch.manual_seed(0)
+    model = SBMTransformer(9, 8, channels=8, heads=2, num_clusters=4)
+    tokens, _ = repeat_batch(3, 8, torch.Generator().manual_seed(1))
+    x = model.token_embedding(tokens) + model.position_embedding(torch.arange(8))
+    flat = model.blocks[0].norm1(x).reshape(24, -1)
+    conv = model.blocks[0].attention.conv
+    q_memb, block, k_memb = conv.sbm(conv.lin_query(flat).view(-1, 2, 4),
+                                     conv.lin_key(flat).view(-1, 2, 4))
+    want = torch.einsum("bihu,huv,bjhv->bhij", q_memb.view(3, 8, 2, -1), block,
+                        k_memb.view(3, 8, 2, -1))
+    got = sbm_probability(model, tokens)
+    assert got.shape == (3, 2, 8, 8)
+    assert torch.allclose(got, want.detach(), atol=1e-6)
 
 
 def test_repeat_diagnostics_needs_sbm():

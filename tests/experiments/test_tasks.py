@@ -8,7 +8,7 @@ from sbm_pyg.experiments.tasks import (
     OPERATORS,
     VOCAB,
     ListOps,
-    evaluate,
+    evaluate_expression,
     generate_expression,
     repeat_accuracy_bound,
     repeat_batch,
@@ -74,14 +74,14 @@ def parse(text: str):
 def test_evaluate_matches_reference_on_hand_written(text):
     tree = parse(text)
     assert " ".join(tokenize(tree)) == text
-    assert evaluate(tree) == reference_eval(text)
+    assert evaluate_expression(tree) == reference_eval(text)
 
 
 def test_generated_labels_match_reference_evaluator():
     rng = random.Random(0)
     for _ in range(300):
         tree = generate_expression(rng, max_depth=6, max_args=5)
-        assert evaluate(tree) == reference_eval(" ".join(tokenize(tree)))
+        assert evaluate_expression(tree) == reference_eval(" ".join(tokenize(tree)))
 
 
 def test_generator_rules():

@@ -20,34 +20,35 @@ import sys
 
 import torch
 
-from sbm_pyg.experiments import train as T
-from sbm_pyg.experiments.diagnose import _pair_classes, _sbm_probability
-from sbm_pyg.experiments.tasks import repeat_batch
+from sbm_pyg.experiments import build_model, make_task, repeat_batch
+from sbm_pyg.experiments.arguments import PRESETS, add_train_arguments
+from sbm_pyg.experiments.diagnose import pair_classes, sbm_probability
+from sbm_pyg.experiments.train import parameter_groups
 
 START, STOP, EVERY, PROBE = 240, 480, 20, 16
 
 parser = argparse.ArgumentParser()
-T.add_train_arguments(parser)
+add_train_arguments(parser)
 # The preset with the paper's LRA initialization and one learning rate: the
 # configuration whose density collapses.
-parser.set_defaults(**{**T.PRESETS["repeat-paper"], "sbm_init": "paper", "sbm_lr": None})
+parser.set_defaults(**{**PRESETS["repeat-paper"], "sbm_init": "paper", "sbm_lr": None})
 args = parser.parse_args(sys.argv[1:] + ["--out", "unused"])
 N = args.seq_len
 
 torch.manual_seed(args.seed)  # as train(): the same batches and graphs
 generator = torch.Generator().manual_seed(args.seed * 1000)
-task = T._Task(args, generator, 0, 1)
-model = T.build_model(args)
-optimizer = torch.optim.Adam(T._parameter_groups(model, args), lr=args.lr)
+task = make_task(args, generator)
+model = build_model(args)
+optimizer = torch.optim.Adam(parameter_groups(model, args), lr=args.lr)
 conv = model.blocks[0].attention.conv
 probe, _ = repeat_batch(PROBE, N, torch.Generator().manual_seed(12345))
-classes = _pair_classes(probe)[:, None]  # [B, 1, N, N]
+classes = pair_classes(probe)[:, None]  # [B, 1, N, N]
 groups = {name: [p] for name, p in conv.sbm.named_parameters()}
 groups["non_sbm"] = [p for name, p in model.named_parameters() if ".sbm." not in name]
 
 
 def mean_p() -> list:
-    p = _sbm_probability(model, probe)
+    p = sbm_probability(model, probe)
     return [float(p[(classes == c).expand_as(p)].mean()) for c in range(3)]
 
 

@@ -1,0 +1,158 @@
+r"""The options of ``python -m sbm_pyg train``: presets, their checks, and
+what ``--resume`` may change."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Dict, Sequence
+
+import torch
+
+from sbm_pyg.nn.block_model import INITS
+
+__all__ = ["PRESETS", "RESUMABLE", "add_train_arguments",
+           "check_train_arguments", "resolve_resume"]
+
+#: Named experiments for ``--preset``: argument defaults that the command line
+#: can still override (e.g. ``--preset repeat-paper --seq-len 64``).
+PRESETS: Dict[str, dict] = {
+    # The paper's "finding repeated tokens" (Sec. 5.1): N = 256, one layer,
+    # one head, width 32, k = 128, batch 256, lr 1e-3, 2000 steps, with the
+    # published experiments' exploration 0.01 and no density penalty, from
+    # the default start (the published code's initialization, about 25% of
+    # pairs sampled): the head drives itself to full attention, the paper's
+    # Figure 4 (docs/experiments.md).
+    "repeat-paper": dict(task="repeat", attention="sbm", seq_len=256,
+                         num_layers=1, heads=1, channels=32, num_clusters=128,
+                         batch_size=256, lr=1e-3, steps=2000, exploration=0.01,
+                         lam=0.0, mode="exact", ste="paper"),
+}
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    def add(*names, **kwargs):
+        # A help text on every option, so that --help shows its default.
+        kwargs.setdefault("help", "(default: %(default)s)")
+        return parser.add_argument(*names, **kwargs)
+
+    add("--preset", choices=sorted(PRESETS), default=None,
+        help="defaults of a named experiment; explicit arguments override them")
+    add("--task", choices=["repeat", "listops"], default=None,
+        help="required unless a --preset sets it")
+    add("--attention", choices=["sbm", "full", "linear", "performer"], default="sbm")
+    add("--seq-len", type=int, default=64,
+        help="repeat: sequence length N; listops: max_length")
+    add("--num-layers", type=int, default=1, help="encoder blocks")
+    add("--heads", type=int, default=1)
+    add("--channels", type=int, default=32, help="embedding size")
+    add("--num-clusters", type=int, default=128, help="SBM clusters per head")
+    add("--lam", type=float, default=0.0, help="density penalty lambda")
+    add("--steps", type=int, default=1000)
+    add("--batch-size", type=int, default=32)
+    add("--lr", type=float, default=1e-3)
+    add("--sbm-lr", type=float, default=None,
+        help="learning rate of the SBMs (cluster embeddings and membership "
+             "MLPs; default --lr)")
+    add("--adam-eps", type=float, default=1e-8,
+        help="Adam's eps (torch's default; the published code trains with "
+             "1e-6, which shrinks the SBM's small-gradient steps)")
+    add("--dropout", type=float, default=0.0)
+    add("--exploration", type=float, default=0.01)
+    add("--mode", choices=["exact", "poisson"], default="exact",
+        help="sampler merge mode; poisson caps the density at 1 - 1/e")
+    add("--ste", choices=["paper", "published"], default="paper",
+        help="straight-through estimator: the paper's equation or the "
+             "published code's clipped logit gradient")
+    add("--sbm-init", choices=INITS, default="paper",
+        help="SBM initialization: the paper's kaiming-normal clusters at the "
+             "published code's scale (about 25%% of pairs sampled) or dense "
+             "(about 99%%: the heads start as full attention)")
+    add("--seed", type=int, default=0)
+    add("--out", type=Path, required=True, help="run directory")
+    add("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    add("--device", default="cpu")
+    add("--log-every", type=int, default=10)
+    add("--eval-every", type=int, default=0, help="validation every K steps (0: off)")
+    add("--checkpoint-every", type=int, default=100)
+    add("--diagnose-every", type=int, default=0,
+        help="repeat task, sbm: append the per-pair-class edge probabilities "
+             "and straight-through gradients (sbm_pyg.experiments.diagnose) "
+             "to OUT/diagnostics.jsonl every K steps (0: off)")
+    add("--eval-batches", type=int, default=8)
+    add("--listops-sizes", type=int, nargs=3, default=[2000, 200, 200],
+        metavar=("TRAIN", "VAL", "TEST"))
+    add("--listops-min-length", type=int, default=20)
+    add("--data-dir", type=Path, default=Path("data"))
+    add("--no-progress", action="store_true")
+
+
+def check_train_arguments(parser: argparse.ArgumentParser, args) -> None:
+    if args.task is None:
+        parser.error("--task is required (or a --preset that sets it)")
+    for name in ("seq_len", "num_layers", "heads", "channels", "num_clusters", "steps",
+                 "batch_size", "log_every", "checkpoint_every", "eval_batches"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.task == "repeat" and args.seq_len < 2:
+        parser.error("--seq-len must be >= 2 for the repeat task")
+    if args.sbm_lr is not None and args.sbm_lr <= 0:
+        parser.error("--sbm-lr must be > 0")
+    if args.adam_eps <= 0:
+        parser.error("--adam-eps must be > 0")
+    if args.lr <= 0 or args.lam < 0 or not 0 <= args.dropout < 1 or args.exploration < 0:
+        parser.error("--lr must be > 0, --lam >= 0, --dropout in [0, 1), "
+                     "--exploration >= 0")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available")
+    if args.diagnose_every < 0 or (args.diagnose_every and (
+            args.task != "repeat" or args.attention != "sbm")):
+        parser.error("--diagnose-every must be >= 0 and needs --task repeat "
+                     "--attention sbm")
+    if args.resume and not (args.out / "checkpoint.pt").exists():
+        parser.error(f"--resume: no checkpoint at {args.out / 'checkpoint.pt'}")
+    # Rank 0 only: under torchrun it creates OUT before the others look.
+    if (not args.resume and int(os.environ.get("RANK", "0")) == 0
+            and args.out.is_dir() and any(args.out.iterdir())):
+        parser.error(f"--out {args.out} is not empty: pass --resume to "
+                     f"continue the run in it, or choose another directory")
+
+
+# Settings a resumed run may change: how far it runs, where, and what it
+# logs. Any other setting is the checkpoint's.
+RESUMABLE = {"steps", "out", "resume", "device", "log_every", "eval_every",
+             "checkpoint_every", "eval_batches", "no_progress",
+             "diagnose_every", "data_dir", "preset"}
+
+
+def _given(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set:
+    # The destinations of the options written on the command line.
+    return {action.dest for action in parser._actions
+            for option in action.option_strings
+            if any(t == option or t.startswith(option + "=") for t in argv)}
+
+
+def resolve_resume(parser: argparse.ArgumentParser, args,
+                   argv: Sequence[str]) -> None:
+    """With --resume the checkpoint's settings hold: those not given on the
+    command line are taken from it, and one given with another value is
+    refused (a new learning rate would not reach the restored optimizer, a
+    new model size would not load)."""
+    state = torch.load(args.out / "checkpoint.pt", map_location="cpu",
+                       weights_only=False)
+    saved = state["args"]
+    given, differ = _given(parser, argv), []
+    for key, value in saved.items():
+        if key in RESUMABLE or not hasattr(args, key):
+            continue
+        current = getattr(args, key)
+        shown = str(current) if isinstance(current, Path) else current
+        if key not in given:
+            setattr(args, key, Path(value) if isinstance(current, Path) else value)
+        elif shown != value:
+            differ.append(f"--{key.replace('_', '-')} {shown} (the run has "
+                          f"{value})")
+    if differ:
+        parser.error("--resume continues a run with its own settings, and "
+                     "these differ from them: " + "; ".join(differ) +
+                     ". Start a new run in another --out to change them")
