@@ -1,5 +1,8 @@
+import importlib
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -8,12 +11,54 @@ import sbm_pyg
 pytestmark = pytest.mark.host
 
 
-def test_public_names_resolve():
+SUBPACKAGES = ["sampling", "nn", "nn.functional", "ops", "models", "theory",
+               "experiments"]
+
+
+def test_top_level_names_are_the_subpackages_own():
+    # Each name at the top is the very object its subpackage exports (a
+    # re-export that drifted to another object, or a stale copy, fails).
+    homes = {}
+    for sub in SUBPACKAGES:
+        module = importlib.import_module(f"sbm_pyg.{sub}")
+        for name in module.__all__:
+            homes.setdefault(name, getattr(module, name))
     for name in sbm_pyg.__all__:
-        assert getattr(sbm_pyg, name) is not None, name
+        obj = getattr(sbm_pyg, name)
+        if name in ("models", "experiments", "theory"):
+            assert obj is importlib.import_module(f"sbm_pyg.{name}")
+        else:
+            assert obj is homes[name], name
+    assert len(set(sbm_pyg.__all__)) == len(sbm_pyg.__all__)
     assert set(dir(sbm_pyg)) >= set(sbm_pyg.__all__)
     with pytest.raises(AttributeError, match="no_such_name"):
         sbm_pyg.no_such_name
+
+
+@pytest.mark.parametrize("sub", SUBPACKAGES)
+def test_every_exported_name_is_defined(sub):
+    module = importlib.import_module(f"sbm_pyg.{sub}")
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert not missing and len(set(module.__all__)) == len(module.__all__)
+
+
+def test_no_private_name_is_imported_across_packages():
+    # "from sbm_pyg.x import _name" between sbm_pyg's subpackages couples them
+    # to each other's internals.
+    root = Path(sbm_pyg.__file__).parent
+    found = []
+    for path in root.rglob("*.py"):
+        package = path.relative_to(root).parts[0]
+        text = path.read_text()
+        for source, names in re.findall(
+                r"^from sbm_pyg\.?([\w.]*) import (\([^)]*\)|[^\n]*)", text, re.M):
+            if source.split(".")[0] in ("", package) and package != "__init__.py":
+                continue
+            imported = [n.split(" as ")[0].strip(" ()\n")
+                        for n in names.split(",")]
+            found += [f"{path.relative_to(root)}: {source}.{n}"
+                      for n in imported if n.startswith("_")]
+    assert not found, found
 
 
 def test_import_loads_neither_networkx_nor_the_training_code():
@@ -30,3 +75,50 @@ def test_import_loads_neither_networkx_nor_the_training_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, check=True).stdout.strip()
     assert out == "True"
+
+
+def _sbm_pyg_imports(root: Path, rel: str) -> set:
+    # The package's files that sbm_pyg/<rel> imports from.
+    import ast
+    out = set()
+    for node in ast.walk(ast.parse((root / rel).read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sbm_pyg"):
+            for name in [node.module] + [f"{node.module}.{a.name}" for a in node.names]:
+                path = name.replace("sbm_pyg", "", 1).lstrip(".").replace(".", "/")
+                out.update(c for c in (f"{path}.py", f"{path}/__init__.py")
+                           if (root / c).exists())
+    return out
+
+
+@pytest.mark.parametrize("backend", ["torch", "compiled"])
+def test_fastrg_calls_go_down_the_import_graph(backend):
+    # Every call from one of the package's modules into another goes to a
+    # module the caller imports: a sampler call never climbs back up.
+    import torch
+
+    from sbm_pyg.ops import WITH_EXTENSION
+    from sbm_pyg.sampling import fastrg
+    if backend == "compiled" and not WITH_EXTENSION:
+        pytest.skip("compiled sampler not built")
+    root = Path(sbm_pyg.__file__).parent
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.rand(50, 2, 4, generator=g), torch.rand(50, 2, 4, generator=g)
+    calls = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_back is not None:
+            callee, caller = frame.f_code.co_filename, frame.f_back.f_code.co_filename
+            if str(root) in callee and str(root) in caller and callee != caller:
+                calls.add((str(Path(caller).relative_to(root)),
+                           str(Path(callee).relative_to(root))))
+
+    sys.setprofile(profile)
+    try:
+        fastrg(q, torch.rand(2, 4, 4, generator=g) * 0.1, k, ptr_q=[0, 20, 50],
+               ptr_k=[0, 20, 50], mode="exact", include_edges=torch.tensor([[0], [1]]),
+               backend=backend, generator=g)
+    finally:
+        sys.setprofile(None)
+    assert len(calls) >= 5
+    upward = [(a, b) for a, b in calls if b not in _sbm_pyg_imports(root, a)]
+    assert not upward, upward

@@ -110,26 +110,40 @@ def test_listops_task(tmp_path):
     assert final["split"] == "test" and len(final["density_per_layer_head"]) == 2
 
 
-@pytest.mark.parametrize("argv", [
-    ["train", "--task", "repeat", "--out", "x", "--steps", "0"],
-    ["train", "--task", "sorting", "--out", "x"],
-    ["train", "--task", "repeat", "--out", "x", "--lr", "-1"],
-    ["train", "--task", "repeat", "--out", "x", "--sbm-lr", "0"],
-    ["train", "--task", "repeat", "--out", "x", "--adam-eps", "0"],
-    ["train", "--task", "repeat", "--out", "/nonexistent/x", "--resume"],
-    ["train", "--out", "x"],  # no --task and no preset
-    ["train", "--preset", "no-such-preset", "--out", "x"],
-    ["train", "--task", "repeat", "--out", "x", "--sbm-init", "zeros"],
-    ["train", "--task", "repeat", "--out", "x", "--diagnose-every", "-1"],
-    ["train", "--task", "repeat", "--attention", "full", "--out", "x",
-     "--diagnose-every", "2"],
-    ["plot", "/nonexistent/run"],
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--task", "repeat", "--out", "x", "--steps", "0"],
+     "--steps must be >= 1"),
+    (["train", "--task", "sorting", "--out", "x"],
+     "argument --task: invalid choice: 'sorting'"),
+    (["train", "--task", "repeat", "--out", "x", "--lr", "-1"],
+     "--lr must be > 0"),
+    (["train", "--task", "repeat", "--out", "x", "--sbm-lr", "0"],
+     "--sbm-lr must be > 0"),
+    (["train", "--task", "repeat", "--out", "x", "--adam-eps", "0"],
+     "--adam-eps must be > 0"),
+    (["train", "--task", "repeat", "--out", "/nonexistent/x", "--resume"],
+     "--resume: no checkpoint at /nonexistent/x/checkpoint.pt"),
+    (["train", "--out", "x"],  # no --task and no preset
+     "--task is required (or a --preset that sets it)"),
+    (["train", "--preset", "no-such-preset", "--out", "x"],
+     "argument --preset: invalid choice: 'no-such-preset'"),
+    (["train", "--task", "repeat", "--out", "x", "--sbm-init", "zeros"],
+     "argument --sbm-init: invalid choice: 'zeros'"),
+    (["train", "--task", "repeat", "--out", "x", "--diagnose-every", "-1"],
+     "--diagnose-every must be >= 0 and needs --task repeat --attention sbm"),
+    (["train", "--task", "repeat", "--attention", "full", "--out", "x",
+      "--diagnose-every", "2"],
+     "--diagnose-every must be >= 0 and needs --task repeat --attention sbm"),
+    (["train", "--task", "repeat", "--out", "x", "--seq-len", "1"],
+     "--seq-len must be >= 2 for the repeat task"),
+    (["plot", "/nonexistent/run"], "no metrics.jsonl in /nonexistent/run"),
 ])
-def test_bad_arguments_exit_2(argv, capsys):
+def test_bad_arguments_exit_2_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
-    assert "error" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: " + message in err, err
 
 
 def test_preset_sets_defaults_and_arguments_override_them(tmp_path):
