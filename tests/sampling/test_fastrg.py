@@ -1,115 +1,31 @@
-import functools
-import importlib
+"""fastrg on every backend: its distribution, its arguments, its errors
+and the backends against each other."""
 import math
-import os
 
 import pytest
 import torch
 
-from sbm_pyg import sampling
-from sbm_pyg.ops import WITH_EXTENSION
 from sbm_pyg.sampling import (
     SampledGraph,
-    bernoulli,
     expected_adjacency,
     fastrg_compiled,
 )
-from tests.helpers import TEST_DEVICE, max_binomial_z, seeded, z_bound
-
-needs_compiled = pytest.mark.skipif(
-    not WITH_EXTENSION or TEST_DEVICE.type != "cpu",
-    reason="sbm_pyg._C not built, or the tests run on another device")
-# A test that takes `sample` runs on each backend of fastrg: the
-# pure-PyTorch reference, the compiled one as configured, and the compiled
-# one with all rows sampled densely (one Bernoulli per key) or all by drawing.
-BACKENDS = [
-    ("torch", None),
-    pytest.param(("compiled", None), marks=needs_compiled),
-    pytest.param(("compiled", 0.0), marks=needs_compiled, id="compiled-dense"),
-    pytest.param(("compiled", math.inf), marks=needs_compiled,
-                 id="compiled-drawn"),
-]
-
-
-@pytest.fixture(params=BACKENDS, ids=lambda p: p[0] if isinstance(p, tuple) else None)
-def sample(request, monkeypatch):
-    """fastrg on the backend under test."""
-    name, threshold = request.param
-    if threshold is not None:
-        monkeypatch.setattr(fastrg_compiled, "DENSE_ROW_THRESHOLD", threshold)
-    return functools.partial(sampling.fastrg, backend=name)
-
-
-NQ, NK, H, K = 6, 5, 2, 3
-TRIALS = 3000
-
-
-def small_sbm(dtype=torch.float64, scale=1.0, device=None):
-    g = seeded(0)
-    q = torch.rand(NQ, H, K, generator=g, dtype=dtype)
-    k = torch.rand(NK, H, K, generator=g, dtype=dtype)
-    b = torch.rand(H, K, K, generator=g, dtype=dtype) * 0.28 * scale
-    return q.to(device), b.to(device), k.to(device)
-
-
-def repeated(q, b, k, trials=TRIALS):
-    """The same sequence ``trials`` times as one ragged batch."""
-    ptr_q = torch.arange(trials + 1, device=q.device) * q.size(0)
-    ptr_k = torch.arange(trials + 1, device=q.device) * k.size(0)
-    return q.repeat(trials, 1, 1), b, k.repeat(trials, 1, 1), ptr_q, ptr_k
-
-
-def pair_counts(graph: SampledGraph, nq: int, nk: int) -> torch.Tensor:
-    """[H, nq, nk] how often each (head, query, key) of the repeated sequence
-    was sampled; also asserts no edge crosses sequences."""
-    j, i = graph.edge_index
-    assert torch.equal(i // nq, j // nk), "edge across sequences"
-    flat = (graph.head * nq + i % nq) * nk + j % nk
-    return torch.bincount(flat, minlength=graph.num_heads * nq * nk).view(-1, nq, nk)
-
-
-def sample_counts(sampler, mode, exploration=0.0, self_loops=False, scale=1.0,
-                  seed=1):
-    """Counts of each (head, query, key) over TRIALS independent samples."""
-    q, b, k = small_sbm(scale=scale)
-    if self_loops:  # queries and keys must be the same sequences
-        k = q
-    kwargs = dict(mode=mode, exploration=exploration, self_loops=self_loops)
-    gen = seeded(seed)
-    if sampler is not bernoulli:  # one call on TRIALS copies of the sequence
-        qq, b, kk, ptr_q, ptr_k = repeated(q, b, k)
-        graph = sampler(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, generator=gen,
-                        **kwargs)
-        counts = pair_counts(graph, q.size(0), k.size(0))
-    else:  # the dense reference: TRIALS calls
-        counts = sum(pair_counts(sampler(q, b, k, generator=gen, **kwargs),
-                                 q.size(0), k.size(0)) for _ in range(TRIALS))
-    prob = expected_adjacency(q, b, k, **kwargs)
-    return counts, prob, (q, b, k)
-
-
-def check_marginals(sampler, mode):
-    counts, prob, (q, b, k) = sample_counts(sampler, mode)
-    rate = torch.einsum("ihu,huv,jhv->hij", q, b, k)
-    assert 0.05 < float(rate.min()) and float(rate.max()) < 0.95
-    # The closed forms the test checks against.
-    expected = -torch.expm1(-rate) if mode == "poisson" else rate
-    assert torch.allclose(prob, expected)
-    bound = z_bound(prob.numel())
-    assert max_binomial_z(counts, TRIALS, prob) < bound
-    # Power: the other mode's marginals are rejected by the same test.
-    wrong = rate if mode == "poisson" else -torch.expm1(-rate)
-    assert max_binomial_z(counts, TRIALS, wrong) > bound
+from tests.helpers import max_binomial_z, seeded, z_bound
+from tests.sampling.cases import (
+    NK,
+    NQ,
+    TRIALS,
+    H,
+    check_marginals,
+    repeated,
+    sample_counts,
+    small_sbm,
+)
 
 
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_marginals(sample, mode):
     check_marginals(sample, mode)
-
-
-@pytest.mark.parametrize("mode", ["poisson", "exact"])
-def test_bernoulli_marginals(mode):
-    check_marginals(bernoulli, mode)
 
 
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
@@ -320,16 +236,6 @@ def test_empty_sequences_and_zero_edges(sample):
     assert nothing.num_edges == 0 and nothing.rowptr.shape == (1,)
 
 
-def test_expected_adjacency_dense_reference():
-    q, b, k = small_sbm()
-    P = expected_adjacency(q, b, k, ptr_q=[0, 2, 6], ptr_k=[0, 4, 5],
-                           mode="exact")
-    p = torch.einsum("ihu,huv,jhv->hij", q, b, k).clamp(max=1)
-    assert torch.allclose(P[:, :2, :4], p[:, :2, :4])
-    assert torch.allclose(P[:, 2:, 4:], p[:, 2:, 4:])
-    assert torch.all(P[:, :2, 4:] == 0) and torch.all(P[:, 2:, :4] == 0)
-
-
 BAD_INPUTS = [
     (dict(q=lambda q: -q), ValueError, "q_memb"),
     (dict(b=lambda b: b.index_fill(1, torch.tensor([0]), float("nan"))), ValueError, "block"),
@@ -393,63 +299,6 @@ def test_to_device_roundtrip(sample, device):
     assert moved.num_draws == graph.num_draws
 
 
-def conversion_graph():
-    q, b, k = small_sbm(scale=2.0)
-    ptr_q, ptr_k = [0, 2, 6], [0, 3, 5]
-    graph = sampling.fastrg(q, b, k, ptr_q=ptr_q, ptr_k=ptr_k, generator=seeded(0))
-    masks = torch.zeros(H, NQ, NK, dtype=torch.bool)
-    masks[graph.head, graph.edge_index[1], graph.edge_index[0]] = True
-    assert masks.any(-1).any(-1).all() and (~masks[:, 2:, :3]).all()
-    return graph, masks
-
-
-@pytest.mark.parametrize("head", [0, 1, None])
-def test_to_sparse_csr_and_edge_index(head):
-    graph, masks = conversion_graph()
-    expected = masks[head] if head is not None else torch.block_diag(
-        *masks.int()).bool()  # [H N_q, H N_k]
-    csr = graph.to_sparse_csr(head)
-    assert csr.layout == torch.sparse_csr
-    assert torch.equal(csr.to_dense().bool(), expected)
-    ei = graph.to_edge_index(head)
-    assert ei.sparse_size() == expected.t().shape
-    assert ei.is_sorted_by_col and ei._indptr is not None
-    assert torch.equal(ei.get_csc()[0][0], csr.crow_indices())
-    assert torch.equal(ei.to_dense().bool(), expected.t())  # key -> query
-    back = SampledGraph.from_edge_index(ei, *expected.shape)
-    assert torch.equal(back.to_sparse_csr().to_dense().bool(), expected)
-    back = SampledGraph.from_edge_index(csr, *expected.shape)
-    assert torch.equal(back.to_sparse_csr().to_dense().bool(), expected)
-
-
-def test_to_sparse_tensor():
-    pytest.importorskip("torch_sparse", reason="torch_sparse not installed")
-    graph, masks = conversion_graph()
-    adj_t = graph.to_sparse_tensor(1)
-    assert torch.equal(adj_t.to_dense().bool(), masks[1])
-    assert torch.equal(graph.to_sparse_tensor().to_dense().bool(),
-                       torch.block_diag(*masks.int()).bool())
-    back = SampledGraph.from_edge_index(adj_t, NQ, NK)
-    assert torch.equal(back.edge_index, graph.to_edge_index(1).as_tensor())
-
-
-def test_from_edge_index_merges_and_checks():
-    pairs = torch.tensor([[0, 2, 2, 1], [1, 0, 0, 1]])  # (key, query)
-    graph = SampledGraph.from_edge_index(pairs, 2, 3)
-    assert graph.num_edges == 3 and graph.num_heads == 1
-    assert graph.edge_index.tolist() == [[2, 0, 1], [0, 1, 1]]
-    assert torch.equal(graph.rowptr, torch.tensor([0, 1, 3]))
-    with pytest.raises(ValueError, match="edge_index must hold pairs"):
-        SampledGraph.from_edge_index(pairs, 2, 2)
-    with pytest.raises(ValueError, match="edge_index must hold.*sequence"):
-        SampledGraph.from_edge_index(pairs, 2, 3, ptr_q=[0, 1, 2],
-                                     ptr_k=[0, 1, 3])
-    with pytest.raises(ValueError, match="head must be an int"):
-        graph.to_sparse_csr(head=1)
-    with pytest.raises(ValueError, match="num_keys"):
-        SampledGraph.from_edge_index(pairs, 2, -1)
-
-
 def test_poisson_mode_caps_an_sbm_transformer_head_at_1_minus_1_over_e(sample):
     # Saturated memberships and a block summing to 1: p_ij = 1, the largest
     # an SBM-Transformer head can reach. Poisson merging samples each pair
@@ -495,129 +344,3 @@ def test_marginals_few_draws_over_many_keys(sample, mode):
     assert 2 < float(p.sum(1).max()) < 8  # a few draws per query
     z = (counts - size * prob) / (size * prob * (1 - prob)).sqrt()
     assert float(z.abs().max()) < z_bound(z.numel())
-
-
-@needs_compiled
-@pytest.mark.parametrize("threshold", [0.0, 0.5, math.inf])
-def test_compiled_equals_torch_where_the_graph_is_determined(threshold,
-                                                             monkeypatch):
-    # p_ij is 0 or >= 1 in exact mode: every backend must return exactly the
-    # same graph, with self-loops and included edges, over a ragged batch.
-    monkeypatch.setattr(fastrg_compiled, "DENSE_ROW_THRESHOLD", threshold)
-    g = seeded(0)
-    n, H, k = 40, 2, 3
-    memb = torch.nn.functional.one_hot(torch.randint(k, (n, H), generator=g),
-                                       k).double()
-    block = torch.eye(k, dtype=torch.float64).repeat(H, 1, 1) * 1.5
-    block[1, 0, 0] = 0.0  # head 1 never links cluster 0 to itself
-    ptr = [0, 7, 7, 25, 40]
-    include = torch.tensor([[0, 3, 10, 30, 39], [6, 3, 24, 35, 25]])
-    kwargs = dict(ptr_q=ptr, ptr_k=ptr, mode="exact", self_loops=True,
-                  include_edges=include)
-    ref = sampling.fastrg(memb, block, memb, backend="torch", **kwargs)
-    out = sampling.fastrg(memb, block, memb, backend="compiled",
-                          generator=seeded(1), **kwargs)
-    assert ref.num_edges > 100
-    for name in ("edge_index", "head", "rowptr", "perm", "colptr", "ptr_q",
-                 "ptr_k"):
-        assert torch.equal(getattr(out, name), getattr(ref, name)), name
-
-
-@needs_compiled
-def test_compiled_graph_does_not_depend_on_the_thread_count():
-    q, b, k = small_sbm(scale=2.0)
-    qq, b, kk, ptr_q, ptr_k = repeated(q, b, k, trials=300)
-    threads = torch.get_num_threads()
-    graphs = []
-    try:
-        for num in (1, 2, 3):
-            torch.set_num_threads(num)
-            graphs.append(sampling.fastrg(
-                qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, mode="exact",
-                exploration=0.1, backend="compiled",
-                generator=seeded(0)))
-    finally:
-        torch.set_num_threads(threads)
-    for other in graphs[1:]:
-        assert torch.equal(other.edge_index, graphs[0].edge_index)
-        assert torch.equal(other.perm, graphs[0].perm)
-
-
-def test_backend_argument():
-    q, b, k = small_sbm()
-    with pytest.raises(ValueError, match="backend"):
-        sampling.fastrg(q, b, k, backend="cuda")
-    if not WITH_EXTENSION:
-        with pytest.raises(ValueError, match="backend='compiled'"):
-            sampling.fastrg(q, b, k, backend="compiled")
-
-
-@pytest.mark.skipif(os.environ.get("CI") is None, reason="CI only")
-def test_ci_builds_the_compiled_backend():
-    # CI tests both backends: the compiled one must have been built.
-    assert WITH_EXTENSION
-
-
-def test_without_the_compiled_kernels_fastrg_falls_back_to_torch(monkeypatch):
-    # As after an install without a compiler: the default backend is torch.
-    monkeypatch.setattr(importlib.import_module("sbm_pyg.sampling.fastrg"),
-                        "WITH_EXTENSION", False)
-    q, b, k = small_sbm()
-    gen = seeded(0)
-    graph = sampling.fastrg(q, b, k, generator=gen)
-    ref = sampling.fastrg(q, b, k, backend="torch",
-                          generator=seeded(0))
-    assert torch.equal(graph.edge_index, ref.edge_index)
-    with pytest.raises(ValueError, match="backend='compiled'"):
-        sampling.fastrg(q, b, k, backend="compiled")
-
-
-def test_from_keys_builds_the_graph_and_rejects_bad_keys():
-    # Keys (h N_q + i) N_k + j with H=2, N_q=2, N_k=3.
-    key = torch.tensor([0, 3, 5, 6, 11])
-    g = SampledGraph.from_keys(key, 2, 2, 3)
-    assert torch.equal(g.edge_index.cpu(), torch.tensor([[0, 0, 2, 0, 2],
-                                                         [0, 1, 1, 0, 1]]))
-    assert torch.equal(g.head.cpu(), torch.tensor([0, 0, 0, 1, 1]))
-    assert torch.equal(g.rowptr.cpu(), torch.tensor([0, 1, 3, 4, 5]))
-    assert g.num_edges == g.num_draws == 5
-    # The key order: the transposed CSR visits (head, key, query).
-    colptr, row_t = g.csr_t()
-    assert torch.equal(colptr.cpu(), torch.tensor([0, 2, 2, 3, 4, 4, 5]))
-    assert torch.equal(row_t.cpu(), torch.tensor([0, 1, 1, 2, 3]))
-    for bad, match in [(torch.tensor([3, 0]), "strictly increasing"),
-                       (torch.tensor([0, 0]), "strictly increasing"),
-                       (torch.tensor([12]), r"\[0, H \* N_q \* N_k"),
-                       (torch.tensor([-1]), r"\[0, H \* N_q \* N_k"),
-                       (torch.tensor([0.0]), "key")]:
-        with pytest.raises((ValueError, TypeError), match=match):
-            SampledGraph.from_keys(bad, 2, 2, 3)
-    # An edge across two sequences of one query and one key each.
-    with pytest.raises(ValueError, match="within one sequence"):
-        SampledGraph.from_keys(torch.tensor([1]), 1, 2, 2, ptr_q=[0, 1, 2],
-                               ptr_k=[0, 1, 2])
-    with pytest.raises(ValueError, match="num_heads"):
-        SampledGraph.from_keys(key, 0, 2, 3)
-
-
-def test_sequence_is_the_batch_restricted_to_one_input():
-    g = seeded(0)
-    ptr_q, ptr_k = [0, 4, 4, 11], [0, 3, 5, 12]
-    q_memb = torch.rand(11, 2, 3, generator=g)
-    k_memb = torch.rand(12, 2, 3, generator=g)
-    block = torch.full((2, 3, 3), 0.3)
-    graph = sampling.fastrg(q_memb, block, k_memb, ptr_q=ptr_q, ptr_k=ptr_k,
-                            generator=g)
-    dense = torch.zeros(2, 11, 12, dtype=torch.bool)
-    dense[graph.head, graph.edge_index[1], graph.edge_index[0]] = True
-    for s in range(3):
-        part = graph.sequence(s)
-        nq, nk = ptr_q[s + 1] - ptr_q[s], ptr_k[s + 1] - ptr_k[s]
-        assert (part.num_queries, part.num_keys, part.num_heads) == (nq, nk, 2)
-        local = torch.zeros(2, nq, nk, dtype=torch.bool)
-        local[part.head, part.edge_index[1], part.edge_index[0]] = True
-        assert torch.equal(local, dense[:, ptr_q[s]:ptr_q[s + 1],
-                                        ptr_k[s]:ptr_k[s + 1]])
-        assert torch.allclose(part.density()[0], graph.density()[s])
-    with pytest.raises(ValueError, match="index must be an int in"):
-        graph.sequence(3)

@@ -1,0 +1,89 @@
+"""The small SBMs, repeated batches and counting helpers the sampling
+tests share, and which backends they run on."""
+import math
+
+import pytest
+import torch
+
+from sbm_pyg.ops import WITH_EXTENSION
+from sbm_pyg.sampling import (
+    SampledGraph,
+    bernoulli,
+    expected_adjacency,
+)
+from tests.helpers import TEST_DEVICE, max_binomial_z, seeded, z_bound
+
+needs_compiled = pytest.mark.skipif(
+    not WITH_EXTENSION or TEST_DEVICE.type != "cpu",
+    reason="sbm_pyg._C not built, or the tests run on another device")
+# A test that takes `sample` runs on each backend of fastrg: the
+# pure-PyTorch reference, the compiled one as configured, and the compiled
+# one with all rows sampled densely (one Bernoulli per key) or all by drawing.
+BACKENDS = [
+    ("torch", None),
+    pytest.param(("compiled", None), marks=needs_compiled),
+    pytest.param(("compiled", 0.0), marks=needs_compiled, id="compiled-dense"),
+    pytest.param(("compiled", math.inf), marks=needs_compiled,
+                 id="compiled-drawn"),
+]
+
+NQ, NK, H, K = 6, 5, 2, 3
+TRIALS = 3000
+
+
+def small_sbm(dtype=torch.float64, scale=1.0, device=None):
+    g = seeded(0)
+    q = torch.rand(NQ, H, K, generator=g, dtype=dtype)
+    k = torch.rand(NK, H, K, generator=g, dtype=dtype)
+    b = torch.rand(H, K, K, generator=g, dtype=dtype) * 0.28 * scale
+    return q.to(device), b.to(device), k.to(device)
+
+
+def repeated(q, b, k, trials=TRIALS):
+    """The same sequence ``trials`` times as one ragged batch."""
+    ptr_q = torch.arange(trials + 1, device=q.device) * q.size(0)
+    ptr_k = torch.arange(trials + 1, device=q.device) * k.size(0)
+    return q.repeat(trials, 1, 1), b, k.repeat(trials, 1, 1), ptr_q, ptr_k
+
+
+def pair_counts(graph: SampledGraph, nq: int, nk: int) -> torch.Tensor:
+    """[H, nq, nk] how often each (head, query, key) of the repeated sequence
+    was sampled; also asserts no edge crosses sequences."""
+    j, i = graph.edge_index
+    assert torch.equal(i // nq, j // nk), "edge across sequences"
+    flat = (graph.head * nq + i % nq) * nk + j % nk
+    return torch.bincount(flat, minlength=graph.num_heads * nq * nk).view(-1, nq, nk)
+
+
+def sample_counts(sampler, mode, exploration=0.0, self_loops=False, scale=1.0,
+                  seed=1):
+    """Counts of each (head, query, key) over TRIALS independent samples."""
+    q, b, k = small_sbm(scale=scale)
+    if self_loops:  # queries and keys must be the same sequences
+        k = q
+    kwargs = dict(mode=mode, exploration=exploration, self_loops=self_loops)
+    gen = seeded(seed)
+    if sampler is not bernoulli:  # one call on TRIALS copies of the sequence
+        qq, b, kk, ptr_q, ptr_k = repeated(q, b, k)
+        graph = sampler(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, generator=gen,
+                        **kwargs)
+        counts = pair_counts(graph, q.size(0), k.size(0))
+    else:  # the dense reference: TRIALS calls
+        counts = sum(pair_counts(sampler(q, b, k, generator=gen, **kwargs),
+                                 q.size(0), k.size(0)) for _ in range(TRIALS))
+    prob = expected_adjacency(q, b, k, **kwargs)
+    return counts, prob, (q, b, k)
+
+
+def check_marginals(sampler, mode):
+    counts, prob, (q, b, k) = sample_counts(sampler, mode)
+    rate = torch.einsum("ihu,huv,jhv->hij", q, b, k)
+    assert 0.05 < float(rate.min()) and float(rate.max()) < 0.95
+    # The closed forms the test checks against.
+    expected = -torch.expm1(-rate) if mode == "poisson" else rate
+    assert torch.allclose(prob, expected)
+    bound = z_bound(prob.numel())
+    assert max_binomial_z(counts, TRIALS, prob) < bound
+    # Power: the other mode's marginals are rejected by the same test.
+    wrong = rate if mode == "poisson" else -torch.expm1(-rate)
+    assert max_binomial_z(counts, TRIALS, wrong) > bound
