@@ -275,7 +275,7 @@ def sparse_attention(
             raise ValueError(f"edge_prob must have one entry per edge "
                              f"({graph.num_edges}), got {edge_prob.numel()}")
     if sbm is not None:
-        _check_sbm(sbm, graph, edge_prob)
+        _check_sbm_argument(sbm, graph, edge_prob)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if ste not in STE_MODES:
@@ -308,7 +308,7 @@ def sparse_attention(
     return out
 
 
-def _check_sbm(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -> None:
+def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -> None:
     if edge_prob is not None:
         raise ValueError("give edge_prob or sbm, not both")
     if not (isinstance(sbm, tuple) and len(sbm) == 3):
