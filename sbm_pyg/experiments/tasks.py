@@ -208,15 +208,20 @@ class RepeatTask:
         self.seq_len, self.batch_size, self.generator = seq_len, batch_size, generator
 
     def batch(self, split: str = "train") -> Batch:
+        """A fresh batch (every split is drawn alike): tokens, mask (all
+        real) and a label per token."""
         tokens, labels = repeat_batch(self.batch_size, self.seq_len, self.generator)
         return tokens, torch.ones_like(tokens, dtype=torch.bool), labels
 
     def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
+        """:obj:`count` fresh batches."""
         return (self.batch(split) for _ in range(count))
 
     @staticmethod
     def loss_and_correct(out, mask: Tensor, labels: Tensor
                          ) -> Tuple[Tensor, Tensor, int]:
+        """Binary cross-entropy over the real tokens, the number predicted
+        right and the number of tokens."""
         logits = out.token_logits.squeeze(-1)[mask]
         target = labels.to(logits.device)[mask.to(logits.device)]
         loss = F.binary_cross_entropy_with_logits(logits, target)
@@ -234,6 +239,8 @@ class ListOpsTask:
         self.data, self.batch_size, self.generator = data, batch_size, generator
 
     def batch(self, split: str = "train") -> Batch:
+        """Random examples of :obj:`split`, padded to the longest: tokens,
+        mask and a label per sequence."""
         tokens, lengths, labels = self.data.splits[split]
         # Each rank draws its own examples.
         idx = torch.randint(0, tokens.size(0), (self.batch_size,),
@@ -241,6 +248,7 @@ class ListOpsTask:
         return self._padded(tokens[idx], lengths[idx], labels[idx])
 
     def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
+        """:obj:`count` random batches, or the whole test split in order."""
         if split != "test":
             return (self.batch(split) for _ in range(count))
         tokens, lengths, labels = self.data.splits["test"]
@@ -257,6 +265,8 @@ class ListOpsTask:
     @staticmethod
     def loss_and_correct(out, mask: Tensor, labels: Tensor
                          ) -> Tuple[Tensor, Tensor, int]:
+        """Cross-entropy over the sequences, the number predicted right and
+        the number of sequences."""
         target = labels.to(out.seq_logits.device)
         loss = F.cross_entropy(out.seq_logits, target)
         return loss, (out.seq_logits.argmax(-1) == target).sum(), target.numel()
