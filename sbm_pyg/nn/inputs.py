@@ -67,7 +67,7 @@ def sequence_pointers(batch, ptr, num_src: int, num_dst: int
                       ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     r"""CSR pointers :obj:`(ptr_k, ptr_q)` of the key and query rows, from a
     sorted :obj:`batch` vector (or a pair) or given :obj:`ptr` (or a pair);
-:obj:`(None, None)` for one sequence."""
+    :obj:`(None, None)` for one sequence."""
     if ptr is not None:
         if batch is not None:
             raise ValueError("pass either batch or ptr, not both")
