@@ -29,7 +29,7 @@ from torch import Tensor
 
 from sbm_pyg.ops.backend_info import extension
 from sbm_pyg.sampling.checks import check_draws
-from sbm_pyg.sampling.edges import SampledEdges
+from sbm_pyg.sampling.edges import SampledEdges, keys_to_csr, sorted_unique
 from sbm_pyg.validation import Check, invalid_values, sync
 
 __all__ = ["sample"]
@@ -46,11 +46,10 @@ BYTES_PER_ALIAS_ENTRY = 8
 
 
 def _included_csr(i: Tensor, j: Tensor, Nq: int, Nk: int):
-    # Sorted distinct included keys of each query: CSR over queries.
-    key = torch.unique(i * max(Nk, 1) + j)
-    count = torch.bincount(key // max(Nk, 1), minlength=Nq)
-    ptr = torch.cat([count.new_zeros(1), count.cumsum(0)])
-    return ptr, key % max(Nk, 1)
+    # Sorted distinct included keys of each query: CSR over queries, i.e.
+    # the one-head case of the samplers' own key-to-CSR conversion.
+    _, col, _, ptr = keys_to_csr(sorted_unique(i * max(Nk, 1) + j), 1, Nq, Nk)
+    return ptr, col
 
 
 def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
