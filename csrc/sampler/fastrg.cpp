@@ -285,6 +285,37 @@ struct AliasEntry {
   int32_t alias;  // global key index otherwise
 };
 
+// Walker's alias table by a sweep (Huebschle-Schneider & Sanders, 2019):
+// lights (q < 1) and heavies (q >= 1) are paired in index order, so the
+// table is a function of q alone, with no stack order. The Triton sampler
+// (sbm_pyg/sampling/fastrg_triton.py) builds the same tables with the same
+// floating-point operations, which makes one seed give one graph on both.
+// q holds n * weight / total (mean 1); out[j] is slot j's entry.
+inline void sweep_alias(const double* q, int64_t n, int32_t ks,
+                        AliasEntry* out) {
+  for (int64_t j = 0; j < n; ++j) out[j] = {1.0f, (int32_t)(ks + j)};
+  int64_t i = 0, j = 0;
+  while (i < n && q[i] >= 1.0) ++i;  // first light
+  while (j < n && q[j] < 1.0) ++j;   // first heavy
+  double w = j < n ? q[j] : 0.0;     // the current heavy's residual
+  while (j < n) {
+    if (w < 1.0) {  // the heavy turned light: it borrows from the next heavy
+      int64_t next = j + 1;
+      while (next < n && q[next] < 1.0) ++next;
+      if (next >= n) break;  // rounding leftover: keeps probability 1
+      out[j] = {(float)w, (int32_t)(ks + next)};
+      w = q[next] - (1.0 - w);
+      j = next;
+    } else {
+      if (i >= n) break;
+      out[i] = {(float)q[i], (int32_t)(ks + j)};
+      w -= 1.0 - q[i];
+      ++i;
+      while (i < n && q[i] >= 1.0) ++i;
+    }
+  }
+}
+
 template <typename scalar_t>
 std::vector<AliasEntry> build_alias(const Problem<scalar_t>& P) {
   std::vector<AliasEntry> table((size_t)(P.H * P.k * P.Nk));
@@ -295,7 +326,6 @@ std::vector<AliasEntry> build_alias(const Problem<scalar_t>& P) {
   const int64_t tasks = P.G * P.H * tiles;
 #pragma omp parallel num_threads(num_threads())
   {
-    std::vector<int32_t> small, large;
     std::vector<double> weights;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
@@ -317,26 +347,9 @@ std::vector<AliasEntry> build_alias(const Problem<scalar_t>& P) {
           for (int64_t j = 0; j < n; ++j) out[j] = {1.0f, (int32_t)(ks + j)};
           continue;
         }
-        // Vose's alias method.
-        small.clear();
-        large.clear();
-        for (int64_t j = 0; j < n; ++j) {
-          q[j] *= n / total;
-          (q[j] < 1.0 ? small : large).push_back((int32_t)j);
-        }
-        while (!small.empty() && !large.empty()) {
-          const int32_t s = small.back(), l = large.back();
-          small.pop_back();
-          out[s] = {(float)q[s], (int32_t)(ks + l)};
-          q[l] -= 1.0 - q[s];
-          if (q[l] < 1.0) {
-            large.pop_back();
-            small.push_back(l);
-          }
-        }
-        // Leftovers are 1 up to rounding.
-        for (int32_t j : large) out[j] = {1.0f, (int32_t)(ks + j)};
-        for (int32_t j : small) out[j] = {1.0f, (int32_t)(ks + j)};
+        const double scale = (double)n / total;
+        for (int64_t j = 0; j < n; ++j) q[j] *= scale;
+        sweep_alias(q, n, (int32_t)ks, out);
       }
     }
   }

@@ -9,14 +9,14 @@ from torch import Tensor
 
 from sbm_pyg.ops.backend_info import WITH_EXTENSION
 from sbm_pyg.ops.csr import full_precision
-from sbm_pyg.sampling import fastrg_compiled, fastrg_torch
+from sbm_pyg.sampling import fastrg_compiled, fastrg_torch, fastrg_triton
 from sbm_pyg.sampling.checks import MODES, PtrLike, check_sbm, included_pairs
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator
 
 __all__ = ["fastrg", "MODES", "BACKENDS"]
 
-BACKENDS = ("compiled", "torch")
+BACKENDS = ("compiled", "torch", "triton")
 
 
 @torch.compiler.disable  # data-dependent edge count: runs eagerly
@@ -138,7 +138,8 @@ def fastrg(
     if include_edges is not None:
         *included, check = included_pairs(include_edges, ptr_q, ptr_k, Nq, Nk)
         checks.append(check)
-    sample = (fastrg_compiled if backend == "compiled" else fastrg_torch).sample
+    sample = dict(compiled=fastrg_compiled, torch=fastrg_torch,
+                  triton=fastrg_triton)[backend].sample
     # The sampler computes in the memberships' precision (float64 or
     # float32) whatever autocast is on around it.
     with full_precision(q_memb.device):

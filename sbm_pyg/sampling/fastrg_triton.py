@@ -1,0 +1,447 @@
+r"""The Triton backend of :func:`~sbm_pyg.sampling.fastrg` (CUDA): the
+compiled sampler's query-major algorithm (:mod:`~sbm_pyg.sampling.fastrg_cpp`)
+on the GPU, with the same random stream.
+
+Each :math:`(h, i)` row draws its Poisson degree :math:`\mathrm{Poisson}(c
+\lambda_i)` (inversion below a mean of 10, Hörmann's PTRS above), picks each
+draw's key cluster from the weights :math:`(\mathbf{Y}_i \mathbf{B})_v s^Z_v`
+and its key from the alias table of :math:`(g, h, v)`, and the duplicates
+of a row are merged; exact mode thins the distinct keys with the row's own
+bound and squeeze, and a row whose expected draws reach
+:data:`~sbm_pyg.sampling.fastrg_cpp.DENSE_ROW_THRESHOLD` of its keys tests
+every key with one Bernoulli. Every row reads the C++ kernel's SplitMix64
+stream at the same counters, and the alias tables are built by the same
+sweep with the same floating-point operations, so one seed gives the same
+graph on both backends up to floating-point ties (sums in another order,
+another :math:`\exp`: a draw that falls within an ulp of a boundary).
+
+Where the GPU asks for another shape of work, the result is the same:
+
+* a draw's cluster is found by comparing its uniform with all :math:`k`
+  cumulative weights (the C++ kernel starts from a guide table and walks);
+* duplicates are merged by one sort of all rows' keys (the C++ kernel sorts
+  or marks a bitmap per row); the thinning then reads each distinct key's
+  rank in its row, which fixes its counter in the stream;
+* each alias table is built by one program (the sweep is sequential).
+
+Four kernels: plan (degrees, inflation), alias tables, draws (sparse and
+dense rows), thinning. Without a GPU they run under Triton's interpreter
+(``TRITON_INTERPRET=1``) on CPU tensors, which is how the tests compare
+them with the C++ kernel edge by edge.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # triton is optional: the PyTorch path is the fallback
+    triton = None
+
+from sbm_pyg.sampling.checks import check_draws
+from sbm_pyg.sampling.edges import SampledEdges, edges_from_keys, sorted_unique
+from sbm_pyg.sampling.fastrg_torch import self_loop_keys, sequence_max
+from sbm_pyg.validation import Check, invalid_values, sync
+
+__all__ = ["sample", "available", "KERNELS"]
+
+# The same constants as csrc/sampler/fastrg.cpp.
+MAX_INFLATION = 40.0
+DENSE_ROW_THRESHOLD = 0.5
+# Peak bytes per draw: the int32 draw buffer, the int64 edge keys and the
+# sort's copies of them, and the graph's int64 edge_index, head and perm.
+BYTES_PER_DRAW = 60
+BYTES_PER_ALIAS_ENTRY = 8
+BLOCK_ROWS = 32
+BLOCK_DRAWS = 16
+BLOCK_EDGES = 64
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernels can run on :obj:`device`: Triton is installed and
+    the device is a GPU, or the interpreter is on (CPU tensors)."""
+    if triton is None:
+        return False
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and bool(triton.knobs.runtime.interpret)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _mix64(z):
+        # SplitMix64's finalizer (uint64, wrapping).
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+        return z ^ (z >> 31)
+
+    @triton.jit
+    def _stream(seed, row, purpose: tl.constexpr):
+        # The initial state of row's stream (the C++ Rng(seed, row, purpose)).
+        return _mix64(seed.to(tl.uint64) ^ _mix64(row.to(tl.uint64) * 4 + purpose
+                                    + 0x632BE59BD9B4E019))
+
+    @triton.jit
+    def _bits(state, n):
+        # The n-th (1-based) 64-bit output of the stream: counter-based.
+        return _mix64(state + n.to(tl.uint64) * 0x9E3779B97F4A7C15)
+
+    @triton.jit
+    def _uniform(state, n):
+        # Uniform in [0, 1) with 53 random bits.
+        return (_bits(state, n) >> 11).to(tl.float64) * 1.1102230246251565e-16
+
+    @triton.jit
+    def _one_minus_exp(x):
+        # 1 - exp(-x) for x >= 0, accurate for small x (expm1).
+        series = x * (1.0 - x * (0.5 - x * (1.0 / 6.0 - x / 24.0)))
+        return tl.where(x < 1e-3, series, 1.0 - tl.exp(-x))
+
+    @triton.jit
+    def _log_factorial(k):
+        # log(k!) for k >= 0: Stirling's series at k + 9 >= 9 (error below
+        # 1e-14), shifted down by the product of k + 1 .. k + 8.
+        y = k + 9.0
+        yi = 1.0 / y
+        yi2 = yi * yi
+        s = ((y - 0.5) * tl.log(y) - y + 0.91893853320467274
+             + yi * (1.0 / 12.0 - yi2 * (1.0 / 360.0 - yi2 * (
+                 1.0 / 1260.0 - yi2 / 1680.0))))
+        prod = ((k + 1.0) * (k + 2.0) * (k + 3.0) * (k + 4.0)
+                * (k + 5.0) * (k + 6.0) * (k + 7.0) * (k + 8.0))
+        return s - tl.log(prod)
+
+    @triton.jit
+    def _poisson(state, mu, live):
+        # Poisson(mu) per lane where live (else 0), reading the stream from
+        # counter 1: inversion below 10, PTRS (Hoermann 1993) above.
+        zero = tl.zeros_like(mu).to(tl.int64)
+        one = zero + 1
+        small = live & (mu < 10.0)
+        u = _uniform(state, one)
+        p = tl.exp(-tl.where(small, mu, 0.0))
+        F = p
+        x = zero
+        active = small & (u > F)
+        while tl.max(active.to(tl.int32), 0) > 0:
+            x = tl.where(active, x + 1, x)
+            p = tl.where(active, p * (mu / tl.maximum(x, 1).to(tl.float64)), p)
+            F = tl.where(active, F + p, F)
+            active = active & (u > F) & (p > 0.0) & (x < 1000)
+        large = live & (mu >= 10.0)
+        m = tl.where(large, mu, 10.0)
+        slam = tl.sqrt(m)
+        loglam = tl.log(m)
+        b = 0.931 + 2.53 * slam
+        a = -0.059 + 0.02483 * b
+        inv_alpha = 1.1239 + 1.1328 / (b - 3.4)
+        vr = 0.9277 - 3.6224 / (b - 2.0)
+        n = one
+        todo = large
+        while tl.max(todo.to(tl.int32), 0) > 0:
+            U = _uniform(state, n) - 0.5
+            V = _uniform(state, n + 1)
+            n = n + 2
+            us = 0.5 - tl.abs(U)
+            kf = tl.floor((2.0 * a / us + b) * U + m + 0.43)
+            quick = (us >= 0.07) & (V <= vr)
+            skip = (kf < 0.0) | ((us < 0.013) & (V > us))
+            kk = tl.maximum(kf, 0.0)
+            slow = (tl.log(V) + tl.log(inv_alpha) - tl.log(a / (us * us) + b)
+                    <= -m + kk * loglam - _log_factorial(kk))
+            accept = todo & (quick | (~skip & slow))
+            x = tl.where(accept, kf.to(tl.int64), x)
+            todo = todo & ~accept
+        return x
+
+    @triton.jit
+    def _plan_kernel(W, Mass, MaxK, Seq, PtrK, Degree, Inflation, Mu,
+                     seed, delta, threshold, R, Nq,
+                     H: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                     BLOCK_R: tl.constexpr, EXACT: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        live = r < R
+        h = r // Nq
+        i = r % Nq
+        g = tl.load(Seq + i, mask=live, other=0).to(tl.int64)
+        nk = (tl.load(PtrK + g + 1, mask=live, other=0)
+              - tl.load(PtrK + g, mask=live, other=0))
+        v = tl.arange(0, BLOCK_K)
+        cell = live[:, None] & (v[None, :] < K)
+        w = tl.load(W + r[:, None] * K + v[None, :], mask=cell,
+                    other=0.0).to(tl.float64)
+        gh = (g * H + h)[:, None] * K + v[None, :]
+        s = tl.load(Mass + gh, mask=cell, other=0.0)
+        lam = delta * nk.to(tl.float64) + tl.sum(w * s, 1)
+        c = tl.full([BLOCK_R], 1.0, tl.float64)
+        if EXACT:
+            bound = delta + tl.sum(w * tl.load(MaxK + gh, mask=cell, other=0.0), 1)
+            # c = -log1p(-P) / P, log1p by Goldberg's exact-rounding trick.
+            P = tl.where((bound > 0.0) & (bound < 1.0), bound, 0.5)
+            one_minus = 1.0 - P
+            log1p = tl.where(one_minus == 1.0, -P,
+                             tl.log(one_minus) * (-P)
+                             / tl.where(one_minus == 1.0, 1.0, one_minus - 1.0))
+            c = tl.where(bound >= 1.0, 40.0,  # MAX_INFLATION
+                         tl.where(bound > 0.0,
+                                  tl.minimum(-log1p / P, 40.0), 1.0))
+        mu = c * lam
+        ok = live & (mu >= 0.0) & (mu < 1e300) & (nk > 0)
+        dense = ok & (mu > 0.0) & (mu >= threshold * nk.to(tl.float64))
+        state = _stream(seed, r, 0)
+        d = _poisson(state, mu, ok & ~dense)
+        d = tl.where(dense, -1, tl.where(ok, d, 0))
+        tl.store(Degree + r, d, mask=live)
+        tl.store(Inflation + r, c, mask=live)
+        tl.store(Mu + r, mu, mask=live)
+
+    @triton.jit
+    def _load_q(Z, j, n, z_base, z_stride, scale):
+        # q_j = Z_j * n / total, 0 past the end.
+        return tl.load(Z + z_base + j * z_stride, mask=j < n,
+                       other=0.0).to(tl.float64) * scale
+
+    @triton.jit
+    def _alias_kernel(Z, PtrK, Prob, Alias, Nk,
+                      H: tl.constexpr, K: tl.constexpr):
+        # One (sequence, head, cluster) table per program: the C++ kernel's
+        # sweep (sweep_alias in csrc/sampler/fastrg.cpp), operation for
+        # operation.
+        t = tl.program_id(0).to(tl.int64)
+        g = t // (H * K)
+        h = t // K % H
+        v = t % K
+        ks = tl.load(PtrK + g)
+        n = tl.load(PtrK + g + 1) - ks
+        z_base = (ks * H + h) * K + v
+        z_stride = H * K
+        out = (h * K + v) * Nk + ks
+        total = tl.zeros([], tl.float64)
+        j = tl.zeros([], tl.int64)
+        while j < n:
+            total += tl.load(Z + z_base + j * z_stride).to(tl.float64)
+            j += 1
+        if total > 0.0:
+            scale = n.to(tl.float64) / total
+            i = tl.zeros([], tl.int64)
+            while (i < n) & (_load_q(Z, i, n, z_base, z_stride, scale) >= 1.0):
+                i += 1
+            j = tl.zeros([], tl.int64)
+            while (j < n) & (_load_q(Z, j, n, z_base, z_stride, scale) < 1.0):
+                j += 1
+            w = _load_q(Z, j, n, z_base, z_stride, scale)
+            while j < n:
+                if w < 1.0:
+                    nxt = j + 1
+                    while (nxt < n) & (_load_q(Z, nxt, n, z_base, z_stride,
+                                               scale) < 1.0):
+                        nxt += 1
+                    if nxt < n:
+                        tl.store(Prob + out + j, w.to(tl.float32))
+                        tl.store(Alias + out + j, (ks + nxt).to(tl.int32))
+                        w = _load_q(Z, nxt, n, z_base, z_stride, scale) - (1.0 - w)
+                    j = nxt
+                else:
+                    if i < n:
+                        qi = _load_q(Z, i, n, z_base, z_stride, scale)
+                        tl.store(Prob + out + i, qi.to(tl.float32))
+                        tl.store(Alias + out + i, (ks + j).to(tl.int32))
+                        w -= 1.0 - qi
+                        i += 1
+                        while (i < n) & (_load_q(Z, i, n, z_base, z_stride,
+                                                 scale) >= 1.0):
+                            i += 1
+                    else:
+                        j = n
+
+    @triton.jit
+    def _draw_kernel(W, Z, Mass, Seq, PtrK, Degree, Offset, Prob, Alias, Out,
+                     seed, delta, Nq, Nk,
+                     H: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                     BLOCK_D: tl.constexpr, EXACT: tl.constexpr,
+                     EXPLORE: tl.constexpr):
+        # One (head, query) row per program: its draws' local keys, or for a
+        # dense row each key's local index if kept and -1 if not, written
+        # at Out[Offset[r]:].
+        r = tl.program_id(0).to(tl.int64)
+        d = tl.load(Degree + r)
+        if d != 0:
+            h = r // Nq
+            i = r % Nq
+            g = tl.load(Seq + i).to(tl.int64)
+            ks = tl.load(PtrK + g)
+            nk = tl.load(PtrK + g + 1) - ks
+            base = tl.load(Offset + r)
+            state = _stream(seed, r, 1)
+            v = tl.arange(0, BLOCK_K)
+            w = tl.load(W + r * K + v, mask=v < K, other=0.0)
+            t = tl.arange(0, BLOCK_D).to(tl.int64)
+            if d < 0:  # dense: one Bernoulli per key
+                for j0 in range(0, nk, BLOCK_D):
+                    j = j0 + t
+                    m = j < nk
+                    z = tl.load(Z + ((ks + j) * H + h)[:, None] * K + v[None, :],
+                                mask=m[:, None] & (v[None, :] < K), other=0.0)
+                    p = tl.sum(z * w[None, :], 1).to(tl.float64) + delta
+                    if EXACT:
+                        prob = tl.minimum(p, 1.0)
+                    else:
+                        prob = _one_minus_exp(p)
+                    u = _uniform(state, j + 1)
+                    tl.store(Out + base + j, tl.where(u < prob, j, -1).to(tl.int32),
+                             mask=m)
+            else:
+                s = tl.load(Mass + (g * H + h) * K + v, mask=v < K, other=0.0)
+                x = w.to(tl.float64) * s
+                cum = tl.cumsum(x, 0)
+                last = tl.max(tl.where(x > 0.0, v, 0), 0)
+                total = tl.sum(x, 0)
+                if EXPLORE:
+                    total = total + delta * nk.to(tl.float64)
+                    last = K
+                table = (h * K) * Nk + ks
+                for t0 in range(0, d, BLOCK_D):
+                    tt = t0 + t
+                    m = tt < d
+                    u = _uniform(state, 2 * tt + 1)
+                    below = (cum[None, :] <= (u * total)[:, None]) & (v[None, :] < K)
+                    c = tl.minimum(tl.sum(below.to(tl.int64), 1), last)
+                    bits = _bits(state, 2 * tt + 2)
+                    nk64 = nk.to(tl.uint64)
+                    slot = tl.umulhi(bits, nk64).to(tl.int64)
+                    frac = ((bits * nk64) >> 11).to(tl.float64) * 1.1102230246251565e-16
+                    drawn = m & (c < K)
+                    entry = table + c * Nk + slot
+                    prob = tl.load(Prob + entry, mask=drawn, other=1.0)
+                    alias = tl.load(Alias + entry, mask=drawn, other=0).to(tl.int64)
+                    key = tl.where(frac < prob.to(tl.float64), slot, alias - ks)
+                    tl.store(Out + base + tt, key.to(tl.int32), mask=m)
+
+    @triton.jit
+    def _thin_kernel(Key, RowStart, W, Z, Degree, Inflation, Keep,
+                     seed, delta, E, Nq, Nk,
+                     H: tl.constexpr, K: tl.constexpr,
+                     BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
+        # Exact mode: keeps each distinct drawn key of a sparse row with
+        # probability min(p, 1) / (1 - exp(-c p)); a uniform below 1 / c
+        # keeps it without computing p (the C++ kernel's squeeze). The
+        # t-th distinct key of a row reads counter 2 d + 1 + t.
+        e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        live = e < E
+        key = tl.load(Key + e, mask=live, other=0)
+        r = key // Nk
+        j = key % Nk
+        d = tl.load(Degree + r, mask=live, other=0)
+        sparse = live & (d > 0)
+        rank = e - tl.load(RowStart + r, mask=live, other=0)
+        c = tl.load(Inflation + r, mask=sparse, other=1.0)
+        u = _uniform(_stream(seed, r, 1), 2 * d + 1 + rank)
+        squeezed = u < 1.0 / c
+        test = sparse & ~squeezed
+        h = r // Nq
+        v = tl.arange(0, BLOCK_K)
+        cell = test[:, None] & (v[None, :] < K)
+        w = tl.load(W + r[:, None] * K + v[None, :], mask=cell, other=0.0)
+        z = tl.load(Z + (j * H + h)[:, None] * K + v[None, :], mask=cell,
+                    other=0.0)
+        p = tl.sum(w * z, 1).to(tl.float64) + delta
+        cp = tl.where(test, c * p, 1.0)
+        accept = (p > 0.0) & (u < tl.minimum(p, 1.0) / _one_minus_exp(cp))
+        keep = ~sparse | squeezed | accept
+        tl.store(Keep + e, keep.to(tl.int8), mask=live)
+
+
+KERNELS = ("plan", "alias", "draw", "thin")
+
+
+def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
+           ptr_k: Tensor, checks: List[Check], mode: str, exploration: float,
+           self_loops: bool, included: Optional[Sequence[Tensor]],
+           max_edges: Optional[int],
+           generator: Optional[torch.Generator]) -> SampledEdges:
+    r"""Samples the graph (arguments validated by
+    :func:`~sbm_pyg.sampling.fastrg`; :obj:`included` is :obj:`None` or the
+    clamped :obj:`(i, j)` pairs); raises :obj:`checks` at its one sync."""
+    Nq, H, k = q_memb.shape
+    Nk, device = k_memb.size(0), q_memb.device
+    G = ptr_q.numel() - 1
+    exact = mode == "exact"
+    dtype = torch.float64 if q_memb.dtype == torch.float64 else torch.float32
+    Y = q_memb.detach().to(dtype)
+    Z = k_memb.detach().to(dtype).contiguous()
+    W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
+    seed = int(torch.randint(2**62, (), generator=generator, device=device))
+    R = H * Nq
+    seq = torch.repeat_interleave(torch.arange(G, device=device),
+                                  ptr_q.diff(), output_size=Nq)
+    Zd = Z.double()
+    mass = torch.segment_reduce(Zd, "sum", offsets=ptr_k, axis=0,
+                                unsafe=True).contiguous()  # [G, H, k]
+    max_k = sequence_max(Zd, ptr_k).contiguous()
+    del Zd
+    nk = ptr_k.diff()[seq].repeat(H)  # [R]
+    degree = torch.empty(R, dtype=torch.long, device=device)
+    inflation = torch.empty(R, dtype=torch.float64, device=device)
+    mu = torch.empty(R, dtype=torch.float64, device=device)
+    block_k = triton.next_power_of_2(max(k, 1))
+    if R:
+        _plan_kernel[(triton.cdiv(R, BLOCK_ROWS),)](
+            W, mass, max_k, seq, ptr_k, degree, inflation, mu, seed,
+            float(exploration), DENSE_ROW_THRESHOLD, R, Nq, H=H, K=k,
+            BLOCK_K=block_k, BLOCK_R=BLOCK_ROWS, EXACT=exact)
+    dense = degree < 0
+    slots = torch.where(dense, nk, degree)
+    checks = checks + [
+        (~((Y >= 0) & torch.isfinite(Y)).all(), invalid_values("q_memb")),
+        (~((Z >= 0) & torch.isfinite(Z)).all(), invalid_values("k_memb")),
+        ((~((mu >= 0) & (mu < 1e300)) & (nk > 0)).any(),
+         "the SBM's edge rates overflow (q_memb, block or k_memb too large)")]
+    # Invalid input raises here, before anything of the graph's size exists.
+    num_draws, expected_draws = sync(
+        checks, slots.sum(), torch.where(dense, nk.double(), mu).sum())
+    check_draws(num_draws, expected_draws,
+                int(num_draws) * BYTES_PER_DRAW
+                + H * k * Nk * BYTES_PER_ALIAS_ENTRY,
+                max_edges, device, G, H, Nq, Nk)
+    num_draws = int(num_draws)
+    prob = torch.ones(H * k * Nk, dtype=torch.float32, device=device)
+    alias = torch.arange(Nk, dtype=torch.int32, device=device).repeat(H * k)
+    if G * H * k and bool((degree > 0).any()):
+        _alias_kernel[(G * H * k,)](Z, ptr_k, prob, alias, Nk, H=H, K=k)
+    offset = torch.cumsum(slots, 0) - slots
+    drawn = torch.empty(num_draws, dtype=torch.int32, device=device)
+    if num_draws:
+        _draw_kernel[(R,)](
+            W, Z, mass, seq, ptr_k, degree, offset, prob, alias, drawn, seed,
+            float(exploration), Nq, Nk, H=H, K=k, BLOCK_K=block_k,
+            BLOCK_D=BLOCK_DRAWS, EXACT=exact, EXPLORE=exploration > 0)
+    del prob, alias
+    row = torch.repeat_interleave(torch.arange(R, device=device), slots,
+                                  output_size=num_draws)
+    ks = ptr_k[seq].repeat(H)  # [R]
+    kept = drawn >= 0
+    key = sorted_unique((row * Nk + ks[row] + drawn)[kept])
+    del row, drawn, kept
+    if exact and key.numel():
+        row_start = torch.searchsorted(key, torch.arange(R, device=device) * Nk)
+        keep = torch.empty(key.numel(), dtype=torch.int8, device=device)
+        _thin_kernel[(triton.cdiv(key.numel(), BLOCK_EDGES),)](
+            key, row_start, W, Z, degree, inflation, keep, seed,
+            float(exploration), key.numel(), Nq, Nk, H=H, K=k,
+            BLOCK_K=block_k, BLOCK_E=BLOCK_EDGES)
+        key = key[keep.bool()]
+    forced = []
+    if included is not None:
+        i, j = included
+        h = torch.arange(H, device=device)[:, None]
+        forced.append(((h * Nq + i) * Nk + j).reshape(-1))
+    if self_loops:
+        forced.append(self_loop_keys(H, Nq, device))
+    if forced:
+        key = sorted_unique(torch.cat([key, *forced]))
+    return edges_from_keys(key, H, Nq, Nk, num_draws, expected_draws)
