@@ -3,7 +3,7 @@ efficient attentions as drop-in baselines."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor
@@ -174,6 +174,20 @@ class SBMTransformer(Module):
         if kind == "linear":
             return LinearAttention(channels, heads, head_channels)
         return PerformerAttention(channels, heads, head_channels)
+
+    @property
+    def last_backends(self) -> Optional[Dict[str, str]]:
+        """The kernels of the last forward of the SBM layers, e.g.
+        :obj:`{'sampler': 'cpp', 'attention': 'cpp'}` (every layer resolves
+        the same configuration; where layers ran different kernels, their
+        names are joined by :obj:`"+"`). :obj:`None` for the baselines or
+        before the first forward."""
+        ran = [b.attention.last_backends for b in self.blocks
+               if isinstance(b.attention, SBMMultiheadAttention)]
+        if not ran or any(r is None for r in ran):
+            return None
+        return {op: "+".join(sorted({r[op] for r in ran if r is not None}))
+                for op in ("sampler", "attention")}
 
     def forward(self, tokens: Tensor, mask: Optional[Tensor] = None, *,
                 generator: Optional[torch.Generator] = None,

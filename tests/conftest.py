@@ -25,6 +25,9 @@ def pytest_configure(config):
     # import (constants, masks) are on the test device too.
     torch.set_default_device(TEST_DEVICE)
     config.addinivalue_line(
+        "markers", "many_draws: a sampler test too large for Triton's "
+        "interpreter (skipped there for the Triton backend)")
+    config.addinivalue_line(
         "markers", "host: a host-side test that runs on the CPU whatever "
         "SBM_PYG_TEST_DEVICE says")
 

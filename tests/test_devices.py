@@ -13,12 +13,9 @@ import torch
 
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn import SBMConv, SBMGPSConv, SBMMultiheadAttention
-from sbm_pyg.nn.functional import (
-    ATTENTION_BACKENDS,
-    edge_probability,
-    sparse_attention,
-)
-from sbm_pyg.sampling import BACKENDS, bernoulli, expected_adjacency, fastrg
+from sbm_pyg.nn.functional import edge_probability, sparse_attention
+from sbm_pyg.ops import BACKENDS, WITH_EXTENSION, triton_runs
+from sbm_pyg.sampling import bernoulli, expected_adjacency, fastrg
 from tests.helpers import seeded
 
 
@@ -30,6 +27,13 @@ def memberships(device, Nq=7, Nk=7, H=2, k=3):
     return q, b, k_memb
 
 
+def skip_where_it_cannot_run(backend, device):
+    if backend == "cpp" and (device.type != "cpu" or not WITH_EXTENSION):
+        pytest.skip("the C++ kernels are built for CPU tensors")
+    if backend == "triton" and not triton_runs(device):
+        pytest.skip("triton not installed")
+
+
 def ragged_ptr(device):
     ptr = torch.tensor([0, 3, 7], device=device)
     return ptr, ptr
@@ -38,9 +42,7 @@ def ragged_ptr(device):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_sampler_makes_nothing_on_the_default_device(device, backend, mode):
-    from sbm_pyg.ops import WITH_EXTENSION
-    if backend == "compiled" and (device.type != "cpu" or not WITH_EXTENSION):
-        pytest.skip("the compiled sampler is built for CPU tensors")
+    skip_where_it_cannot_run(backend, device)
     q, b, k = memberships(device)
     ptr_q, ptr_k = ragged_ptr(device)
     include = torch.tensor([[0, 1, 5], [0, 2, 4]], device=device)
@@ -60,11 +62,9 @@ def test_sampler_makes_nothing_on_the_default_device(device, backend, mode):
     assert all(t.device == device for t in tensors)
 
 
-@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_attention_makes_nothing_on_the_default_device(device, backend):
-    from sbm_pyg.ops import triton_attention as _triton_attention
-    if backend == "triton" and not _triton_attention.available(device):
-        pytest.skip("triton not installed")
+    skip_where_it_cannot_run(backend, device)
     q, b, k = memberships(device)
     graph = fastrg(q, b, k, exploration=0.5, generator=seeded(2))
     g = seeded(3)

@@ -31,7 +31,7 @@ settings.register_profile("long", max_examples=5000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-BACKENDS = ["torch"] + (["compiled"] if WITH_EXTENSION
+BACKENDS = ["torch"] + (["cpp"] if WITH_EXTENSION
                         and torch.get_default_device().type == "cpu" else [])
 
 

@@ -90,7 +90,7 @@ def _sbm_pyg_imports(root: Path, rel: str) -> set:
     return out
 
 
-@pytest.mark.parametrize("backend", ["torch", "compiled"])
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
 def test_fastrg_calls_go_down_the_import_graph(backend):
     # Every call from one of the package's modules into another goes to a
     # module the caller imports: a sampler call never climbs back up.
@@ -98,7 +98,7 @@ def test_fastrg_calls_go_down_the_import_graph(backend):
 
     from sbm_pyg.ops import WITH_EXTENSION
     from sbm_pyg.sampling import fastrg
-    if backend == "compiled" and not WITH_EXTENSION:
+    if backend == "cpp" and not WITH_EXTENSION:
         pytest.skip("compiled sampler not built")
     root = Path(sbm_pyg.__file__).parent
     g = torch.Generator().manual_seed(0)

@@ -2,7 +2,7 @@ r"""SBM attention for padded batches, with the interface of PyG's
 :class:`~torch_geometric.nn.attention.PerformerAttention`."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor
@@ -73,6 +73,12 @@ class SBMMultiheadAttention(torch.nn.Module):
     def sampled_density(self) -> Optional[Tensor]:
         """Per-head sampled density of the last forward, :obj:`[H]`."""
         return self.conv.sampled_density
+
+    @property
+    def last_backends(self) -> Optional[Dict[str, str]]:
+        """The kernels of the last forward, e.g. :obj:`{'sampler': 'cpp',
+        'attention': 'cpp'}` (:attr:`SBMConv.last_backends`)."""
+        return self.conv.last_backends
 
     @property
     def expected_density(self) -> Optional[Tensor]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Callable, Literal, Optional, Tuple, Union, overload
+from typing import Callable, Dict, Literal, Optional, Tuple, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -16,22 +16,22 @@ from torch_geometric.utils import softmax
 
 from sbm_pyg.nn.block_model import INITS, StochasticBlockModel, mean_densities
 from sbm_pyg.nn.functional import (
-    ATTENTION_BACKENDS,
     STE_MODES,
     sparse_attention,
     straight_through_probability,
 )
 from sbm_pyg.nn.inputs import project, raise_for_features, sequence_pointers
+from sbm_pyg.ops.backend_info import BACKENDS, resolve_backend
 from sbm_pyg.ops.csr import heads_first
 from sbm_pyg.ops.torch_attention import clip_grad
-from sbm_pyg.sampling import BACKENDS, MODES, SampledGraph, fastrg
+from sbm_pyg.sampling import MODES, SampledGraph, fastrg
 
 __all__ = ["SBMConv"]
 
 Pair = Tuple[Optional[Tensor], Optional[Tensor]]
 # The attention paths a layer can run: sparse_attention's backends, or PyG's
 # gather/scatter message() (the reference, with [E, H, d] gathers).
-LAYER_ATTENTION_BACKENDS = ATTENTION_BACKENDS + ("message_passing",)
+LAYER_ATTENTION_BACKENDS = BACKENDS + ("message_passing",)
 
 
 class SBMConv(MessagePassing):
@@ -65,7 +65,9 @@ class SBMConv(MessagePassing):
     :obj:`ptr`; no padding is used and no edge crosses sequences. The cost
     is linear in the number of sampled edges.
 
-    After each forward, :obj:`sampled_density` :math:`[H]` holds the
+    After each forward, :obj:`last_backends` says which kernels ran, e.g.
+    :obj:`{'sampler': 'cpp', 'attention': 'cpp'}`, and
+    :obj:`sampled_density` :math:`[H]` holds the
     fraction of pairs sampled (averaged over non-empty sequences) and
     :obj:`expected_density` :math:`[H]` the closed form
     :math:`\frac{1}{n_q n_k} \sum_{ij} p_{ij} = \frac{(\mathbf{1}^{\top}
@@ -115,20 +117,33 @@ class SBMConv(MessagePassing):
             included). :obj:`None` samples afresh each time, as the paper
             evaluates. Training always samples afresh. (default:
             :obj:`None`)
-        sampler_backend (str, optional): the backend of
-            :func:`~sbm_pyg.sampling.fastrg`, :obj:`"compiled"` or
-            :obj:`"torch"`; :obj:`None` picks the fastest built for the
-            device. (default: :obj:`None`)
-        attention_backend (str, optional): the backend of
+        sampler_backend (str): the backend of
+            :func:`~sbm_pyg.sampling.fastrg`: :obj:`"cpp"`,
+            :obj:`"triton"`, :obj:`"torch"` or :obj:`"auto"` (the fastest
+            that runs on the input's device). (default: :obj:`"auto"`)
+        attention_backend (str): the backend of
             :func:`~sbm_pyg.nn.functional.sparse_attention`
-            (:obj:`"compiled"`, :obj:`"triton"` or :obj:`"torch"`), or
-            :obj:`"message_passing"`: PyG's gather/scatter :meth:`message`
-            path (same result, :obj:`[E, H, d]` memory; its
-            :obj:`edge_prob` argument carries the straight-through
-            gradient, visible to message hooks). :obj:`None` picks the
-            fastest built for the device. (default: :obj:`None`)
+            (:obj:`"cpp"`, :obj:`"triton"`, :obj:`"torch"` or
+            :obj:`"auto"`), or :obj:`"message_passing"`: PyG's
+            gather/scatter :meth:`message` path (same result,
+            :obj:`[E, H, d]` memory; its :obj:`edge_prob` argument carries
+            the straight-through gradient, visible to message hooks).
+            :obj:`"auto"` takes the fused kernel for the device, or
+            :obj:`"torch"` when :obj:`dropout > 0` (the only kernel with
+            attention dropout), in training and evaluation alike; a fused
+            kernel asked for with :obj:`dropout > 0` raises. Both choices
+            are made by :func:`~sbm_pyg.ops.resolve_backend`, and
+            :obj:`last_backends` says which kernels ran. (default:
+            :obj:`"auto"`)
         **kwargs (optional): additional arguments of
-            :class:`torch_geometric.nn.conv.MessagePassing`.
+            :class:`torch_geometric.nn.conv.MessagePassing`. :obj:`aggr`
+            must be :obj:`"add"` and :obj:`flow` :obj:`"source_to_target"`
+            (others raise). PyG's message hooks, :meth:`explain` and
+            :obj:`decomposed_layers` act only on the
+            :obj:`"message_passing"` path: the fused kernels never call
+            :meth:`message`. The graph hooks
+            (:meth:`register_graph_hook`) and forward hooks act on every
+            path.
 
     Shapes:
         - **input:**
@@ -169,20 +184,28 @@ class SBMConv(MessagePassing):
         ste: str = "paper",
         sbm_init: str = "paper",
         eval_seed: Optional[int] = None,
-        sampler_backend: Optional[str] = None,
-        attention_backend: Optional[str] = None,
+        sampler_backend: str = "auto",
+        attention_backend: str = "auto",
         **kwargs,
     ):
-        kwargs.setdefault("aggr", "add")
+        # The softmax over a query's edges is the aggregation: a sum of
+        # weighted values, from keys to queries. Other aggregations or flows
+        # would change the attention, and no kernel has them.
+        if kwargs.setdefault("aggr", "add") != "add":
+            raise ValueError(f"aggr must be 'add' (attention sums its "
+                             f"softmax-weighted values), got {kwargs['aggr']!r}")
+        if kwargs.setdefault("flow", "source_to_target") != "source_to_target":
+            raise ValueError(f"flow must be 'source_to_target' (keys are "
+                             f"sources, queries targets), got {kwargs['flow']!r}")
         super().__init__(node_dim=0, **kwargs)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         for name, value, choices in (
                 ("mode", mode, MODES), ("ste", ste, STE_MODES),
                 ("sbm_init", sbm_init, INITS),
-                ("sampler_backend", sampler_backend, (None,) + BACKENDS),
+                ("sampler_backend", sampler_backend, BACKENDS),
                 ("attention_backend", attention_backend,
-                 (None,) + LAYER_ATTENTION_BACKENDS)):
+                 LAYER_ATTENTION_BACKENDS)):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got "
                                  f"{value!r}")
@@ -221,6 +244,7 @@ class SBMConv(MessagePassing):
                                         init=sbm_init)
         self.sampled_density: Optional[Tensor] = None
         self.expected_density: Optional[Tensor] = None
+        self.last_backends: Optional[Dict[str, str]] = None
         self._alpha: Optional[Tensor] = None
         self._graph_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.reset_parameters()
@@ -332,6 +356,14 @@ class SBMConv(MessagePassing):
         ptr_k, ptr_q = sequence_pointers(batch, ptr, Nk, Nq)
         if generator is None and not self.training and self.eval_seed is not None:
             generator = torch.Generator(query.device).manual_seed(self.eval_seed)
+        # Chosen from the layer's configuration, not from self.training, so
+        # that training and evaluation run the same kernels.
+        sampler = resolve_backend("sampler", self.sampler_backend, query.device)
+        attention = self.attention_backend
+        if attention != "message_passing":
+            attention = resolve_backend("attention", attention, query.device,
+                                        dropout=self.dropout)
+        self.last_backends = dict(sampler=sampler, attention=attention)
         try:
             graph = fastrg(q_memb.detach(), block.detach(), k_memb.detach(),
                            ptr_q=ptr_q, ptr_k=ptr_k, mode=self.mode,
@@ -339,7 +371,7 @@ class SBMConv(MessagePassing):
                            self_loops=self.self_loops,
                            include_edges=include_edges,
                            max_edges=self.max_edges, generator=generator,
-                           backend=self.sampler_backend)
+                           backend=sampler)
         except ValueError as err:
             raise_for_features(err)
             raise
@@ -351,7 +383,7 @@ class SBMConv(MessagePassing):
         self.expected_density, self.sampled_density = mean_densities(
             graph, q_memb, block, k_memb)
 
-        if self.attention_backend != "message_passing":
+        if attention != "message_passing":
             sbm = (q_memb, block, k_memb) if need_ste else None
             if need_alpha:  # a pass of its own on the Triton path
                 out, alpha = sparse_attention(
@@ -363,7 +395,7 @@ class SBMConv(MessagePassing):
             return sparse_attention(
                 query, key, value, graph, None, self.dropout, self.training,
                 ste=self.ste, generator=generator,
-                backend=self.attention_backend, sbm=sbm), graph, None
+                backend=attention, sbm=sbm), graph, None
         edge_prob = (straight_through_probability(q_memb, block, k_memb, graph)
                      if need_ste else None)
         _, col = graph.csr()

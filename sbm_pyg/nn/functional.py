@@ -16,7 +16,7 @@ from typing import Literal, Optional, Tuple, Union, overload
 import torch
 from torch import Tensor
 
-from sbm_pyg.ops import backend_info as _backends
+from sbm_pyg.ops.backend_info import resolve_backend
 from sbm_pyg.ops.compiled_attention import fused_attention
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
 from sbm_pyg.ops.torch_attention import SDDMM, SDDMMGradOnly, SparseAttention
@@ -24,8 +24,7 @@ from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import check_generator, require_tensor
 
 __all__ = ["sparse_attention", "edge_probability",
-           "straight_through_probability", "STE_MODES",
-           "ATTENTION_BACKENDS"]
+           "straight_through_probability", "STE_MODES"]
 
 
 # Sampled graphs have data-dependent sizes and the CSR kernels are opaque to
@@ -102,7 +101,6 @@ def _check_graph(graph: SampledGraph, Nq: int, Nk: int, H: int, q_name: str,
 
 
 STE_MODES = ("paper", "published")
-ATTENTION_BACKENDS = ("torch", "compiled", "triton")
 
 
 @overload
@@ -118,7 +116,7 @@ def sparse_attention(
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
     return_attention_weights: Literal[False] = False,
-    backend: Optional[str] = None,
+    backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
 ) -> Tensor:
     pass
@@ -137,7 +135,7 @@ def sparse_attention(
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
     return_attention_weights: Literal[True],
-    backend: Optional[str] = None,
+    backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
 ) -> Tuple[Tensor, Tensor]:
     pass
@@ -156,7 +154,7 @@ def sparse_attention(
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
     return_attention_weights: bool = False,
-    backend: Optional[str] = None,
+    backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     pass
@@ -175,7 +173,7 @@ def sparse_attention(
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
     return_attention_weights: bool = False,
-    backend: Optional[str] = None,
+    backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Masked softmax attention on the sampled edges only.
@@ -229,21 +227,22 @@ def sparse_attention(
         generator (torch.Generator, optional): source of the dropout mask.
         return_attention_weights (bool): also return :math:`\alpha`
             :obj:`[E]` in edge order (before dropout).
-        backend (str, optional): :obj:`"compiled"`, the fused kernel of
-            the compiled extension (CPU), or :obj:`"triton"`, fused kernels
+        backend (str, optional): :obj:`"cpp"`, the fused kernel of the
+            compiled extension (CPU), or :obj:`"triton"`, fused kernels
             (CUDA; on the CPU only under ``TRITON_INTERPRET=1``, for
             testing), both keeping nothing per edge for backward (the
             output and each row's log-sum-exp), or :obj:`"torch"`, CSR
-            kernels of PyTorch (any device; the reference). :obj:`None`
-            takes the fused kernel that is built for the tensors' device
-            (:func:`sbm_pyg.ops.backends`), and :obj:`"torch"` for
-            attention dropout, which only the PyTorch path has.
+            kernels of PyTorch (any device; the reference), or
+            :obj:`"auto"`: the fused kernel for the tensors' device, and
+            :obj:`"torch"` with attention dropout, which only the PyTorch
+            path has (:func:`~sbm_pyg.ops.resolve_backend`; a fused kernel
+            asked for with dropout raises).
         sbm ((Tensor, Tensor, Tensor), optional): instead of
             :obj:`edge_prob`, the SBM the graph was sampled from,
             :obj:`(q_memb [N_q, H, k], block [H, k, k], k_memb [N_k, H,
             k])`: its edge probabilities get the straight-through gradient
             as with :obj:`edge_prob=edge_probability(*sbm, graph)`; the
-            compiled backend sums it into the memberships inside its
+            C++ backend sums it into the memberships inside its
             backward pass, with no :obj:`[E]` tensor :math:`p`.
 
     Returns:
@@ -282,11 +281,12 @@ def sparse_attention(
         raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
     check_generator(generator, query.device)
     dropout = dropout if training else 0.0
-    backend = _attention_backend(backend, query.device, dropout)
+    backend = resolve_backend("attention", backend, query.device,
+                              dropout=dropout)
     scale = 1.0 / math.sqrt(D)
     q, k, v = heads_first(query), heads_first(key), heads_first(value)
-    if backend == "compiled":
-        flat, weights = _compiled_attention(graph, q, k, v, edge_prob, sbm,
+    if backend == "cpp":
+        flat, weights = _cpp_attention(graph, q, k, v, edge_prob, sbm,
                                             scale, ste)
         out = nodes_first(flat.to(value.dtype), H)
         return (out, weights) if return_attention_weights else out
@@ -324,7 +324,7 @@ def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -
                          f"{tuple(k_memb.shape)}")
 
 
-def _compiled_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
+def _cpp_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                         edge_prob: Optional[Tensor],
                         sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
                         scale: float, ste: str) -> Tuple[Tensor, Tensor]:
@@ -345,37 +345,3 @@ def _compiled_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
             q.to(dtype).contiguous(), k.to(dtype).contiguous(),
             v.to(dtype).contiguous(), edge_prob, q_block, k_memb,
             scale=scale, ste=ste)
-
-
-def _attention_backend(backend: Optional[str], device: torch.device,
-                       dropout: float) -> str:
-    if backend not in (None,) + ATTENTION_BACKENDS:
-        raise ValueError(f"backend must be one of {ATTENTION_BACKENDS} or "
-                         f"None, got {backend!r}")
-    if backend is None:
-        # Only the PyTorch path has attention dropout.
-        return "torch" if dropout > 0 else _backends.backends(device)["attention"]
-    if backend == "compiled":
-        if not _backends.WITH_EXTENSION:
-            raise ValueError("backend='compiled' needs the compiled extension "
-                             "(sbm_pyg._C), which is not built; reinstall "
-                             "with a C++ compiler: pip install "
-                             "--no-build-isolation .")
-        if device.type != "cpu":
-            raise ValueError(f"backend='compiled' runs on the CPU; the "
-                             f"tensors are on {device}")
-        if dropout > 0:
-            raise ValueError("backend='compiled' has no attention dropout; "
-                             "use backend='torch' or dropout=0")
-        return backend
-    if backend == "torch":
-        return backend
-    from sbm_pyg.ops import triton_attention
-    if not triton_attention.available(device):
-        raise ValueError(f"backend='triton' needs triton and CUDA tensors "
-                         f"(or TRITON_INTERPRET=1 on the CPU); the tensors "
-                         f"are on {device}")
-    if dropout > 0:
-        raise ValueError("backend='triton' has no attention dropout; use "
-                         "backend='torch' or dropout=0")
-    return "triton"

@@ -168,6 +168,12 @@ class SBMGPSConv(torch.nn.Module):
         return self.attn.sampled_density
 
     @property
+    def last_backends(self) -> Optional[Dict[str, str]]:
+        """The kernels of the last forward, e.g. :obj:`{'sampler': 'cpp',
+        'attention': 'cpp'}` (:attr:`SBMConv.last_backends`)."""
+        return self.attn.last_backends
+
+    @property
     def expected_density(self) -> Optional[Tensor]:
         """Per-head expected density of the last forward (differentiable)."""
         return self.attn.expected_density

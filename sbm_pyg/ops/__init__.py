@@ -10,10 +10,13 @@ r"""The kernels under the layers, with their backends in one place.
 * :mod:`sbm_pyg.ops.backend_info`: which of them are built and which run.
 """
 from sbm_pyg.ops.backend_info import (
+    BACKENDS,
     WITH_EXTENSION,
     WITH_TORCH_SCATTER,
     WITH_TRITON,
     backends,
+    resolve_backend,
+    triton_runs,
 )
 from sbm_pyg.ops.compiled_attention import fused_attention
 from sbm_pyg.ops.csr import (
@@ -26,6 +29,9 @@ from sbm_pyg.ops.csr import (
 )
 
 __all__ = [
+    "BACKENDS",
+    "resolve_backend",
+    "triton_runs",
     "backends",
     "WITH_EXTENSION",
     "WITH_TRITON",

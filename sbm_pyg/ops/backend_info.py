@@ -5,7 +5,9 @@ as :mod:`torch_geometric.typing` does for PyG.
   (``setup.py``, ``csrc/``): the fastRG sampler and the fused attention
   for CPU tensors. Without a compiler, or with ``SBM_PYG_NO_EXT=1`` at
   install time, the package runs on its pure-PyTorch path.
-* :data:`WITH_TRITON`: Triton imports: fused attention for CUDA tensors.
+* :data:`WITH_TRITON`: Triton imports: the sampler and the fused attention
+  for CUDA tensors.
+* :func:`resolve_backend`: the one function that picks a kernel.
 * :data:`WITH_TORCH_SCATTER`: torch-scatter imports: its segment max is
   used for the PyTorch path's softmax on the CPU.
 """
@@ -14,12 +16,13 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Union
 
 import torch
 
 __all__ = ["WITH_EXTENSION", "WITH_TRITON", "WITH_TORCH_SCATTER",
-           "extension", "backends"]
+           "extension", "BACKENDS", "resolve_backend", "backends",
+           "triton_runs"]
 
 # The compiled module sbm_pyg._C (pybind functions of the sampler; its
 # attention registers torch.ops.sbm_pyg), or None. Loaded here only.
@@ -56,26 +59,103 @@ else:
 WITH_EXTENSION = extension is not None
 
 
-def backends(device: torch.device | str = "cpu") -> Dict[str, str]:
-    r"""The kernels that run by default for tensors on :obj:`device`.
+BACKENDS = ("auto", "cpp", "triton", "torch")
+OPS = ("sampler", "attention")
+
+
+def triton_runs(device: torch.device) -> bool:
+    """Whether Triton kernels can run on :obj:`device`: Triton is installed
+    and the device is a GPU, or its interpreter is on (CPU tensors,
+    ``TRITON_INTERPRET=1``)."""
+    if not WITH_TRITON:
+        return False
+    if device.type == "cuda":
+        return True
+    import triton
+    return device.type == "cpu" and bool(triton.knobs.runtime.interpret)
+
+
+def resolve_backend(op: str, backend: Optional[str],
+                    device: Union[torch.device, str], *,
+                    dropout: float = 0.0) -> str:
+    r"""The kernel that runs :obj:`op` for tensors on :obj:`device`: the one
+    place where a backend is chosen, for the sampler and the attention
+    alike (as FlexAttention validates its kernel options in one place).
+
+    * :obj:`"auto"` (or :obj:`None`): :obj:`"cpp"` on the CPU where the
+      compiled extension is built, :obj:`"triton"` on CUDA where Triton is
+      installed, else :obj:`"torch"`. The attention with :obj:`dropout > 0`
+      takes :obj:`"torch"`, the only kernel with attention dropout; a layer
+      passes its configured dropout in training and evaluation alike, so
+      that both run the same kernel.
+    * :obj:`"cpp"`: the compiled extension ``sbm_pyg._C`` (CPU tensors).
+    * :obj:`"triton"`: the Triton kernels (CUDA tensors, or CPU tensors
+      under ``TRITON_INTERPRET=1``).
+    * :obj:`"torch"`: pure PyTorch, any device: the reference.
+
+    Args:
+        op (str): :obj:`"sampler"` or :obj:`"attention"`.
+        backend (str, optional): one of :data:`BACKENDS` or :obj:`None`.
+        device (torch.device or str): where the tensors are.
+        dropout (float): the attention dropout that must run.
 
     Returns:
-        :obj:`{"sampler": ..., "attention": ...}`: the sampler is
-        :obj:`"compiled"` (``sbm_pyg._C``) or :obj:`"torch"`; the attention
-        is :obj:`"compiled"` (the fused CPU kernel), :obj:`"triton"` (CUDA)
-        or :obj:`"torch"`. Attention dropout always runs on
-        :obj:`"torch"`, the only path that has it.
+        :obj:`"cpp"`, :obj:`"triton"` or :obj:`"torch"`.
+
+    Raises:
+        ValueError: an unknown name, or a backend that cannot run here
+            (not built, another device, no dropout).
+
+    Example:
+        >>> resolve_backend("attention", "torch", "cpu")
+        'torch'
+        >>> resolve_backend("attention", "auto", "cpu", dropout=0.1)
+        'torch'
+    """
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    device = torch.device(device)
+    if backend is None or backend == "auto":
+        if op == "attention" and dropout > 0:
+            return "torch"
+        if device.type == "cpu" and WITH_EXTENSION:
+            return "cpp"
+        if device.type == "cuda" and WITH_TRITON:
+            return "triton"
+        return "torch"
+    if backend == "cpp":
+        if not WITH_EXTENSION:
+            raise ValueError(f"{op} backend 'cpp' needs the compiled "
+                             f"extension (sbm_pyg._C), which is not built; "
+                             f"reinstall with a C++ compiler: pip install "
+                             f"--no-build-isolation .")
+        if device.type != "cpu":
+            raise ValueError(f"{op} backend 'cpp' runs on the CPU; the "
+                             f"tensors are on {device}")
+    if backend == "triton" and not triton_runs(device):
+        raise ValueError(f"{op} backend 'triton' needs triton and CUDA "
+                         f"tensors (or TRITON_INTERPRET=1 on the CPU); the "
+                         f"tensors are on {device}")
+    if op == "attention" and dropout > 0 and backend != "torch":
+        raise ValueError(f"attention backend {backend!r} has no attention "
+                         f"dropout; use backend 'torch' or 'auto', or "
+                         f"dropout=0")
+    return backend
+
+
+def backends(device: Union[torch.device, str] = "cpu") -> Dict[str, str]:
+    r"""The kernels that :obj:`"auto"` runs for tensors on :obj:`device`
+    (:func:`resolve_backend`).
+
+    Returns:
+        :obj:`{"sampler": ..., "attention": ...}`, each :obj:`"cpp"`,
+        :obj:`"triton"` or :obj:`"torch"`.
 
     Example:
         >>> from sbm_pyg.ops import backends
         >>> sorted(backends("cpu"))
         ['attention', 'sampler']
     """
-    device = torch.device(device)
-    cpu = device.type == "cpu"
-    if cpu:
-        attention = "compiled" if WITH_EXTENSION else "torch"
-    else:
-        attention = "triton" if WITH_TRITON and device.type == "cuda" else "torch"
-    return dict(sampler="compiled" if cpu and WITH_EXTENSION else "torch",
-                attention=attention)
+    return {op: resolve_backend(op, "auto", device) for op in OPS}

@@ -37,20 +37,10 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
 from sbm_pyg.ops.compiled_attention import STE_CODES
 from sbm_pyg.ops.csr import sddmm
 
-__all__ = ["available", "attention_forward", "attention_backward",
+__all__ = ["attention_forward", "attention_backward",
            "TritonAttention", "attention_weights"]
 
 BLOCK_E = 32
-
-
-def available(device: torch.device) -> bool:
-    """Whether the kernels can run on :obj:`device`: Triton is installed and
-    the device is a GPU, or the interpreter is on (CPU tensors)."""
-    if triton is None:
-        return False
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and bool(triton.knobs.runtime.interpret)
 
 
 if triton is not None:

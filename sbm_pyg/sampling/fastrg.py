@@ -7,16 +7,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from sbm_pyg.ops.backend_info import WITH_EXTENSION
+from sbm_pyg.ops.backend_info import BACKENDS, resolve_backend
 from sbm_pyg.ops.csr import full_precision
-from sbm_pyg.sampling import fastrg_compiled, fastrg_torch, fastrg_triton
+from sbm_pyg.sampling import fastrg_cpp, fastrg_torch, fastrg_triton
 from sbm_pyg.sampling.checks import MODES, PtrLike, check_sbm, included_pairs
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator
 
 __all__ = ["fastrg", "MODES", "BACKENDS"]
-
-BACKENDS = ("compiled", "torch", "triton")
 
 
 @torch.compiler.disable  # data-dependent edge count: runs eagerly
@@ -33,7 +31,7 @@ def fastrg(
     include_edges: Optional[Tensor] = None,
     max_edges: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
-    backend: Optional[str] = None,
+    backend: Optional[str] = "auto",
 ) -> SampledGraph:
     r"""Samples a query→key graph per sequence and head with fastRG
     (Rohe et al., 2018; Algorithm 1 of the SBM-Transformer paper).
@@ -87,13 +85,16 @@ def fastrg(
             available memory raises too.
         generator (torch.Generator, optional): source of randomness; the
             same state gives the same graph (for a backend).
-        backend (str, optional): :obj:`"compiled"` (the C++ kernels of
-            :obj:`sbm_pyg._C`, CPU; :mod:`~sbm_pyg.sampling.fastrg_compiled`
-            describes them), :obj:`"torch"` (pure PyTorch, any device;
-            :mod:`~sbm_pyg.sampling.fastrg_torch`) or :obj:`None`: compiled
-            where it is built and the memberships are on the CPU, else
-            torch. Both sample the same distribution; their random streams
-            differ.
+        backend (str, optional): :obj:`"cpp"` (the C++ kernels of
+            :obj:`sbm_pyg._C`, CPU; :mod:`~sbm_pyg.sampling.fastrg_cpp`
+            describes them), :obj:`"triton"` (the same algorithm and random
+            stream in Triton, CUDA; :mod:`~sbm_pyg.sampling.fastrg_triton`),
+            :obj:`"torch"` (pure PyTorch, any device, another algorithm
+            and stream; :mod:`~sbm_pyg.sampling.fastrg_torch`) or
+            :obj:`"auto"`: the fastest that runs on the memberships' device
+            (:func:`~sbm_pyg.ops.resolve_backend`). All sample the same
+            distribution; :obj:`"cpp"` and :obj:`"triton"` give the same
+            graph for the same seed, up to floating-point ties.
 
     Returns:
         :class:`SampledGraph`.
@@ -108,21 +109,8 @@ def fastrg(
         >>> graph.edge_index.size(0), graph.density().shape  # [G, H]
         (2, torch.Size([2, 2]))
     """
-    if backend not in (None,) + BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS} or None, got "
-                         f"{backend!r}")
-    device = q_memb.device if isinstance(q_memb, Tensor) else None
-    if backend is None:
-        backend = ("compiled" if WITH_EXTENSION and device is not None
-                   and device.type == "cpu" else "torch")
-    elif backend == "compiled" and not WITH_EXTENSION:
-        raise ValueError("backend='compiled' needs the compiled kernels "
-                         "(sbm_pyg._C), which are not built; reinstall with "
-                         "pip install --no-build-isolation . and a C++ "
-                         "compiler")
-    elif backend == "compiled" and device is not None and device.type != "cpu":
-        raise ValueError(f"backend='compiled' runs on the CPU, the "
-                         f"memberships are on {device}")
+    device = q_memb.device if isinstance(q_memb, Tensor) else torch.device("cpu")
+    backend = resolve_backend("sampler", backend, device)
     # Both backends check the memberships' values in their own first pass.
     ptr_q, ptr_k, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
                                      mode, exploration, self_loops,
@@ -138,7 +126,7 @@ def fastrg(
     if include_edges is not None:
         *included, check = included_pairs(include_edges, ptr_q, ptr_k, Nq, Nk)
         checks.append(check)
-    sample = dict(compiled=fastrg_compiled, torch=fastrg_torch,
+    sample = dict(cpp=fastrg_cpp, torch=fastrg_torch,
                   triton=fastrg_triton)[backend].sample
     # The sampler computes in the memberships' precision (float64 or
     # float32) whatever autocast is on around it.

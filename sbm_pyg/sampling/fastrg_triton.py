@@ -8,7 +8,7 @@ draw's key cluster from the weights :math:`(\mathbf{Y}_i \mathbf{B})_v s^Z_v`
 and its key from the alias table of :math:`(g, h, v)`, and the duplicates
 of a row are merged; exact mode thins the distinct keys with the row's own
 bound and squeeze, and a row whose expected draws reach
-:data:`~sbm_pyg.sampling.fastrg_cpp.DENSE_ROW_THRESHOLD` of its keys tests
+:data:`~sbm_pyg.sampling.fastrg_cpp.DENSE_ROW_THRESHOLD` (shared) of its keys tests
 every key with one Bernoulli. Every row reads the C++ kernel's SplitMix64
 stream at the same counters, and the alias tables are built by the same
 sweep with the same floating-point operations, so one seed gives the same
@@ -42,33 +42,26 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
+from sbm_pyg.sampling import fastrg_cpp
 from sbm_pyg.sampling.checks import check_draws
 from sbm_pyg.sampling.edges import SampledEdges, edges_from_keys, sorted_unique
 from sbm_pyg.sampling.fastrg_torch import self_loop_keys, sequence_max
 from sbm_pyg.validation import Check, invalid_values, sync
 
-__all__ = ["sample", "available", "KERNELS"]
+__all__ = ["sample"]
 
-# The same constants as csrc/sampler/fastrg.cpp.
-MAX_INFLATION = 40.0
-DENSE_ROW_THRESHOLD = 0.5
 # Peak bytes per draw: the int32 draw buffer, the int64 edge keys and the
 # sort's copies of them, and the graph's int64 edge_index, head and perm.
 BYTES_PER_DRAW = 60
 BYTES_PER_ALIAS_ENTRY = 8
-BLOCK_ROWS = 32
+# Block sizes that keep the [block, k] float64 tiles in registers at k = 128
+# (benchmarks/triton_compile.py reports registers and spills).
+BLOCK_ROWS = 8
 BLOCK_DRAWS = 16
-BLOCK_EDGES = 64
-
-
-def available(device: torch.device) -> bool:
-    """Whether the kernels can run on :obj:`device`: Triton is installed and
-    the device is a GPU, or the interpreter is on (CPU tensors)."""
-    if triton is None:
-        return False
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and bool(triton.knobs.runtime.interpret)
+BLOCK_EDGES = 16
+# No fused multiply-adds: the C++ kernel's floating-point operations are
+# rounded one by one, and the same graph needs the same roundings.
+NO_FUSION = dict(enable_fp_fusion=False)
 
 
 if triton is not None:
@@ -187,7 +180,8 @@ if triton is not None:
             log1p = tl.where(one_minus == 1.0, -P,
                              tl.log(one_minus) * (-P)
                              / tl.where(one_minus == 1.0, 1.0, one_minus - 1.0))
-            c = tl.where(bound >= 1.0, 40.0,  # MAX_INFLATION
+            # 40: the C++ kernel's kMaxInflation.
+            c = tl.where(bound >= 1.0, 40.0,
                          tl.where(bound > 0.0,
                                   tl.minimum(-log1p / P, 40.0), 1.0))
         mu = c * lam
@@ -356,9 +350,6 @@ if triton is not None:
         tl.store(Keep + e, keep.to(tl.int8), mask=live)
 
 
-KERNELS = ("plan", "alias", "draw", "thin")
-
-
 def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
            ptr_k: Tensor, checks: List[Check], mode: str, exploration: float,
            self_loops: bool, included: Optional[Sequence[Tensor]],
@@ -375,7 +366,7 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     Y = q_memb.detach().to(dtype)
     Z = k_memb.detach().to(dtype).contiguous()
     W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
-    seed = int(torch.randint(2**62, (), generator=generator, device=device))
+    seed = fastrg_cpp.stream_seed(generator, device)
     R = H * Nq
     seq = torch.repeat_interleave(torch.arange(G, device=device),
                                   ptr_q.diff(), output_size=Nq)
@@ -392,8 +383,8 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     if R:
         _plan_kernel[(triton.cdiv(R, BLOCK_ROWS),)](
             W, mass, max_k, seq, ptr_k, degree, inflation, mu, seed,
-            float(exploration), DENSE_ROW_THRESHOLD, R, Nq, H=H, K=k,
-            BLOCK_K=block_k, BLOCK_R=BLOCK_ROWS, EXACT=exact)
+            float(exploration), fastrg_cpp.DENSE_ROW_THRESHOLD, R, Nq, H=H, K=k,
+            BLOCK_K=block_k, BLOCK_R=BLOCK_ROWS, EXACT=exact, **NO_FUSION)
     dense = degree < 0
     slots = torch.where(dense, nk, degree)
     checks = checks + [
@@ -412,14 +403,16 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     prob = torch.ones(H * k * Nk, dtype=torch.float32, device=device)
     alias = torch.arange(Nk, dtype=torch.int32, device=device).repeat(H * k)
     if G * H * k and bool((degree > 0).any()):
-        _alias_kernel[(G * H * k,)](Z, ptr_k, prob, alias, Nk, H=H, K=k)
+        _alias_kernel[(G * H * k,)](Z, ptr_k, prob, alias, Nk, H=H, K=k,
+                                    **NO_FUSION)
     offset = torch.cumsum(slots, 0) - slots
     drawn = torch.empty(num_draws, dtype=torch.int32, device=device)
     if num_draws:
         _draw_kernel[(R,)](
             W, Z, mass, seq, ptr_k, degree, offset, prob, alias, drawn, seed,
             float(exploration), Nq, Nk, H=H, K=k, BLOCK_K=block_k,
-            BLOCK_D=BLOCK_DRAWS, EXACT=exact, EXPLORE=exploration > 0)
+            BLOCK_D=BLOCK_DRAWS, EXACT=exact, EXPLORE=exploration > 0,
+            **NO_FUSION)
     del prob, alias
     row = torch.repeat_interleave(torch.arange(R, device=device), slots,
                                   output_size=num_draws)
@@ -433,7 +426,7 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
         _thin_kernel[(triton.cdiv(key.numel(), BLOCK_EDGES),)](
             key, row_start, W, Z, degree, inflation, keep, seed,
             float(exploration), key.numel(), Nq, Nk, H=H, K=k,
-            BLOCK_K=block_k, BLOCK_E=BLOCK_EDGES)
+            BLOCK_K=block_k, BLOCK_E=BLOCK_EDGES, **NO_FUSION)
         key = key[keep.bool()]
     forced = []
     if included is not None:

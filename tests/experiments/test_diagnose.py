@@ -32,7 +32,7 @@ def test_repeat_diagnostics_counts_agree():
     assert stats["paper"]["other"]["mean_grad"] != \
         stats["published"]["other"]["mean_grad"]
     conv = model.blocks[0].attention.conv
-    assert (conv.ste, conv.attention_backend) == ("paper", None)  # restored
+    assert (conv.ste, conv.attention_backend) == ("paper", "auto")  # restored
     assert model.training
 
 

@@ -95,7 +95,7 @@ def test_bipartite_input():
 @pytest.mark.parametrize("ste", ["paper", "published"])
 def test_fused_path_equals_pyg_message_passing(monkeypatch, ste):
     conv = make_conv(dropout=0.0, ste=ste)
-    assert conv.attention_backend is None
+    assert conv.attention_backend == "auto"
     x = x_input().requires_grad_()
     with monkeypatch.context() as m:  # the fused path must not call message()
         m.setattr(conv, "message", None)
@@ -327,22 +327,47 @@ def test_eval_seed_makes_evaluation_repeatable():
         make_conv(eval_seed=0.5)
 
 
-def test_backends_are_constructor_arguments(monkeypatch):
-    from sbm_pyg.nn import conv as conv_module
-    seen = {}
-    fastrg, attention = conv_module.fastrg, conv_module.sparse_attention
-    monkeypatch.setattr(conv_module, "fastrg", lambda *a, **k: seen.update(
-        sampler=k["backend"]) or fastrg(*a, **k))
-    monkeypatch.setattr(conv_module, "sparse_attention", lambda *a, **k: seen.update(
-        attention=k["backend"]) or attention(*a, **k))
+def test_backends_are_constructor_arguments_and_the_layer_says_what_ran():
+    from sbm_pyg.ops import backends
     conv = make_conv(dropout=0.0, sampler_backend="torch", attention_backend="torch")
+    assert conv.last_backends is None
     run(conv, x_input(), batch=BATCH)
-    assert seen == {"sampler": "torch", "attention": "torch"}
+    assert conv.last_backends == {"sampler": "torch", "attention": "torch"}
+    conv = make_conv(dropout=0.0)
+    run(conv, x_input(), batch=BATCH)
+    assert conv.last_backends == backends(torch.get_default_device())
+    conv.attention_backend = "message_passing"
+    run(conv, x_input(), batch=BATCH)
+    assert conv.last_backends["attention"] == "message_passing"
     assert not hasattr(SBMConv, "fuse") or conv.fuse is False  # PyG's own meaning
     with pytest.raises(ValueError, match="sampler_backend must be one of"):
         make_conv(sampler_backend="cuda")
     with pytest.raises(ValueError, match="attention_backend must be one of"):
-        make_conv(attention_backend="fused")
+        make_conv(attention_backend="compiled")
+
+
+def test_training_and_evaluation_run_the_same_kernels():
+    # With attention dropout, "auto" takes the one kernel that has it, in
+    # eval too; a fused kernel asked for with dropout raises at the forward.
+    conv = make_conv(dropout=0.3)
+    ran = []
+    for training in (True, False):
+        conv.train(training)
+        run(conv, x_input(), batch=BATCH)
+        ran.append(conv.last_backends["attention"])
+    assert ran == ["torch", "torch"]
+    for backend in ("cpp", "triton"):
+        conv = make_conv(dropout=0.3, attention_backend=backend)
+        with pytest.raises(ValueError, match=f"attention backend '{backend}'"):
+            run(conv, x_input(), batch=BATCH)
+
+
+def test_aggregations_and_flows_other_than_attention_are_refused():
+    with pytest.raises(ValueError, match="aggr must be 'add'"):
+        make_conv(aggr="mean")
+    with pytest.raises(ValueError, match="flow must be 'source_to_target'"):
+        make_conv(flow="target_to_source")
+    assert make_conv(aggr="add").aggr == "add"
 
 
 @pytest.mark.skipif(not hasattr(typing, "get_overloads"), reason="Python < 3.11")

@@ -10,12 +10,44 @@ pytestmark = pytest.mark.host
 
 
 def test_backends_names_what_runs(monkeypatch):
-    expected = "compiled" if backend_info.WITH_EXTENSION else "torch"
+    expected = "cpp" if backend_info.WITH_EXTENSION else "torch"
     assert backends("cpu") == dict(sampler=expected, attention=expected)
     monkeypatch.setattr(backend_info, "WITH_EXTENSION", False)
     assert backends("cpu") == dict(sampler="torch", attention="torch")
     monkeypatch.setattr(backend_info, "WITH_TRITON", True)
-    assert backends("cuda") == dict(sampler="torch", attention="triton")
+    assert backends("cuda") == dict(sampler="triton", attention="triton")
+    monkeypatch.setattr(backend_info, "WITH_TRITON", False)
+    assert backends("cuda") == dict(sampler="torch", attention="torch")
+
+
+def test_resolve_backend_raises_where_the_kernel_cannot_run(monkeypatch):
+    resolve = backend_info.resolve_backend
+    for op in backend_info.OPS:
+        assert resolve(op, "torch", "cuda") == "torch"
+        assert resolve(op, None, "cpu") == resolve(op, "auto", "cpu")
+        with pytest.raises(ValueError, match="backend must be one of"):
+            resolve(op, "compiled", "cpu")
+        monkeypatch.setattr(backend_info, "WITH_EXTENSION", True)
+        assert resolve(op, "cpp", "cpu") == "cpp"
+        with pytest.raises(ValueError, match=f"{op} backend 'cpp' runs on the CPU"):
+            resolve(op, "cpp", "cuda")
+        monkeypatch.setattr(backend_info, "WITH_EXTENSION", False)
+        with pytest.raises(ValueError, match="not built"):
+            resolve(op, "cpp", "cpu")
+        monkeypatch.setattr(backend_info, "WITH_TRITON", False)
+        with pytest.raises(ValueError, match=f"{op} backend 'triton' needs triton"):
+            resolve(op, "triton", "cuda")
+        monkeypatch.undo()
+    with pytest.raises(ValueError, match="op must be one of"):
+        resolve("softmax", "auto", "cpu")
+    # Dropout: auto takes the one kernel that has it; a fused kernel raises.
+    assert resolve("attention", "auto", "cpu", dropout=0.1) == "torch"
+    assert resolve("sampler", "auto", "cpu", dropout=0.1) == resolve(
+        "sampler", "auto", "cpu")
+    monkeypatch.setattr(backend_info, "WITH_EXTENSION", True)
+    with pytest.raises(ValueError, match="attention backend 'cpp' has no "
+                                         "attention dropout"):
+        resolve("attention", "cpp", "cpu", dropout=0.1)
 
 
 WITHOUT_EXTENSION = """

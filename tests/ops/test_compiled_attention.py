@@ -8,9 +8,9 @@ from sbm_pyg.ops import backend_info, fused_attention
 from sbm_pyg.sampling import fastrg
 from tests.helpers import seeded
 
-needs_compiled = pytest.mark.skipif(not backend_info.WITH_EXTENSION,
+needs_cpp = pytest.mark.skipif(not backend_info.WITH_EXTENSION,
                                     reason="compiled extension not built")
-pytestmark = [pytest.mark.host, needs_compiled]
+pytestmark = [pytest.mark.host, needs_cpp]
 
 PTR = [0, 7, 19, 19, 40]  # a ragged batch with an empty sequence
 
@@ -59,7 +59,7 @@ def test_matches_the_torch_path(dtype, tol, ste, form, D, DV):
     rows = graph.rowptr.diff()
     assert (rows == 0).any() and int(rows.max()) > 16  # empty and long rows
     ref = run("torch", graph, inputs, ste, "edge_prob")
-    got = run("compiled", graph, inputs, ste, form)
+    got = run("cpp", graph, inputs, ste, form)
     assert got[0].dtype == dtype and got[1].shape == (graph.num_edges,)
     names = ["out", "alpha", "query", "key", "value", "q_memb", "block", "k_memb"]
     for name, a, b in zip(names, got, ref):
@@ -72,7 +72,7 @@ def test_published_clip_is_exercised():
     graph, inputs = sbm_and_inputs(torch.float64, D=4, DV=4)
     inputs[0] = inputs[0] * 30
     ref = run("torch", graph, inputs, "published", "edge_prob")
-    got = run("compiled", graph, inputs, "published", "sbm")
+    got = run("cpp", graph, inputs, "published", "sbm")
     for a, b in zip(got, ref):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-10 * float(b.detach().abs().max()))
     q_memb, block, k_memb = (t.detach().requires_grad_() for t in inputs[3:])
@@ -87,8 +87,8 @@ def test_published_clip_is_exercised():
 def test_half_precision_is_computed_in_float32(dtype):
     graph, inputs = sbm_and_inputs(torch.float32, D=8, DV=8)
     half = [t.to(dtype) for t in inputs]
-    got = run("compiled", graph, half, "paper", "sbm")
-    ref = run("compiled", graph, [t.float() for t in half], "paper", "sbm",
+    got = run("cpp", graph, half, "paper", "sbm")
+    ref = run("cpp", graph, [t.float() for t in half], "paper", "sbm",
               grad_dtype=dtype)
     assert got[0].dtype == dtype and got[2].dtype == dtype
     assert torch.equal(got[0], ref[0].to(dtype))
@@ -109,9 +109,9 @@ def test_does_not_depend_on_the_thread_count():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = run("compiled", graph, inputs, "paper", "sbm")
+        one = run("cpp", graph, inputs, "paper", "sbm")
         torch.set_num_threads(4)
-        many = run("compiled", graph, inputs, "paper", "sbm")
+        many = run("cpp", graph, inputs, "paper", "sbm")
     finally:
         torch.set_num_threads(threads)
     for a, b in zip(one, many):
@@ -138,12 +138,12 @@ def test_default_backend_on_the_cpu(monkeypatch):
     assert calls == [1]
     with pytest.raises(ValueError, match="no attention dropout"):
         sparse_attention(q, k, v, graph, dropout=0.5, training=True,
-                         backend="compiled")
+                         backend="cpp")
     monkeypatch.setattr(backend_info, "WITH_EXTENSION", False)
     sparse_attention(q, k, v, graph)
     assert calls == [1]
-    with pytest.raises(ValueError, match="compiled extension"):
-        sparse_attention(q, k, v, graph, backend="compiled")
+    with pytest.raises(ValueError, match="backend 'cpp' needs the compiled extension"):
+        sparse_attention(q, k, v, graph, backend="cpp")
 
 
 def test_sbm_argument_errors():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sbm_pyg.ops import WITH_EXTENSION
+from sbm_pyg.ops import WITH_EXTENSION, triton_runs
 from sbm_pyg.sampling import (
     SampledGraph,
     bernoulli,
@@ -13,18 +13,26 @@ from sbm_pyg.sampling import (
 )
 from tests.helpers import TEST_DEVICE, max_binomial_z, seeded, z_bound
 
-needs_compiled = pytest.mark.skipif(
+needs_cpp = pytest.mark.skipif(
     not WITH_EXTENSION or TEST_DEVICE.type != "cpu",
     reason="sbm_pyg._C not built, or the tests run on another device")
+needs_triton = pytest.mark.skipif(not triton_runs(TEST_DEVICE),
+                                  reason="triton not installed")
+# Triton's interpreter runs each row's program in Python, about 0.1 s per
+# repeated sequence here: tests marked `many_draws` skip the Triton sampler
+# under it (on a GPU they run); its graphs are compared with the C++
+# kernel's edge by edge in test_backends.
+INTERPRETED = TEST_DEVICE.type == "cpu"
 # A test that takes `sample` runs on each backend of fastrg: the
-# pure-PyTorch reference, the compiled one as configured, and the compiled
-# one with all rows sampled densely (one Bernoulli per key) or all by drawing.
+# pure-PyTorch reference, the C++ one as configured, and the C++ one with
+# all rows sampled densely (one Bernoulli per key) or all by drawing, and
+# the Triton one.
 BACKENDS = [
     ("torch", None),
-    pytest.param(("compiled", None), marks=needs_compiled),
-    pytest.param(("compiled", 0.0), marks=needs_compiled, id="compiled-dense"),
-    pytest.param(("compiled", math.inf), marks=needs_compiled,
-                 id="compiled-drawn"),
+    pytest.param(("cpp", None), marks=needs_cpp),
+    pytest.param(("cpp", 0.0), marks=needs_cpp, id="cpp-dense"),
+    pytest.param(("cpp", math.inf), marks=needs_cpp, id="cpp-drawn"),
+    pytest.param(("triton", None), marks=needs_triton),
 ]
 
 NQ, NK, H, K = 6, 5, 2, 3

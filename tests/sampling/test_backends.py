@@ -1,7 +1,6 @@
 """fastrg's backends against each other: the same graph where it is
 determined, independence from the thread count, the choice and the
 fallback."""
-import importlib
 import math
 import os
 
@@ -9,25 +8,27 @@ import pytest
 import torch
 
 from sbm_pyg import sampling
-from sbm_pyg.ops import WITH_EXTENSION
+from sbm_pyg.ops import WITH_EXTENSION, backend_info
 from sbm_pyg.sampling import (
-    fastrg_compiled,
+    fastrg_cpp,
 )
-from tests.helpers import seeded
+from tests.helpers import max_binomial_z, seeded, z_bound
 from tests.sampling.cases import (
-    needs_compiled,
+    needs_cpp,
+    needs_triton,
+    pair_counts,
     repeated,
     small_sbm,
 )
 
 
-@needs_compiled
+@needs_cpp
 @pytest.mark.parametrize("threshold", [0.0, 0.5, math.inf])
 def test_compiled_equals_torch_where_the_graph_is_determined(threshold,
                                                              monkeypatch):
     # p_ij is 0 or >= 1 in exact mode: every backend must return exactly the
     # same graph, with self-loops and included edges, over a ragged batch.
-    monkeypatch.setattr(fastrg_compiled, "DENSE_ROW_THRESHOLD", threshold)
+    monkeypatch.setattr(fastrg_cpp, "DENSE_ROW_THRESHOLD", threshold)
     g = seeded(0)
     n, H, k = 40, 2, 3
     memb = torch.nn.functional.one_hot(torch.randint(k, (n, H), generator=g),
@@ -39,7 +40,7 @@ def test_compiled_equals_torch_where_the_graph_is_determined(threshold,
     kwargs = dict(ptr_q=ptr, ptr_k=ptr, mode="exact", self_loops=True,
                   include_edges=include)
     ref = sampling.fastrg(memb, block, memb, backend="torch", **kwargs)
-    out = sampling.fastrg(memb, block, memb, backend="compiled",
+    out = sampling.fastrg(memb, block, memb, backend="cpp",
                           generator=seeded(1), **kwargs)
     assert ref.num_edges > 100
     for name in ("edge_index", "head", "rowptr", "perm", "colptr", "ptr_q",
@@ -47,7 +48,7 @@ def test_compiled_equals_torch_where_the_graph_is_determined(threshold,
         assert torch.equal(getattr(out, name), getattr(ref, name)), name
 
 
-@needs_compiled
+@needs_cpp
 def test_compiled_graph_does_not_depend_on_the_thread_count():
     q, b, k = small_sbm(scale=2.0)
     qq, b, kk, ptr_q, ptr_k = repeated(q, b, k, trials=300)
@@ -58,7 +59,7 @@ def test_compiled_graph_does_not_depend_on_the_thread_count():
             torch.set_num_threads(num)
             graphs.append(sampling.fastrg(
                 qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, mode="exact",
-                exploration=0.1, backend="compiled",
+                exploration=0.1, backend="cpp",
                 generator=seeded(0)))
     finally:
         torch.set_num_threads(threads)
@@ -73,7 +74,7 @@ def test_backend_argument():
         sampling.fastrg(q, b, k, backend="cuda")
     if not WITH_EXTENSION:
         with pytest.raises(ValueError, match="backend='compiled'"):
-            sampling.fastrg(q, b, k, backend="compiled")
+            sampling.fastrg(q, b, k, backend="cpp")
 
 
 @pytest.mark.skipif(os.environ.get("CI") is None, reason="CI only")
@@ -82,15 +83,74 @@ def test_ci_builds_the_compiled_backend():
     assert WITH_EXTENSION
 
 
+@pytest.mark.host
 def test_without_the_compiled_kernels_fastrg_falls_back_to_torch(monkeypatch):
     # As after an install without a compiler: the default backend is torch.
-    monkeypatch.setattr(importlib.import_module("sbm_pyg.sampling.fastrg"),
-                        "WITH_EXTENSION", False)
+    monkeypatch.setattr(backend_info, "WITH_EXTENSION", False)
     q, b, k = small_sbm()
     gen = seeded(0)
     graph = sampling.fastrg(q, b, k, generator=gen)
     ref = sampling.fastrg(q, b, k, backend="torch",
                           generator=seeded(0))
     assert torch.equal(graph.edge_index, ref.edge_index)
-    with pytest.raises(ValueError, match="backend='compiled'"):
-        sampling.fastrg(q, b, k, backend="compiled")
+    with pytest.raises(ValueError, match="backend 'cpp' needs the compiled"):
+        sampling.fastrg(q, b, k, backend="cpp")
+
+
+def _edge_set(graph):
+    return set(map(tuple, torch.cat([graph.head[None], graph.edge_index]).T.tolist()))
+
+
+@needs_triton
+@pytest.mark.parametrize("mode, exploration, dtype, threshold", [
+    ("exact", 0.0, torch.float32, 0.5), ("poisson", 0.05, torch.float64, 0.5),
+    ("exact", 0.02, torch.float64, 0.0), ("poisson", 0.0, torch.float32, math.inf)])
+def test_triton_gives_the_cpp_graph_for_the_same_seed(mode, exploration, dtype,
+                                                      threshold, monkeypatch):
+    # The same row streams, alias tables and algorithm: the same edges
+    # (up to floating-point ties, so >= 99.9% overlap where they could
+    # differ: another device's sums and exp), over a ragged batch with
+    # sparse rows (Poisson by inversion and by PTRS: degrees around 12),
+    # dense rows, self-loops and included edges. The C++ kernel runs on CPU
+    # copies with the same seed.
+    monkeypatch.setattr(fastrg_cpp, "DENSE_ROW_THRESHOLD", threshold)
+    monkeypatch.setattr(fastrg_cpp, "stream_seed", lambda *_: 2**61 + 12345)
+    g = torch.Generator("cpu").manual_seed(0)
+    n, H, k = 80, 2, 4
+    q = torch.rand(n, H, k, generator=g, dtype=dtype)
+    memb_k = torch.rand(n, H, k, generator=g, dtype=dtype)
+    block = torch.rand(H, k, k, generator=g, dtype=dtype) * 0.1
+    block[1] *= 12  # head 1: denser rows
+    ptr = [0, 3, 3, 80]
+    include = torch.tensor([[0, 3, 10, 70], [2, 3, 10, 79]])
+    kwargs = dict(ptr_q=ptr, ptr_k=ptr, mode=mode, exploration=exploration,
+                  self_loops=True, include_edges=include)
+    ref = sampling.fastrg(q, block, memb_k, backend="cpp", **kwargs)
+    device = torch.get_default_device()
+    out = sampling.fastrg(q.to(device), block.to(device), memb_k.to(device),
+                          backend="triton", **kwargs)
+    assert 500 < ref.num_edges < 0.9 * 2 * (3 * 3 + 77 * 77)
+    a, b = _edge_set(ref), _edge_set(out.to("cpu"))
+    assert len(a & b) >= 0.999 * max(len(a), len(b))
+    assert out.num_draws == ref.num_draws
+    if device.type == "cpu":  # the interpreter: numpy's float64, no ties
+        for name in ("edge_index", "head", "rowptr", "perm", "colptr"):
+            assert torch.equal(getattr(out, name), getattr(ref, name)), name
+
+
+@needs_triton
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_triton_marginals(mode):
+    # Fewer trials than the other backends' marginal tests (the interpreter
+    # is slow), so wider tolerance per pair; z_bound still bounds the
+    # largest of all pairs' z-scores at the family-wise level.
+    trials = 80
+    q, b, k = small_sbm(scale=2.0)
+    qq, b, kk, ptr_q, ptr_k = repeated(q, b, k, trials=trials)
+    graph = sampling.fastrg(qq, b, kk, ptr_q=ptr_q, ptr_k=ptr_k, mode=mode,
+                            backend="triton", generator=seeded(4))
+    counts = pair_counts(graph, q.size(0), k.size(0))
+    prob = sampling.expected_adjacency(q, b, k, mode=mode)
+    assert max_binomial_z(counts, trials, prob) < z_bound(prob.numel())
+    # Power: probabilities half as large are rejected by the same test.
+    assert max_binomial_z(counts, trials, prob / 2) > z_bound(prob.numel())

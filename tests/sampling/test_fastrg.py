@@ -8,7 +8,7 @@ import torch
 from sbm_pyg.sampling import (
     SampledGraph,
     expected_adjacency,
-    fastrg_compiled,
+    fastrg_cpp,
 )
 from tests.helpers import max_binomial_z, seeded, z_bound
 from tests.sampling.cases import (
@@ -23,11 +23,13 @@ from tests.sampling.cases import (
 )
 
 
+@pytest.mark.many_draws
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_marginals(sample, mode):
     check_marginals(sample, mode)
 
 
+@pytest.mark.many_draws
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_exploration_marginals(sample, mode):
     # scale 3 puts some rates p + delta above 1: exact mode caps them at 1.
@@ -45,6 +47,7 @@ def test_exploration_marginals(sample, mode):
     assert max_binomial_z(counts, TRIALS, plain) > z_bound(prob.numel())
 
 
+@pytest.mark.many_draws
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_self_loops_marginals(sample, mode):
     counts, prob, _ = sample_counts(sample, mode, self_loops=True)
@@ -102,13 +105,14 @@ def test_include_edges_bad_input(sample):
         sample(q, b, k, include_edges=torch.tensor([[0, 1, 2]]))
 
 
+@pytest.mark.many_draws
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_edge_count_matches_poisson_mean(mode, sample):
     # With every row dense (one Bernoulli per key) nothing is drawn from a
     # Poisson law: num_draws counts the tested pairs, and only the distinct
     # edge count is checked.
-    dense_rows = sample.keywords["backend"] == "compiled" and (
-        fastrg_compiled.DENSE_ROW_THRESHOLD == 0.0)
+    dense_rows = sample.keywords["backend"] == "cpp" and (
+        fastrg_cpp.DENSE_ROW_THRESHOLD == 0.0)
     q, b, k = small_sbm(scale=0.5)
     gen = seeded(2)
     runs = 400
@@ -141,6 +145,7 @@ def test_edge_count_matches_poisson_mean(mode, sample):
     assert abs(float(edges.mean()) - mean) / math.sqrt(var / runs) < bound
 
 
+@pytest.mark.many_draws
 def test_heads_are_independent(sample):
     q, b, k = small_sbm()
     # Both heads get head 0's parameters: same marginals, independent draws.
@@ -160,6 +165,7 @@ def test_heads_are_independent(sample):
     assert not torch.equal(key[graph.head == 0], key[graph.head == 1])
 
 
+@pytest.mark.many_draws
 def test_ragged_batch_marginals_and_no_crossing(sample):
     q, b, k = small_sbm()
     # Alternating sequences of lengths (6, 5) and (3, 2): each sequence keeps
@@ -185,6 +191,7 @@ def test_ragged_batch_marginals_and_no_crossing(sample):
         assert max_binomial_z(counts, reps, prob) < z_bound(2 * prob.numel())
 
 
+@pytest.mark.many_draws
 def test_graph_structure(sample):
     q, b, k = small_sbm(scale=2.0)
     qq, b, kk, ptr_q, ptr_k = repeated(q, b, k, trials=20)
@@ -279,6 +286,7 @@ def test_max_edges_error_names_counts(sample):
         sample(q, b, k, max_edges=3, generator=seeded(0))
 
 
+@pytest.mark.many_draws
 def test_dense_head_at_64k_raises_instead_of_allocating(sample):
     n = 65536
     ones = torch.ones(n, 1, 1)
@@ -299,6 +307,7 @@ def test_to_device_roundtrip(sample, device):
     assert moved.num_draws == graph.num_draws
 
 
+@pytest.mark.many_draws
 def test_poisson_mode_caps_an_sbm_transformer_head_at_1_minus_1_over_e(sample):
     # Saturated memberships and a block summing to 1: p_ij = 1, the largest
     # an SBM-Transformer head can reach. Poisson merging samples each pair
@@ -314,6 +323,7 @@ def test_poisson_mode_caps_an_sbm_transformer_head_at_1_minus_1_over_e(sample):
     assert exact == 1.0
 
 
+@pytest.mark.many_draws
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_marginals_few_draws_over_many_keys(sample, mode):
     # A handful of draws per query over 8192 keys: the compiled backend then

@@ -32,7 +32,7 @@ from sbm_pyg.sampling.checks import check_draws
 from sbm_pyg.sampling.edges import SampledEdges, keys_to_csr, sorted_unique
 from sbm_pyg.validation import Check, invalid_values, sync
 
-__all__ = ["sample"]
+__all__ = ["sample", "stream_seed"]
 
 # A row is sampled densely (one Bernoulli per key) when its expected number
 # of draws, inflation included, is at least this fraction of its keys.
@@ -43,6 +43,14 @@ DENSE_ROW_THRESHOLD = 0.5
 BYTES_PER_EDGE = 40
 # Alias table entry: a float32 probability and an int32 alias.
 BYTES_PER_ALIAS_ENTRY = 8
+
+
+def stream_seed(generator: Optional[torch.Generator],
+                device: torch.device) -> int:
+    r"""The 62-bit seed of the row streams, drawn from :obj:`generator` (a
+    generator of :obj:`device`): the C++ and Triton kernels derive every
+    row's stream from it, so the same seed gives the same graph on both."""
+    return int(torch.randint(2**62, (), generator=generator, device=device))
 
 
 def _included_csr(i: Tensor, j: Tensor, Nq: int, Nk: int):
@@ -67,8 +75,7 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     Y = q_memb.detach().to(dtype).contiguous()
     Z = k_memb.detach().to(dtype).contiguous()
     W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
-    seed = int(torch.randint(2**62, (), generator=generator,
-                             device=q_memb.device))
+    seed = stream_seed(generator, q_memb.device)
     degree, inflation, mass, stats = extension.fastrg_plan(
         Y, W, Z, ptr_q, ptr_k, float(exploration), exact, seed,
         DENSE_ROW_THRESHOLD)
