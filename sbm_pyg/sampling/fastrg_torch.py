@@ -91,15 +91,7 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     del i, j
     if inflation is not None:
         key = thin(key, Y, B, Z, inflation, ptr_q, H, Nq, Nk, generator)
-    forced = []
-    if included is not None:
-        i, j = included
-        h = torch.arange(H, device=device)[:, None]
-        forced.append(((h * Nq + i) * Nk + j).reshape(-1))
-    if self_loops:
-        forced.append(self_loop_keys(H, Nq, device))
-    if forced:
-        key = sorted_unique(torch.cat([key, *forced]))
+    key = with_forced_keys(key, included, self_loops, H, Nq, Nk)
     return edges_from_keys(key, H, Nq, Nk, num_draws, expected)
 
 
@@ -213,6 +205,20 @@ def thin(key: Tensor, Y: Tensor, B: Tensor, Z: Tensor, c: Tensor,
     u = torch.rand(key.numel(), dtype=torch.float64, device=key.device,
                    generator=generator)
     return key[u < keep]
+
+
+def with_forced_keys(key: Tensor, included: Optional[Sequence[Tensor]],
+                     self_loops: bool, H: int, Nq: int, Nk: int) -> Tensor:
+    r"""The sorted distinct edge keys :obj:`key` with every head's included
+    :obj:`(i, j)` pairs and self-loops added."""
+    forced = []
+    if included is not None:
+        i, j = included
+        h = torch.arange(H, device=key.device)[:, None]
+        forced.append(((h * Nq + i) * Nk + j).reshape(-1))
+    if self_loops:
+        forced.append(self_loop_keys(H, Nq, key.device))
+    return sorted_unique(torch.cat([key, *forced])) if forced else key
 
 
 def self_loop_keys(H: int, N: int, device: torch.device) -> Tensor:

@@ -45,7 +45,7 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
 from sbm_pyg.sampling import fastrg_cpp
 from sbm_pyg.sampling.checks import check_draws
 from sbm_pyg.sampling.edges import SampledEdges, edges_from_keys, sorted_unique
-from sbm_pyg.sampling.fastrg_torch import self_loop_keys, sequence_max
+from sbm_pyg.sampling.fastrg_torch import sequence_max, with_forced_keys
 from sbm_pyg.validation import Check, invalid_values, sync
 
 __all__ = ["sample"]
@@ -428,13 +428,5 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
             float(exploration), key.numel(), Nq, Nk, H=H, K=k,
             BLOCK_K=block_k, BLOCK_E=BLOCK_EDGES, **NO_FUSION)
         key = key[keep.bool()]
-    forced = []
-    if included is not None:
-        i, j = included
-        h = torch.arange(H, device=device)[:, None]
-        forced.append(((h * Nq + i) * Nk + j).reshape(-1))
-    if self_loops:
-        forced.append(self_loop_keys(H, Nq, device))
-    if forced:
-        key = sorted_unique(torch.cat([key, *forced]))
+    key = with_forced_keys(key, included, self_loops, H, Nq, Nk)
     return edges_from_keys(key, H, Nq, Nk, num_draws, expected_draws)
