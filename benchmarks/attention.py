@@ -80,8 +80,7 @@ def run_math(q, k, v, graph=None):
 def run_pyg(q, k, v, graph):
     # TransformerConv-style gather -> PyG softmax -> scatter, on the same edges.
     H, n = graph.num_heads, graph.num_queries
-    row = graph.head * n + graph.edge_index[1]
-    col = graph.head * graph.num_keys + graph.edge_index[0]
+    row, col = graph.csr.row().long(), graph.csr.col.long()
     qf, kf, vf = (t.transpose(0, 1).reshape(H * t.size(0), -1) for t in (q, k, v))
     score = (qf[row] * kf[col]).sum(-1) / math.sqrt(HEAD_DIM)
     alpha = pyg_softmax(score, row, num_nodes=H * n)

@@ -25,7 +25,8 @@ def bench_ext(n: int, densities: Sequence[float], device: torch.device,
     rows = []
     for density in densities:
         graph = fixed_graph(n, density, device)
-        rowptr, col = graph.csr()
+        # torch-scatter and torch-sparse take int64 indices.
+        rowptr, col = graph.rowptr.long(), graph.csr.col.long()
         g = torch.Generator(device).manual_seed(0)
         values = torch.rand(graph.num_edges, generator=g, device=device)
         dense = torch.randn(HEADS * n, HEAD_DIM, generator=g, device=device)

@@ -18,12 +18,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 TORCH_LIBRARY(sbm_pyg, m) {
   m.def(
       "sparse_attention(Tensor rowptr, Tensor col, Tensor colptr, "
-      "Tensor perm, Tensor q, Tensor k, Tensor v, Tensor? edge_prob, "
-      "Tensor? q_block, Tensor? k_memb, float scale, int ste) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor row_t, Tensor q, Tensor k, Tensor v, Tensor? edge_prob, "
+      "Tensor? q_block, Tensor? k_memb, float scale, int ste, "
+      "bool weights) -> (Tensor, Tensor, Tensor)");
   m.def(
       "sparse_attention_backward(Tensor rowptr, Tensor col, Tensor colptr, "
-      "Tensor perm, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor row_t, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor grad_out, Tensor? q_block, Tensor? k_memb, float scale, "
       "int ste) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }

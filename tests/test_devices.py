@@ -51,10 +51,10 @@ def test_sampler_makes_nothing_on_the_default_device(device, backend, mode):
         graph = fastrg(q, b, k, ptr_q=ptr_q, ptr_k=ptr_k, mode=mode,
                        exploration=0.1, self_loops=True, include_edges=include,
                        max_edges=10**6, generator=gen, backend=backend)
-        rowptr, col = graph.csr()
-        colptr, row_t = graph.csr_t()
+        rowptr, col = graph.rowptr, graph.csr.col
+        colptr, row_t = graph.colptr, graph.csr.row_t()
         tensors = [graph.edge_index, graph.head, graph.perm, rowptr, col,
-                   colptr, row_t, graph.row(), graph.ptr_q, graph.ptr_k]
+                   colptr, row_t, graph.csr.row(), graph.ptr_q, graph.ptr_k]
         reference = bernoulli(q, b, k, ptr_q=ptr_q, ptr_k=ptr_k, mode=mode,
                               generator=gen)
         tensors += [reference.edge_index, expected_adjacency(q, b, k)]

@@ -93,7 +93,7 @@ def check_invariants(graph: SampledGraph, kwargs) -> None:
     assert (t_key.diff() > 0).all()  # perm gives (head, key, query) order
     assert torch.equal(graph.colptr.diff(),
                        torch.bincount(col, minlength=H * Nk))
-    colptr, row_t = graph.csr_t()
+    colptr, row_t = graph.colptr, graph.csr.row_t()
     assert torch.equal(row_t, rows[graph.perm]) and colptr is graph.colptr
     edges = set(zip(h.tolist(), i.tolist(), j.tolist()))
     if kwargs["self_loops"]:

@@ -1,17 +1,19 @@
 // Fused sparse attention for sbm_pyg (CPU).
 //
 // The sampled graph of all heads and sequences is one block-diagonal CSR
-// matrix [R, C] (rows = (head, query), columns = (head, key)); perm lists the
-// edges in (column, row) order and colptr points into it.
+// matrix [R, C] (rows = (head, query), columns = (head, key)) in int32 CSR;
+// row_t lists the row of each edge in (column, row) order and colptr points
+// into it.
 //
 // Forward, per row r with edges e = (r, c):
 //   s_e = scale <q_r, k_c>,  alpha_e = softmax_e(s_e),  out_r = sum alpha_e v_c
-// The scores are written into alpha [E] (returned as the attention weights)
-// and normalized in place while the row is in cache; backward keeps only
+// The scores are written into alpha [E] when the weights are asked for, else
+// into per-thread scratch, and normalized in place while the row is in
+// cache; backward keeps only
 // out and each row's log-sum-exp lse_r: nothing per edge.
 //
 // Backward recomputes alpha_e = exp(s_e - lse_r), as FlashAttention does,
-// in a pass over the rows and one over the columns (through perm):
+// in a pass over the rows and one over the columns (through row_t):
 //   t_e  = <dout_r, v_c>,  delta_r = <dout_r, out_r>,  ds_e = alpha_e (t_e - delta_r)
 //   g_e  = ds_e * s_e (paper) or clip(ds_e, -1, 1) (published)   = dL/dp_e
 //   rows:    dq_r = scale sum ds_e k_c,     d(Q̂Ŝ)_r = sum g_e K̂_c
@@ -110,13 +112,11 @@ struct Acc<T, 0> {
 template <typename T>
 struct Scratch {
   std::vector<T> s, w, t;
-  std::vector<int64_t> rows;
   void reserve(int64_t n) {
     if ((int64_t)s.size() < n) {
       s.resize(n);
       w.resize(n);
       t.resize(n);
-      rows.resize(n);
     }
   }
 };
@@ -181,7 +181,7 @@ constexpr int64_t kAhead = 8;
 template <int N>
 SBM_AVX2_FMA inline void dots_avx2(const float* __restrict x,
                                    const float* __restrict base,
-                                   const int64_t* __restrict idx,
+                                   const int32_t* __restrict idx,
                                    int64_t count, float scale,
                                    float* __restrict out) {
   constexpr int V = N / 8;
@@ -191,10 +191,10 @@ SBM_AVX2_FMA inline void dots_avx2(const float* __restrict x,
   int64_t e = 0;
   for (; e + 8 <= count; e += 8) {
     for (int j = 0; j < 8 && e + 8 + j < count; ++j)
-      prefetch(base + idx[e + 8 + j] * N, N * sizeof(float));
+      prefetch(base + (int64_t)idx[e + 8 + j] * N, N * sizeof(float));
     __m256 acc[8];
     for (int j = 0; j < 8; ++j) {
-      const float* p = base + idx[e + j] * N;
+      const float* p = base + (int64_t)idx[e + j] * N;
       __m256 a = _mm256_mul_ps(xv[0], _mm256_loadu_ps(p));
       for (int c = 1; c < V; ++c)
         a = _mm256_fmadd_ps(xv[c], _mm256_loadu_ps(p + 8 * c), a);
@@ -210,7 +210,7 @@ SBM_AVX2_FMA inline void dots_avx2(const float* __restrict x,
                                      _mm256_permute2f128_ps(t0, t1, 0x31));
     _mm256_storeu_ps(out + e, _mm256_mul_ps(sum, sv));
   }
-  for (; e < count; ++e) out[e] = scale * dot<N>(x, base + idx[e] * N, N);
+  for (; e < count; ++e) out[e] = scale * dot<N>(x, base + (int64_t)idx[e] * N, N);
 }
 #endif
 
@@ -218,7 +218,7 @@ SBM_AVX2_FMA inline void dots_avx2(const float* __restrict x,
 // column's) scores. AVX: whether the caller was compiled for AVX2 + FMA.
 template <typename T, int N, bool AVX>
 SBM_INLINE void dots(const T* __restrict x, const T* __restrict base,
-                     const int64_t* __restrict idx, int64_t count, int64_t n,
+                     const int32_t* __restrict idx, int64_t count, int64_t n,
                      T scale, T* __restrict out) {
 #if defined(__GNUC__) && defined(__x86_64__)
   if constexpr (AVX && std::is_same_v<T, float> && N > 0 && N % 8 == 0 &&
@@ -229,8 +229,8 @@ SBM_INLINE void dots(const T* __restrict x, const T* __restrict base,
 #endif
   const int64_t D = len<N>(n);
   for (int64_t e = 0; e < count; ++e) {
-    if (e + kAhead < count) prefetch(base + idx[e + kAhead] * D, D * sizeof(T));
-    out[e] = scale * dot<N>(x, base + idx[e] * D, D);
+    if (e + kAhead < count) prefetch(base + (int64_t)idx[e + kAhead] * D, D * sizeof(T));
+    out[e] = scale * dot<N>(x, base + (int64_t)idx[e] * D, D);
   }
 }
 
@@ -238,7 +238,7 @@ SBM_INLINE void dots(const T* __restrict x, const T* __restrict base,
 // Work split: row ranges of about equal cost (edges + rows), taken
 // dynamically, so that a dense head and a sparse one keep both threads busy.
 
-std::vector<int64_t> chunks(const int64_t* ptr, int64_t rows) {
+std::vector<int64_t> chunks(const int32_t* ptr, int64_t rows) {
   const int64_t cost = ptr[rows] - ptr[0] + rows;
   const int threads = std::max(1, at::get_num_threads());
   // Small problems run on one thread: the fork costs more than the work.
@@ -277,23 +277,23 @@ void for_chunks(const std::vector<int64_t>& bounds, const F& body) {
 
 template <typename T>
 struct Args {
-  const int64_t *rowptr, *col, *colptr, *perm;
+  const int32_t *rowptr, *col, *colptr;  // int32 CSR
   const T *q, *k, *v;     // [R, D], [C, D], [C, Dv]
   const T *out, *lse;     // forward outputs, read by backward
   const T *dout, *qb, *km;  // qb [R, K], km [C, K]: null without SBM
   T *o, *alpha, *lse_out;   // forward outputs
   T *dq, *dk, *dv, *dprob, *dqb, *dkm, *delta;  // backward outputs, scratch
-  const int32_t* erow;      // row of each edge (backward)
+  const int32_t* row_t;     // row of each edge in column order (backward)
   int64_t D, Dv, K;
   T scale;
   int64_t ste;
 };
 
 template <typename T, int N, bool AVX>
-SBM_INLINE void forward_rows_impl(const Args<T>& a, Scratch<T>&, int64_t r0,
+SBM_INLINE void forward_rows_impl(const Args<T>& a, Scratch<T>& sc, int64_t r0,
                                   int64_t r1) {
   const int64_t D = len<N>(a.D), Dv = len<N>(a.Dv);
-  const int64_t* __restrict col = a.col;
+  const int32_t* __restrict col = a.col;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t e0 = a.rowptr[r], e1 = a.rowptr[r + 1], n = e1 - e0;
     if (n == 0) {  // no key: the output is zero
@@ -301,7 +301,9 @@ SBM_INLINE void forward_rows_impl(const Args<T>& a, Scratch<T>&, int64_t r0,
       a.lse_out[r] = -std::numeric_limits<T>::infinity();
       continue;
     }
-    T* __restrict w = a.alpha + e0;
+    // The weights go to alpha when asked for, else to the thread's scratch.
+    if (!a.alpha) sc.reserve(n);
+    T* __restrict w = a.alpha ? a.alpha + e0 : sc.s.data();
     dots<T, N, AVX>(a.q + r * D, a.k, col + e0, n, D, a.scale, w);
     T m = -std::numeric_limits<T>::infinity();
     for (int64_t e = 0; e < n; ++e) m = std::max(m, w[e]);
@@ -340,7 +342,7 @@ SBM_INLINE void backward_rows_impl(const Args<T>& a, Scratch<T>& sc,
   const int64_t D = len<N>(a.D), Dv = len<N>(a.Dv), K = a.K;
   const T scale = a.scale;
   const int64_t ste = a.ste;
-  const int64_t* __restrict col = a.col;
+  const int32_t* __restrict col = a.col;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t e0 = a.rowptr[r], n = a.rowptr[r + 1] - e0;
     T* dqb = a.dqb ? a.dqb + r * K : nullptr;
@@ -397,8 +399,7 @@ SBM_INLINE void backward_cols_impl(const Args<T>& a, Scratch<T>& sc,
     T* __restrict s = sc.s.data();
     T* __restrict w = sc.w.data();
     T* __restrict t = sc.t.data();
-    int64_t* __restrict rows = sc.rows.data();
-    for (int64_t i = 0; i < n; ++i) rows[i] = a.erow[a.perm[t0 + i]];
+    const int32_t* __restrict rows = a.row_t + t0;
     dots<T, N, AVX>(a.k + c * D, a.q, rows, n, D, scale, s);
     dots<T, N, AVX>(a.v + c * Dv, a.dout, rows, n, Dv, T(1), t);
     for (int64_t i = 0; i < n; ++i) w[i] = a.lse[rows[i]];
@@ -462,13 +463,13 @@ SBM_ENTRY(backward_cols, backward_cols_impl)
 // raw ops.
 
 void check_graph(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
-                 const Tensor& perm, const Tensor& q, const Tensor& k,
+                 const Tensor& row_t, const Tensor& q, const Tensor& k,
                  const Tensor& v) {
-  for (const Tensor* t : {&rowptr, &col, &colptr, &perm}) {
-    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kLong &&
+  for (const Tensor* t : {&rowptr, &col, &colptr, &row_t}) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kInt &&
                     t->dim() == 1 && t->is_contiguous(),
                 "sbm_pyg::sparse_attention: the CSR tensors must be "
-                "contiguous 1-D int64 CPU tensors");
+                "contiguous 1-D int32 CPU tensors");
   }
   for (const Tensor* t : {&q, &k, &v}) {
     TORCH_CHECK(t->device().is_cpu() && t->dim() == 2 && t->is_contiguous() &&
@@ -482,8 +483,8 @@ void check_graph(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
   TORCH_CHECK(rowptr.numel() == q.size(0) + 1 && colptr.numel() == k.size(0) + 1,
               "sbm_pyg::sparse_attention: rowptr must have R + 1 and colptr "
               "C + 1 entries");
-  TORCH_CHECK(col.numel() == perm.numel(),
-              "sbm_pyg::sparse_attention: col and perm differ in length");
+  TORCH_CHECK(col.numel() == row_t.numel(),
+              "sbm_pyg::sparse_attention: col and row_t differ in length");
   TORCH_CHECK(k.size(1) == q.size(1) && v.size(0) == k.size(0),
               "sbm_pyg::sparse_attention: q [R, D], k [C, D], v [C, D_v] "
               "expected");
@@ -517,13 +518,13 @@ bool check_memberships(const std::optional<Tensor>& q_block,
 // The graph, q, k, v and scale, which both passes read.
 template <typename T>
 Args<T> graph_args(const Tensor& rowptr, const Tensor& col,
-                   const Tensor& colptr, const Tensor& perm, const Tensor& q,
+                   const Tensor& colptr, const Tensor& row_t, const Tensor& q,
                    const Tensor& k, const Tensor& v, double scale) {
   Args<T> a{};
-  a.rowptr = rowptr.data_ptr<int64_t>();
-  a.col = col.data_ptr<int64_t>();
-  a.colptr = colptr.data_ptr<int64_t>();
-  a.perm = perm.data_ptr<int64_t>();
+  a.rowptr = rowptr.data_ptr<int32_t>();
+  a.col = col.data_ptr<int32_t>();
+  a.colptr = colptr.data_ptr<int32_t>();
+  a.row_t = row_t.data_ptr<int32_t>();
   a.q = q.data_ptr<T>();
   a.k = k.data_ptr<T>();
   a.v = v.data_ptr<T>();
@@ -539,24 +540,24 @@ namespace sbm_pyg {
 
 std::tuple<Tensor, Tensor, Tensor> sparse_attention(
     const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
-    const Tensor& perm, const Tensor& q, const Tensor& k, const Tensor& v,
+    const Tensor& row_t, const Tensor& q, const Tensor& k, const Tensor& v,
     const std::optional<Tensor>& edge_prob,
     const std::optional<Tensor>& q_block, const std::optional<Tensor>& k_memb,
-    double scale, int64_t ste) {
+    double scale, int64_t ste, bool weights) {
   (void)edge_prob;
   (void)ste;
-  check_graph(rowptr, col, colptr, perm, q, k, v);
+  check_graph(rowptr, col, colptr, row_t, q, k, v);
   check_memberships(q_block, k_memb, q, k);
   const int64_t R = q.size(0), E = col.numel();
   Tensor out = at::empty({R, v.size(1)}, v.options());
-  Tensor alpha = at::empty({E}, q.options());
+  Tensor alpha = at::empty({weights ? E : 0}, q.options());
   Tensor lse = at::empty({R}, q.options());
-  const auto bounds = chunks(rowptr.data_ptr<int64_t>(), R);
+  const auto bounds = chunks(rowptr.data_ptr<int32_t>(), R);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention", [&] {
     using T = scalar_t;
-    Args<T> a = graph_args<T>(rowptr, col, colptr, perm, q, k, v, scale);
+    Args<T> a = graph_args<T>(rowptr, col, colptr, row_t, q, k, v, scale);
     a.o = out.data_ptr<T>();
-    a.alpha = alpha.data_ptr<T>();
+    a.alpha = weights ? alpha.data_ptr<T>() : nullptr;
     a.lse_out = lse.data_ptr<T>();
     for_chunks(bounds, [&](int64_t r0, int64_t r1) { forward_rows(a, r0, r1); });
   });
@@ -565,14 +566,14 @@ std::tuple<Tensor, Tensor, Tensor> sparse_attention(
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
-                          const Tensor& colptr, const Tensor& perm,
+                          const Tensor& colptr, const Tensor& row_t,
                           const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& out, const Tensor& lse,
                           const Tensor& grad_out,
                           const std::optional<Tensor>& q_block,
                           const std::optional<Tensor>& k_memb, double scale,
                           int64_t ste) {
-  check_graph(rowptr, col, colptr, perm, q, k, v);
+  check_graph(rowptr, col, colptr, row_t, q, k, v);
   const bool memb = check_memberships(q_block, k_memb, q, k);
   TORCH_CHECK(ste == kSteNone || ste == kStePaper || ste == kStePublished,
               "sbm_pyg::sparse_attention_backward: unknown ste code ", ste);
@@ -595,13 +596,11 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
   Tensor dqb = memb ? at::empty_like(*q_block) : at::empty({0}, q.options());
   Tensor dkm = memb ? at::empty_like(*k_memb) : at::empty({0}, q.options());
   Tensor delta = at::empty({R}, q.options());
-  // The row of each edge, for the column pass (4 bytes per edge).
-  Tensor erow = at::empty({E}, rowptr.options().dtype(at::kInt));
-  const auto row_bounds = chunks(rowptr.data_ptr<int64_t>(), R);
-  const auto col_bounds = chunks(colptr.data_ptr<int64_t>(), C);
+  const auto row_bounds = chunks(rowptr.data_ptr<int32_t>(), R);
+  const auto col_bounds = chunks(colptr.data_ptr<int32_t>(), C);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_backward", [&] {
     using T = scalar_t;
-    Args<T> a = graph_args<T>(rowptr, col, colptr, perm, q, k, v, scale);
+    Args<T> a = graph_args<T>(rowptr, col, colptr, row_t, q, k, v, scale);
     a.out = out.data_ptr<T>();
     a.lse = lse.data_ptr<T>();
     a.dout = grad_out.data_ptr<T>();
@@ -614,15 +613,9 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
     a.dqb = memb ? dqb.data_ptr<T>() : nullptr;
     a.dkm = memb ? dkm.data_ptr<T>() : nullptr;
     a.delta = delta.data_ptr<T>();
-    a.erow = erow.data_ptr<int32_t>();
     a.K = memb ? q_block->size(1) : 0;
     a.ste = ste;
-    int32_t* er = erow.data_ptr<int32_t>();
-    for_chunks(row_bounds, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        std::fill(er + a.rowptr[r], er + a.rowptr[r + 1], (int32_t)r);
-      backward_rows(a, r0, r1);
-    });
+    for_chunks(row_bounds, [&](int64_t r0, int64_t r1) { backward_rows(a, r0, r1); });
     for_chunks(col_bounds, [&](int64_t c0, int64_t c1) { backward_cols(a, c0, c1); });
   });
   return {dq, dk, dv, dprob, dqb, dkm};

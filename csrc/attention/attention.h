@@ -1,4 +1,4 @@
-// Fused sparse attention on a sampled graph, with the straight-through
+// Fused sparse attention on a sampled graph (int32 CSR), with the straight-through
 // gradients of its edge probabilities (CPU).
 #pragma once
 
@@ -12,17 +12,18 @@ namespace sbm_pyg {
 // Straight-through estimators, the codes of the `ste` argument.
 enum SteMode : int64_t { kSteNone = 0, kStePaper = 1, kStePublished = 2 };
 
-// out [R, Dv], alpha [E], lse [R]: softmax over each CSR row's edges of
+// out [R, Dv], alpha [E] (empty unless weights), lse [R]: softmax over each CSR row's edges of
 // scale * <q_r, k_c>, the weighted sum of the values, and each row's
 // log-sum-exp (-inf for a row with no edge), which backward reads. The edge
 // probabilities and memberships are not read; they are arguments so that
 // autograd routes their straight-through gradients through this op.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
-    const at::Tensor& perm, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& row_t, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& edge_prob,
     const std::optional<at::Tensor>& q_block,
-    const std::optional<at::Tensor>& k_memb, double scale, int64_t ste);
+    const std::optional<at::Tensor>& k_memb, double scale, int64_t ste,
+    bool weights);
 
 // grad_q, grad_k, grad_v, grad_prob [E] (empty without an estimator) and the
 // membership gradients grad_q_block [R, K], grad_k_memb [C, K] (empty
@@ -30,7 +31,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
            at::Tensor>
 sparse_attention_backward(const at::Tensor& rowptr, const at::Tensor& col,
-                          const at::Tensor& colptr, const at::Tensor& perm,
+                          const at::Tensor& colptr, const at::Tensor& row_t,
                           const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& v, const at::Tensor& out,
                           const at::Tensor& lse, const at::Tensor& grad_out,

@@ -27,7 +27,7 @@
 // Two entry points, so that the caller can check the draw count (max_edges,
 // the memory guard) before anything of that size is allocated:
 //   plan   -> per-row degree (or -1 for a dense row) and inflation c
-//   sample -> rowptr, edge_index, head, perm, colptr
+//   sample -> rowptr, col, perm, colptr (int32 CSR)
 #include "sampler/fastrg.h"
 
 #include "simd.h"
@@ -581,27 +581,25 @@ std::vector<Tensor> sample_impl(const Problem<scalar_t>& P,
       out.shrink_to_fit();
     }
   }
-  Tensor rowptr = counts.cumsum(0);
-  const int64_t* rp = rowptr.data_ptr<int64_t>();
+  Tensor rowptr64 = counts.cumsum(0);
+  const int64_t* rp = rowptr64.data_ptr<int64_t>();
   const int64_t E = rp[R];
-  auto opts = degree_t.options();
-  TORCH_CHECK(E < (int64_t(1) << 40), "too many edges");
-  Tensor edge_index = at::empty({2, E}, opts);
-  Tensor head = at::empty({E}, opts);
-  int64_t* key = edge_index.data_ptr<int64_t>();
-  int64_t* query = key + E;
-  int64_t* hd = head.data_ptr<int64_t>();
+  // The graph is int32 CSR (4 bytes per edge and index): the Python side
+  // refuses sizes past its range before sampling, this guards the raw op.
+  TORCH_CHECK(E < (int64_t(1) << 31) && P.H * P.Nk < (int64_t(1) << 31) &&
+                  R < (int64_t(1) << 31),
+              "fastrg: at most 2^31 - 1 edges, rows and columns");
+  auto opts = degree_t.options().dtype(at::kInt);
+  Tensor rowptr = rowptr64.to(at::kInt);
+  Tensor col_t = at::empty({E}, opts);
+  int32_t* col = col_t.data_ptr<int32_t>();  // head * Nk + key
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t c = 0; c < num_chunks; ++c) {
     const int64_t r0 = c * chunk, r1 = std::min(R, r0 + chunk);
     const int32_t* src = parts[c].data();
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t h = r / P.Nq, i = r % P.Nq;
-      for (int64_t e = rp[r]; e < rp[r + 1]; ++e) {
-        key[e] = *src++;
-        query[e] = i;
-        hd[e] = h;
-      }
+      const int32_t offset = (int32_t)(r / P.Nq * P.Nk);
+      for (int64_t e = rp[r]; e < rp[r + 1]; ++e) col[e] = offset + *src++;
     }
     std::vector<int32_t>().swap(parts[c]);  // free as we go
   }
@@ -611,12 +609,13 @@ std::vector<Tensor> sample_impl(const Problem<scalar_t>& P,
   // head) block: its edges are contiguous in both orders, at the same
   // offsets, so blocks are independent. Two radix passes (coarse key
   // buckets, then keys within a bucket) keep the scatter's write streams
-  // few enough for the caches and the TLB.
+  // few enough for the caches and the TLB; the first pass writes to a
+  // per-thread buffer of the block's size.
   Tensor perm = at::empty({E}, opts);
   Tensor colptr = at::empty({P.H * P.Nk + 1}, opts);
-  int64_t* pm = perm.data_ptr<int64_t>();
-  int64_t* cp = colptr.data_ptr<int64_t>();
-  cp[P.H * P.Nk] = E;
+  int32_t* pm = perm.data_ptr<int32_t>();
+  int32_t* cp = colptr.data_ptr<int32_t>();
+  cp[P.H * P.Nk] = (int32_t)E;
   const int64_t blocks = P.G * P.H;
 #pragma omp parallel num_threads(nt)
   {
@@ -626,17 +625,18 @@ std::vector<Tensor> sample_impl(const Problem<scalar_t>& P,
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t h = b / P.G, g = b % P.G;
       const int64_t ks = P.ptr_k[g], nk = P.ptr_k[g + 1] - ks;
+      const int64_t first = h * P.Nk + ks;  // the block's first column
       const int64_t e0 = rp[h * P.Nq + P.ptr_q[g]];
       const int64_t e1 = rp[h * P.Nq + P.ptr_q[g + 1]];
       pos.assign(nk + 1, 0);
-      for (int64_t e = e0; e < e1; ++e) ++pos[key[e] - ks + 1];
+      for (int64_t e = e0; e < e1; ++e) ++pos[col[e] - first + 1];
       pos[0] = e0;
       for (int64_t j = 0; j < nk; ++j) pos[j + 1] += pos[j];
-      for (int64_t j = 0; j < nk; ++j) cp[h * P.Nk + ks + j] = pos[j];
+      for (int64_t j = 0; j < nk; ++j) cp[first + j] = (int32_t)pos[j];
       int shift = 0;  // coarse bucket = local key >> shift, at most 256
       while ((nk - 1) >> shift >= 256) ++shift;
       if (shift == 0) {
-        for (int64_t e = e0; e < e1; ++e) pm[pos[key[e] - ks]++] = e;
+        for (int64_t e = e0; e < e1; ++e) pm[pos[col[e] - first]++] = (int32_t)e;
         continue;
       }
       // Pass 1 stores (edge << shift) | (key within its bucket), so that
@@ -644,19 +644,21 @@ std::vector<Tensor> sample_impl(const Problem<scalar_t>& P,
       const int64_t nb = ((nk - 1) >> shift) + 1, mask = (1LL << shift) - 1;
       coarse.resize(nb + 1);
       for (int64_t c = 0; c <= nb; ++c)
-        coarse[c] = pos[std::min(c << shift, nk)];
+        coarse[c] = pos[std::min(c << shift, nk)] - e0;
+      tmp.resize(e1 - e0);
       for (int64_t e = e0; e < e1; ++e) {
-        const int64_t j = key[e] - ks;
-        pm[coarse[j >> shift]++] = (e << shift) | (j & mask);
+        const int64_t j = col[e] - first;
+        tmp[coarse[j >> shift]++] = (e << shift) | (j & mask);
       }
       for (int64_t c = 0; c < nb; ++c) {
         const int64_t j0 = c << shift, j1 = std::min((c + 1) << shift, nk);
-        tmp.assign(pm + pos[j0], pm + pos[j1]);
-        for (int64_t x : tmp) pm[pos[j0 + (x & mask)]++] = x >> shift;
+        const int64_t b0 = pos[j0] - e0, b1 = pos[j1] - e0;
+        for (int64_t x = b0; x < b1; ++x)
+          pm[pos[j0 + (tmp[x] & mask)]++] = (int32_t)(tmp[x] >> shift);
       }
     }
   }
-  return {rowptr, edge_index, head, perm, colptr};
+  return {rowptr, col_t, perm, colptr};
 }
 
 void check_inputs(const Tensor& W, const Tensor& Z, const Tensor& mass,

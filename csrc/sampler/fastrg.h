@@ -15,7 +15,8 @@ std::vector<at::Tensor> fastrg_plan(at::Tensor Y, at::Tensor W, at::Tensor Z,
                                     double delta, bool exact, int64_t seed,
                                     double threshold);
 
-// Pass 2: rowptr, edge_index, head, perm and colptr of the sampled graph.
+// Pass 2: rowptr, col (head * Nk + key), perm and colptr of the sampled
+// graph, int32.
 std::vector<at::Tensor> fastrg_sample(at::Tensor W, at::Tensor Z,
                                       at::Tensor mass, at::Tensor ptr_q,
                                       at::Tensor ptr_k, double delta,

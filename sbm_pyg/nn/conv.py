@@ -398,9 +398,8 @@ class SBMConv(MessagePassing):
                 backend=attention, sbm=sbm), graph, None
         edge_prob = (straight_through_probability(q_memb, block, k_memb, graph)
                      if need_ste else None)
-        _, col = graph.csr()
         out = self.propagate(
-            torch.stack([col, graph.row().long()]),
+            torch.stack([graph.csr.col, graph.csr.row()]).long(),
             query=heads_first(query), key=heads_first(key),
             value=heads_first(value), edge_prob=edge_prob,
             size=(H * Nk, H * Nq))

@@ -19,7 +19,13 @@ from torch import Tensor
 from sbm_pyg.ops.backend_info import resolve_backend
 from sbm_pyg.ops.compiled_attention import fused_attention
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
-from sbm_pyg.ops.torch_attention import SDDMM, SDDMMGradOnly, SparseAttention
+from sbm_pyg.ops.graph import CSRGraph
+from sbm_pyg.ops.torch_attention import (
+    SDDMM,
+    SDDMMGradOnly,
+    SparseAttention,
+    attention_weights,
+)
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import check_generator, require_tensor
 
@@ -61,7 +67,8 @@ def edge_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
         tensor([0.2500])
     """
     _check_memberships(graph, q_memb, block, k_memb)
-    return SDDMM.apply(graph, _query_block(q_memb, block), heads_first(k_memb))
+    return SDDMM.apply(graph.csr, _query_block(q_memb, block),
+                       heads_first(k_memb))
 
 
 def _query_block(q_memb: Tensor, block: Tensor) -> Tensor:
@@ -84,7 +91,7 @@ def straight_through_probability(q_memb: Tensor, block: Tensor,
     :obj:`[E]` (the attention's forward never reads :math:`p_e`, so the
     :math:`O(E k)` product is skipped) with :func:`edge_probability`'s
     backward."""
-    return SDDMMGradOnly.apply(graph, _query_block(q_memb, block),
+    return SDDMMGradOnly.apply(graph.csr, _query_block(q_memb, block),
                                heads_first(k_memb))
 
 
@@ -286,21 +293,24 @@ def sparse_attention(
     scale = 1.0 / math.sqrt(D)
     q, k, v = heads_first(query), heads_first(key), heads_first(value)
     if backend == "cpp":
-        flat, weights = _cpp_attention(graph, q, k, v, edge_prob, sbm,
-                                            scale, ste)
+        flat, weights = _cpp_attention(graph.csr, q, k, v, edge_prob, sbm,
+                                       scale, ste, return_attention_weights)
         out = nodes_first(flat.to(value.dtype), H)
-        return (out, weights) if return_attention_weights else out
+        if return_attention_weights:
+            assert weights is not None  # asked for from the kernel
+            return out, weights
+        return out
     if sbm is not None:
         edge_prob = straight_through_probability(*sbm, graph)
     if backend == "triton":
         from sbm_pyg.ops import triton_attention
         out, lse = triton_attention.TritonAttention.apply(
-            graph, q, k, v, edge_prob, scale, ste)
-        alpha = (triton_attention.attention_weights(graph, q, k, lse, scale)
+            graph.csr, q, k, v, edge_prob, scale, ste)
+        alpha = (attention_weights(graph.csr, q, k, lse, scale)
                  if return_attention_weights else None)
     else:
-        out, alpha = SparseAttention.apply(graph, q, k, v, edge_prob, scale,
-                                            dropout, generator, ste)
+        out, alpha = SparseAttention.apply(graph.csr, q, k, v, edge_prob,
+                                           scale, dropout, generator, ste)
     out = nodes_first(out, H)
     if return_attention_weights:
         assert alpha is not None
@@ -324,14 +334,14 @@ def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -
                          f"{tuple(k_memb.shape)}")
 
 
-def _cpp_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
-                        edge_prob: Optional[Tensor],
-                        sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
-                        scale: float, ste: str) -> Tuple[Tensor, Tensor]:
+def _cpp_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
+                   edge_prob: Optional[Tensor],
+                   sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
+                   scale: float, ste: str, weights: bool
+                   ) -> Tuple[Tensor, Optional[Tensor]]:
     # The kernel computes in float32 or float64; half precision inputs are
     # cast (autograd casts their gradients back).
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    rowptr, col = graph.csr()
     q_block = k_memb = None
     with full_precision(q.device):
         if sbm is not None:
@@ -341,7 +351,6 @@ def _cpp_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
         if edge_prob is not None:
             edge_prob = edge_prob.to(dtype)
         return fused_attention(
-            rowptr, col, graph.colptr, graph.perm,
-            q.to(dtype).contiguous(), k.to(dtype).contiguous(),
+            graph, q.to(dtype).contiguous(), k.to(dtype).contiguous(),
             v.to(dtype).contiguous(), edge_prob, q_block, k_memb,
-            scale=scale, ste=ste)
+            scale=scale, ste=ste, weights=weights)

@@ -1,5 +1,7 @@
 r"""The kernels under the layers, with their backends in one place.
 
+* :mod:`sbm_pyg.ops.graph`: :class:`CSRGraph`, the int32 CSR form of an
+  attention graph that every attention kernel takes.
 * :mod:`sbm_pyg.ops.csr`: CSR kernels over the block-diagonal attention
   matrix of a sampled graph (PyTorch, any device).
 * :mod:`sbm_pyg.ops.torch_attention`: the attention on those kernels as
@@ -19,6 +21,7 @@ from sbm_pyg.ops.backend_info import (
     triton_runs,
 )
 from sbm_pyg.ops.compiled_attention import fused_attention
+from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.ops.csr import (
     full_precision,
     row_index,
@@ -29,6 +32,7 @@ from sbm_pyg.ops.csr import (
 )
 
 __all__ = [
+    "CSRGraph",
     "BACKENDS",
     "resolve_backend",
     "triton_runs",

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from sbm_pyg.ops.backend_info import WITH_EXTENSION
+from sbm_pyg.ops.graph import CSRGraph
 
 __all__ = ["fused_attention", "STE_CODES"]
 
@@ -34,12 +35,12 @@ __all__ = ["fused_attention", "STE_CODES"]
 STE_CODES = {None: 0, "paper": 1, "published": 2}
 
 
-def fused_attention(rowptr: Tensor, col: Tensor, colptr: Tensor, perm: Tensor,
-                    q: Tensor, k: Tensor, v: Tensor,
+def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                     edge_prob: Optional[Tensor] = None,
                     q_block: Optional[Tensor] = None,
                     k_memb: Optional[Tensor] = None, *, scale: float,
-                    ste: Optional[str] = "paper") -> Tuple[Tensor, Tensor]:
+                    ste: Optional[str] = "paper", weights: bool = False
+                    ) -> Tuple[Tensor, Optional[Tensor]]:
     r"""Softmax attention over the nonzeros of a CSR matrix, differentiable,
     with the straight-through gradient of the edge probabilities.
 
@@ -50,10 +51,8 @@ def fused_attention(rowptr: Tensor, col: Tensor, colptr: Tensor, perm: Tensor,
     :math:`p`. Neither is read in the forward.
 
     Args:
-        rowptr (LongTensor): :obj:`[R + 1]`.
-        col (LongTensor): :obj:`[E]`.
-        colptr (LongTensor): :obj:`[C + 1]`, the transposed CSR's pointer.
-        perm (LongTensor): :obj:`[E]`, the edges in column order.
+        graph (CSRGraph): the edges; the op reads :obj:`rowptr`, :obj:`col`,
+            :obj:`colptr` and :meth:`~sbm_pyg.ops.graph.CSRGraph.row_t`.
         q (Tensor): :obj:`[R, D]`, float32 or float64, contiguous.
         k (Tensor): :obj:`[C, D]`.
         v (Tensor): :obj:`[C, D_v]`.
@@ -62,24 +61,26 @@ def fused_attention(rowptr: Tensor, col: Tensor, colptr: Tensor, perm: Tensor,
         k_memb (Tensor, optional): :obj:`[C, K]`.
         scale (float): the scores' factor, :math:`1/\sqrt{D}`.
         ste (str, optional): :obj:`"paper"` or :obj:`"published"`.
+        weights (bool): also return the attention weights (else
+            :obj:`None`: nothing per edge is allocated in the forward).
 
     Returns:
-        :obj:`(out [R, D_v], alpha [E])`; :obj:`alpha` is not
+        :obj:`(out [R, D_v], alpha [E] or None)`; :obj:`alpha` is not
         differentiable.
     """
     out, alpha, _ = torch.ops.sbm_pyg.sparse_attention(
-        rowptr, col, colptr, perm, q, k, v, edge_prob, q_block, k_memb,
-        float(scale), STE_CODES[ste])
-    return out, alpha.detach()
+        graph.rowptr, graph.col, graph.colptr, graph.row_t(), q, k, v,
+        edge_prob, q_block, k_memb, float(scale), STE_CODES[ste], weights)
+    return out, alpha.detach() if weights else None
 
 
-def _fake_forward(rowptr, col, colptr, perm, q, k, v, edge_prob, q_block,
-                  k_memb, scale, ste):
-    return (q.new_empty(q.size(0), v.size(1)), q.new_empty(col.size(0)),
-            q.new_empty(q.size(0)))
+def _fake_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
+                  k_memb, scale, ste, weights):
+    return (q.new_empty(q.size(0), v.size(1)),
+            q.new_empty(col.size(0) if weights else 0), q.new_empty(q.size(0)))
 
 
-def _fake_backward(rowptr, col, colptr, perm, q, k, v, out, lse, grad_out,
+def _fake_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
                    q_block, k_memb, scale, ste):
     memb = q_block is not None
     empty = q.new_empty(0)
@@ -90,29 +91,33 @@ def _fake_backward(rowptr, col, colptr, perm, q, k, v, out, lse, grad_out,
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    (rowptr, col, colptr, perm, q, k, v, edge_prob, q_block, k_memb, scale,
-     ste) = inputs
+    (rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block, k_memb, scale,
+     ste, weights) = inputs
     out, _, lse = output
-    ctx.save_for_backward(rowptr, col, colptr, perm, q, k, v, out, lse,
+    ctx.save_for_backward(rowptr, col, colptr, row_t, q, k, v, out, lse,
                           q_block, k_memb)
     ctx.scale, ctx.ste = scale, ste
+    # No zeros [E] for the gradient of alpha, which is never used.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out: Tensor, _grad_alpha: Tensor, _grad_lse: Tensor):
-    (rowptr, col, colptr, perm, q, k, v, out, lse, q_block,
+    (rowptr, col, colptr, row_t, q, k, v, out, lse, q_block,
      k_memb) = ctx.saved_tensors
     need = ctx.needs_input_grad
+    if grad_out is None:  # the output took no part in the loss
+        return (None,) * 13
     want_prob, want_memb = need[7], need[8] or need[9]
     ste = ctx.ste if want_prob or want_memb else 0
     grads = torch.ops.sbm_pyg.sparse_attention_backward(
-        rowptr, col, colptr, perm, q, k, v, out, lse, grad_out.contiguous(),
+        rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out.contiguous(),
         q_block if want_memb else None, k_memb if want_memb else None,
         ctx.scale, ste)
     dq, dk, dv, dprob, dqb, dkm = grads
     return (None, None, None, None, dq if need[4] else None,
             dk if need[5] else None, dv if need[6] else None,
             dprob if want_prob else None, dqb if need[8] else None,
-            dkm if need[9] else None, None, None)
+            dkm if need[9] else None, None, None, None)
 
 
 if WITH_EXTENSION:

@@ -61,8 +61,9 @@ def sddmm(rowptr: Tensor, col: Tensor, a: Tensor, b: Tensor,
     :math:`v_e = s \, \langle a_{r(e)}, b_{c(e)}\rangle`.
 
     Args:
-        rowptr (LongTensor): CSR row pointer :obj:`[R + 1]`.
-        col (LongTensor): column of each nonzero :obj:`[E]`.
+        rowptr (IntTensor or LongTensor): CSR row pointer :obj:`[R + 1]`.
+        col (IntTensor or LongTensor): column of each nonzero :obj:`[E]`, in
+            :obj:`rowptr`'s dtype.
         a (Tensor): :obj:`[R, D]`.
         b (Tensor): :obj:`[C, D]`.
         scale (float): :math:`s`.
@@ -124,7 +125,7 @@ def _segment_max(values: Tensor, rowptr: Tensor) -> Tensor:
     # are faster (2.5-3.9x), so only the max uses it. Empty rows differ
     # (0 vs -inf) and are never read.
     if WITH_TORCH_SCATTER and values.device.type == "cpu":
-        return torch_scatter.segment_csr(values, rowptr, reduce="max")
+        return torch_scatter.segment_csr(values, rowptr.long(), reduce="max")
     return torch.segment_reduce(values, "max", offsets=rowptr, unsafe=True)
 
 

@@ -2,30 +2,37 @@ r"""Sparse attention on PyTorch's CSR kernels (:mod:`sbm_pyg.ops.csr`) as
 autograd functions: the reference path of
 :func:`~sbm_pyg.nn.functional.sparse_attention`, on any device.
 
-The graph argument is a :class:`~sbm_pyg.sampling.SampledGraph` (its CSR
-views :meth:`csr`, :meth:`csr_t`, :meth:`row` and :obj:`perm`).
+The graph argument is a :class:`~sbm_pyg.ops.graph.CSRGraph` (a
+:class:`~sbm_pyg.sampling.CSRGraph`'s :attr:`csr`).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from sbm_pyg.ops.csr import sddmm, segment_softmax, segment_sum, spmm
+from sbm_pyg.ops.graph import CSRGraph
 
 __all__ = ["SDDMM", "SDDMMGradOnly", "SparseAttention", "ste_gradient",
-           "spmm_t", "clip_grad"]
-
-SampledGraph = Any  # sbm_pyg.sampling.SampledGraph (ops sits below sampling)
+           "spmm_t", "clip_grad", "attention_weights"]
 
 
-def spmm_t(graph: SampledGraph, values: Tensor, dense: Tensor) -> Tensor:
+def spmm_t(graph: CSRGraph, values: Tensor, dense: Tensor) -> Tensor:
     r"""The transposed product :math:`\mathbf{A}^{\top} \mathbf{X}` of the
     graph's CSR matrix with values in edge order."""
-    colptr, row_t = graph.csr_t()
-    return spmm(colptr, row_t, values[graph.perm], dense)
+    return spmm(graph.colptr, graph.row_t(), values[graph.perm], dense)
+
+
+def attention_weights(graph: CSRGraph, q: Tensor, k: Tensor, lse: Tensor,
+                      scale: float) -> Tensor:
+    r""":math:`\alpha_e = \exp(s_e - \mathrm{lse}_{r(e)})`, :obj:`[E]`,
+    from each row's log-sum-exp :obj:`[R]`: the fused kernels keep no
+    per-edge weights, so they are recomputed where asked for."""
+    score = sddmm(graph.rowptr, graph.col, q.detach(), k.detach(), scale)
+    return score.sub_(lse.to(score.dtype).index_select(0, graph.row())).exp_()
 
 
 class SDDMM(torch.autograd.Function):
@@ -33,10 +40,10 @@ class SDDMM(torch.autograd.Function):
     sparse-dense products."""
 
     @staticmethod
-    def forward(ctx, graph: SampledGraph, a: Tensor, b: Tensor) -> Tensor:
+    def forward(ctx, graph: CSRGraph, a: Tensor, b: Tensor) -> Tensor:
         ctx.graph = graph
         ctx.save_for_backward(a, b)
-        rowptr, col = graph.csr()
+        rowptr, col = graph.rowptr, graph.col
         return sddmm(rowptr, col, a, b).to(a.dtype)
 
     @staticmethod
@@ -46,7 +53,7 @@ class SDDMM(torch.autograd.Function):
         graph = ctx.graph
         grad_a = grad_b = None
         if ctx.needs_input_grad[1]:
-            rowptr, col = graph.csr()
+            rowptr, col = graph.rowptr, graph.col
             grad_a = spmm(rowptr, col, grad, b).to(a.dtype)
         if ctx.needs_input_grad[2]:
             grad_b = spmm_t(graph, grad, a).to(b.dtype)
@@ -59,7 +66,7 @@ class SDDMMGradOnly(SDDMM):
     the :math:`O(E k)` forward product is skipped."""
 
     @staticmethod
-    def forward(ctx, graph: SampledGraph, a: Tensor, b: Tensor) -> Tensor:
+    def forward(ctx, graph: CSRGraph, a: Tensor, b: Tensor) -> Tensor:
         ctx.graph = graph
         ctx.save_for_backward(a, b)
         return a.new_zeros(graph.num_edges)
@@ -86,11 +93,11 @@ class SparseAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
+    def forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                 edge_prob: Optional[Tensor], scale: float, dropout: float,
                 generator: Optional[torch.Generator], ste: str
                 ) -> Tuple[Tensor, Tensor]:
-        rowptr, col = graph.csr()
+        rowptr, col = graph.rowptr, graph.col
         score = sddmm(rowptr, col, q, k, scale)  # [E]
         alpha = segment_softmax(score, rowptr, graph.row())  # [E]
         keep = None
@@ -107,14 +114,18 @@ class SparseAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, alpha, keep,
                               score if keep_score else None)
         ctx.mark_non_differentiable(alpha)
+        # No zeros [E] for alpha's (never used) gradient.
+        ctx.set_materialize_grads(False)
         return out.to(v.dtype), alpha
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: Tensor, _grad_alpha: Tensor):
+    def backward(ctx, grad_out: Optional[Tensor], _grad_alpha: Tensor):
+        if grad_out is None:  # the output took no part in the loss
+            return (None,) * 9
         q, k, v, alpha, keep, score = ctx.saved_tensors
         graph, scale = ctx.graph, ctx.scale
-        rowptr, col = graph.csr()
+        rowptr, col = graph.rowptr, graph.col
         weight = alpha if keep is None else alpha * keep
         grad_v = spmm_t(graph, weight, grad_out)
         grad_alpha = sddmm(rowptr, col, grad_out, v)  # [E]

@@ -35,10 +35,9 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
 from sbm_pyg.ops.compiled_attention import STE_CODES
-from sbm_pyg.ops.csr import sddmm
+from sbm_pyg.ops.graph import CSRGraph
 
-__all__ = ["attention_forward", "attention_backward",
-           "TritonAttention", "attention_weights"]
+__all__ = ["attention_forward", "attention_backward", "TritonAttention"]
 
 BLOCK_E = 32
 
@@ -49,7 +48,8 @@ if triton is not None:
     def _rows(Ptr, index, live, cols, WIDTH: tl.constexpr, ACC: tl.constexpr):
         # The rows index[live] of a contiguous [*, WIDTH] matrix, zeros
         # elsewhere, as [BLOCK, BLOCK_WIDTH] in the accumulation dtype.
-        return tl.load(Ptr + index[:, None] * WIDTH + cols[None, :],
+        # int64: an int32 row index times the width may pass 2^31.
+        return tl.load(Ptr + index.to(tl.int64)[:, None] * WIDTH + cols[None, :],
                        mask=live[:, None] & (cols[None, :] < WIDTH),
                        other=0.0).to(ACC)
 
@@ -181,8 +181,8 @@ def attention_forward(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor,
     r"""Softmax attention over the nonzeros of each CSR row.
 
     Args:
-        rowptr (LongTensor): :obj:`[R + 1]`.
-        col (LongTensor): :obj:`[E]`.
+        rowptr (IntTensor): :obj:`[R + 1]`.
+        col (IntTensor): :obj:`[E]`.
         q (Tensor): :obj:`[R, D]`, contiguous.
         k (Tensor): :obj:`[C, D]`, contiguous.
         v (Tensor): :obj:`[C, D_v]`, contiguous.
@@ -209,7 +209,7 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
     r"""Gradients of :func:`attention_forward`.
 
     Args:
-        colptr, row_t (LongTensor): the transposed CSR, :obj:`[C + 1]` and
+        colptr, row_t (IntTensor): the transposed CSR, :obj:`[C + 1]` and
             :obj:`[E]` (rows in column order).
         out, lse: what :func:`attention_forward` returned.
         grad_out (Tensor): :obj:`[R, D_v]`.
@@ -247,12 +247,11 @@ class TritonAttention(torch.autograd.Function):
     log-sum-exp, nothing per edge."""
 
     @staticmethod
-    def forward(ctx, graph, q: Tensor, k: Tensor, v: Tensor,
+    def forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                 edge_prob: Optional[Tensor], scale: float, ste: str
                 ) -> Tuple[Tensor, Tensor]:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        rowptr, col = graph.csr()
-        out, lse = attention_forward(rowptr, col, q, k, v, scale)
+        out, lse = attention_forward(graph.rowptr, graph.col, q, k, v, scale)
         ctx.graph, ctx.scale = graph, scale
         ctx.ste = ste if edge_prob is not None else None
         ctx.prob_dtype = edge_prob.dtype if edge_prob is not None else None
@@ -265,19 +264,10 @@ class TritonAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         graph = ctx.graph
-        (rowptr, col), (colptr, row_t) = graph.csr(), graph.csr_t()
         grad_q, grad_k, grad_v, grad_prob = attention_backward(
-            rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
+            graph.rowptr, graph.col, graph.colptr, graph.row_t(), q, k, v,
+            out, lse, grad_out,
             ctx.scale, ctx.ste)
         if grad_prob is not None:
             grad_prob = grad_prob.to(ctx.prob_dtype)
         return None, grad_q, grad_k, grad_v, grad_prob, None, None
-
-
-def attention_weights(graph, q: Tensor, k: Tensor,
-                       lse: Tensor, scale: float) -> Tensor:
-    r""":math:`\alpha_e = \exp(s_e - \mathrm{lse}_{r(e)})` from the saved
-    log-sum-exp: the forward keeps no per-edge weights."""
-    rowptr, col = graph.csr()
-    score = sddmm(rowptr, col, q.detach(), k.detach(), scale)
-    return score.sub_(lse.to(score.dtype).index_select(0, graph.row())).exp_()

@@ -15,6 +15,7 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.typing import SparseTensor
 
+from sbm_pyg.ops.graph import INDEX_DTYPE, CSRGraph, check_index_range
 from sbm_pyg.validation import require_tensor
 
 __all__ = ["SampledEdges", "edge_pairs", "sorted_unique", "keys_to_csr",
@@ -22,14 +23,12 @@ __all__ = ["SampledEdges", "edge_pairs", "sorted_unique", "keys_to_csr",
 
 
 class SampledEdges(NamedTuple):
-    r"""The edge fields of a :class:`~sbm_pyg.sampling.SampledGraph` (see
-    its attributes), as a sampler backend returns them."""
+    r"""The edges as a sampler backend returns them: the graph's CSR
+    (:class:`~sbm_pyg.ops.graph.CSRGraph`, rows :math:`h N_q + i`, columns
+    :math:`h N_k + j`) and the draw statistics of
+    :class:`~sbm_pyg.sampling.SampledGraph`."""
 
-    edge_index: Tensor  # [2, E] (key, query), sorted by (head, query, key)
-    head: Tensor  # [E]
-    rowptr: Tensor  # [H * N_q + 1]
-    perm: Tensor  # [E], to (head, key, query) order
-    colptr: Tensor  # [H * N_k + 1]
+    csr: CSRGraph
     num_draws: int
     expected_draws: float
 
@@ -61,12 +60,18 @@ def edges_from_keys(key: Tensor, H: int, Nq: int, Nk: int, num_draws: int,
                     expected_draws: float) -> SampledEdges:
     r"""The CSR form of edges given by their keys, which must be sorted and
     distinct (the samplers' keys are, by construction)."""
-    i, j, head, rowptr = keys_to_csr(key, H, Nq, Nk)
-    col = head * Nk + j
-    perm = torch.argsort(col * max(Nq, 1) + i)
-    colptr = torch.searchsorted(col[perm],
-                                torch.arange(H * Nk + 1, device=key.device))
-    return SampledEdges(torch.stack([j, i]), head, rowptr, perm, colptr,
+    check_index_range(key.numel(), H * Nq, H * Nk)
+    row = key // max(Nk, 1)  # h * N_q + i, sorted
+    col = (key - row * Nk + row // max(Nq, 1) * Nk).to(INDEX_DTYPE)
+    rows = torch.arange(H * Nq + 1, device=key.device)
+    rowptr = torch.searchsorted(row, rows, out_int32=True)
+    del row, rows
+    # Edges are in row order: a stable sort by column keeps the rows of each
+    # column in order, which is (column, row) order.
+    col_sorted, perm = torch.sort(col, stable=True)
+    colptr = torch.searchsorted(col_sorted, torch.arange(
+        H * Nk + 1, device=key.device, dtype=INDEX_DTYPE), out_int32=True)
+    return SampledEdges(CSRGraph(rowptr, col, colptr, perm.to(INDEX_DTYPE)),
                         num_draws, expected_draws)
 
 

@@ -133,5 +133,5 @@ def fastrg(
     with full_precision(q_memb.device):
         edges = sample(q_memb, block, k_memb, ptr_q, ptr_k, checks, mode,
                        exploration, self_loops, included, max_edges, generator)
-    return SampledGraph(num_queries=Nq, num_keys=Nk, num_heads=H, ptr_q=ptr_q,
-                        ptr_k=ptr_k, **edges._asdict())
+    return SampledGraph(edges.csr, Nq, Nk, H, ptr_q, ptr_k, edges.num_draws,
+                        edges.expected_draws)

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from sbm_pyg.ops.backend_info import extension
+from sbm_pyg.ops.graph import CSRGraph, check_index_range
 from sbm_pyg.sampling.checks import check_draws
 from sbm_pyg.sampling.edges import SampledEdges, keys_to_csr, sorted_unique
 from sbm_pyg.validation import Check, invalid_values, sync
@@ -37,10 +38,11 @@ __all__ = ["sample", "stream_seed"]
 # A row is sampled densely (one Bernoulli per key) when its expected number
 # of draws, inflation included, is at least this fraction of its keys.
 DENSE_ROW_THRESHOLD = 0.5
-# Peak bytes per distinct edge, output included: edge_index, head and perm
-# (int64, 32 B), the per-chunk int32 keys while they are copied (4 B) and
-# their growth slack.
-BYTES_PER_EDGE = 40
+# Peak bytes per distinct edge, output included: col and perm (int32, 8 B),
+# the per-chunk int32 keys while they are copied (4 B) and their growth
+# slack, and the int64 radix buffer of the (sequence, head) blocks being
+# sorted.
+BYTES_PER_EDGE = 16
 # Alias table entry: a float32 probability and an int32 alias.
 BYTES_PER_ALIAS_ENTRY = 8
 
@@ -91,12 +93,13 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     check_draws(num_draws, expected_draws,
                 num_edges * BYTES_PER_EDGE + H * k * Nk * BYTES_PER_ALIAS_ENTRY,
                 max_edges, q_memb.device, ptr_q.numel() - 1, H, Nq, Nk)
+    check_index_range(int(num_edges), H * Nq, H * Nk)
     inc_ptr = inc_col = ptr_q.new_empty(0)
     if included is not None:
         i, j = included
         inc_ptr, inc_col = _included_csr(i, j, Nq, Nk)
-    rowptr, edge_index, head, perm, colptr = extension.fastrg_sample(
+    rowptr, col, perm, colptr = extension.fastrg_sample(
         W, Z, mass, ptr_q, ptr_k, float(exploration), exact, seed, degree,
         inflation, self_loops, inc_ptr, inc_col)
-    return SampledEdges(edge_index, head, rowptr, perm, colptr,
-                        int(num_draws), expected_draws)
+    return SampledEdges(CSRGraph(rowptr, col, colptr, perm), int(num_draws),
+                        expected_draws)

@@ -1,8 +1,8 @@
 r"""The sampled multi-head attention graph and its constructors."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
 
 import torch
 import torch_geometric.typing
@@ -10,7 +10,7 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.typing import SparseTensor
 
-from sbm_pyg.ops.csr import row_index
+from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.sampling.checks import PtrLike, check_pointers, included_pairs
 from sbm_pyg.sampling.edges import edge_pairs, edges_from_keys, sorted_unique
 from sbm_pyg.validation import require_tensor, sync
@@ -26,23 +26,20 @@ class SampledGraph:
     :obj:`source_to_target` flow, and are sorted by :obj:`(head, query, key)`
     with no duplicate triple: the attention mask is binary.
 
+    The edges are stored once, as the int32 CSR of the block-diagonal
+    :obj:`[H * N_q, H * N_k]` matrix (:attr:`csr`, 8 bytes per edge, the
+    form every attention kernel takes); :obj:`edge_index` and :obj:`head`
+    are derived from it on each access.
+
     Attributes:
-        edge_index (LongTensor): :obj:`[2, E]`, row 0 the key index in
-            :obj:`[0, num_keys)`, row 1 the query index in
-            :obj:`[0, num_queries)`.
-        head (LongTensor): :obj:`[E]`, the head of each edge.
+        csr (CSRGraph): the edges as int32 CSR over :obj:`(head, query)`
+            rows :math:`h N_q + i` and :obj:`(head, key)` columns
+            :math:`h N_k + j`, both orders (:class:`~sbm_pyg.ops.graph.CSRGraph`).
         num_queries (int): :math:`N_q`.
         num_keys (int): :math:`N_k`.
         num_heads (int): :math:`H`.
         ptr_q (LongTensor): :obj:`[G + 1]`, query rows of each sequence.
         ptr_k (LongTensor): :obj:`[G + 1]`, key rows of each sequence.
-        rowptr (LongTensor): :obj:`[H * N_q + 1]`, CSR pointer over
-            :obj:`(head, query)` rows: the edges of query :obj:`i` in head
-            :obj:`h` are :obj:`rowptr[h * N_q + i]:rowptr[h * N_q + i + 1]`.
-        perm (LongTensor): :obj:`[E]`, permutation to :obj:`(head, key,
-            query)` order, used by backward passes.
-        colptr (LongTensor): :obj:`[H * N_k + 1]`, CSR pointer over
-            :obj:`(head, key)` in :obj:`perm` order.
         num_draws (int): multi-edges drawn by fastRG before merging (for
             :func:`bernoulli`, the edge count).
         expected_draws (float): the Poisson mean of :obj:`num_draws`.
@@ -57,25 +54,19 @@ class SampledGraph:
                 [1., 1.]])
     """
 
-    edge_index: Tensor
-    head: Tensor
+    csr: CSRGraph
     num_queries: int
     num_keys: int
     num_heads: int
     ptr_q: Tensor
     ptr_k: Tensor
-    rowptr: Tensor
-    perm: Tensor
-    colptr: Tensor
     num_draws: int = 0
     expected_draws: float = 0.0
-    _cache: Dict[str, Tensor] = field(default_factory=dict, repr=False,
-                                      compare=False)
 
     @property
     def num_edges(self) -> int:
         """The number of distinct sampled edges :math:`E` (all heads)."""
-        return self.edge_index.size(1)
+        return self.csr.num_edges
 
     @property
     def num_graphs(self) -> int:
@@ -85,31 +76,40 @@ class SampledGraph:
     @property
     def device(self) -> torch.device:
         """The device of the edge tensors."""
-        return self.edge_index.device
+        return self.csr.col.device
 
-    def csr(self) -> Tuple[Tensor, Tensor]:
-        r"""CSR :obj:`(rowptr, col)` of the block-diagonal
-        :obj:`[H * N_q, H * N_k]` matrix, :obj:`col = head * N_k + key`."""
-        if "col" not in self._cache:
-            self._cache["col"] = self.head * self.num_keys + self.edge_index[0]
-        return self.rowptr, self._cache["col"]
+    @property
+    def rowptr(self) -> Tensor:
+        r"""CSR pointer :obj:`[H * N_q + 1]` (int32) over :obj:`(head,
+        query)` rows: the edges of query :obj:`i` in head :obj:`h` are
+        :obj:`rowptr[h * N_q + i]:rowptr[h * N_q + i + 1]`."""
+        return self.csr.rowptr
 
-    def csr_t(self) -> Tuple[Tensor, Tensor]:
-        r"""CSR :obj:`(colptr, row)` of the transposed
-        :obj:`[H * N_k, H * N_q]` matrix, :obj:`row = head * N_q + query`
-        in :obj:`perm` order. Values in edge order are transposed with
-        :obj:`values[perm]`."""
-        if "row_t" not in self._cache:
-            row = self.head * self.num_queries + self.edge_index[1]
-            self._cache["row_t"] = row[self.perm]
-        return self.colptr, self._cache["row_t"]
+    @property
+    def perm(self) -> Tensor:
+        r"""The edges in :obj:`(head, key, query)` order, :obj:`[E]` int32."""
+        return self.csr.perm
 
-    def row(self) -> Tensor:
-        r"""The CSR row :obj:`head * N_q + query` of each edge, :obj:`[E]`
-        int32 (cached: every layer attending over this graph shares it)."""
-        if "row" not in self._cache:
-            self._cache["row"] = row_index(self.rowptr, self.num_edges)
-        return self._cache["row"]
+    @property
+    def colptr(self) -> Tensor:
+        r"""CSR pointer :obj:`[H * N_k + 1]` (int32) over :obj:`(head, key)`
+        columns in :obj:`perm` order."""
+        return self.csr.colptr
+
+    @property
+    def head(self) -> Tensor:
+        r"""The head of each edge, :obj:`[E]` int64 (derived)."""
+        return torch.div(self.csr.col, max(self.num_keys, 1),
+                         rounding_mode="floor").long()
+
+    @property
+    def edge_index(self) -> Tensor:
+        r""":obj:`[2, E]` int64 (derived): row 0 the key index in
+        :obj:`[0, N_k)`, row 1 the query index in :obj:`[0, N_q)`; edges are
+        sorted by :obj:`(head, query, key)`."""
+        col, row = self.csr.col.long(), self.csr.row().long()
+        return torch.stack([col % max(self.num_keys, 1),
+                            row % max(self.num_queries, 1)])
 
     def edge_counts(self) -> Tensor:
         r"""Edges of each sequence and head, :obj:`[G, H]` (exact integers,
@@ -118,7 +118,7 @@ class SampledGraph:
         offsets = torch.arange(H, device=self.device)[None, :] * Nq
         start = self.rowptr[self.ptr_q[:-1, None] + offsets]
         end = self.rowptr[self.ptr_q[1:, None] + offsets]
-        return end - start
+        return (end - start).long()
 
     def density(self) -> Tensor:
         r"""Sampled density :math:`|E_{g,h}| / (n_{q,g} n_{k,g})` of each
@@ -158,8 +158,8 @@ class SampledGraph:
         # CSR (indptr over queries, keys, rows, columns) of one head, or of
         # the block-diagonal matrix of all heads.
         if head is None:
-            rowptr, col = self.csr()
-            return (rowptr, col, self.num_heads * self.num_queries,
+            return (self.csr.rowptr, self.csr.col,
+                    self.num_heads * self.num_queries,
                     self.num_heads * self.num_keys)
         if not isinstance(head, int) or not 0 <= head < self.num_heads:
             raise ValueError(f"head must be an int in [0, {self.num_heads}) "
@@ -167,8 +167,8 @@ class SampledGraph:
         Nq = self.num_queries
         rowptr = self.rowptr[head * Nq:(head + 1) * Nq + 1]
         start, end = (int(x) for x in rowptr[[0, -1]].tolist())  # one sync
-        return (rowptr - start, self.edge_index[0, start:end], Nq,
-                self.num_keys)
+        return (rowptr - start, self.csr.col[start:end] - head * self.num_keys,
+                Nq, self.num_keys)
 
     def to_sparse_csr(self, head: Optional[int] = None) -> Tensor:
         r"""The attention pattern as a :obj:`torch.sparse_csr` tensor with
@@ -188,6 +188,7 @@ class SampledGraph:
         :obj:`H N_q` queries), sorted by query with its CSC pointer set, so
         that PyG's sparse aggregations reuse it without sorting."""
         indptr, index, rows, cols = self._pattern(head)
+        indptr, index = indptr.long(), index.long()  # PyG's index dtype
         csc = torch.sparse_csc_tensor(
             indptr, index, torch.ones(index.numel(), device=index.device),
             (cols, rows), device=index.device, check_invariants=False)
@@ -201,7 +202,7 @@ class SampledGraph:
             raise ImportError("to_sparse_tensor needs torch-sparse "
                               "(pip install .[ext])")
         indptr, index, rows, cols = self._pattern(head)
-        return SparseTensor(rowptr=indptr, col=index, sparse_sizes=(rows, cols),
+        return SparseTensor(rowptr=indptr.long(), col=index.long(), sparse_sizes=(rows, cols),
                             is_sorted=True, trust_data=True)
 
     @classmethod
@@ -231,10 +232,9 @@ class SampledGraph:
                                      num_keys, "edge_index")
         sync(checks + [check])
         key = sorted_unique(i * num_keys + j)
-        return cls(num_queries=num_queries, num_keys=num_keys, num_heads=1,
-                   ptr_q=ptr_q, ptr_k=ptr_k, **edges_from_keys(
-                       key, 1, num_queries, num_keys, key.numel(),
-                       float(key.numel()))._asdict())
+        return cls(edges_from_keys(key, 1, num_queries, num_keys, 0, 0.0).csr,
+                   num_queries, num_keys, 1, ptr_q, ptr_k, key.numel(),
+                   float(key.numel()))
 
     @classmethod
     def from_keys(cls, key: Tensor, num_heads: int, num_queries: int,
@@ -278,16 +278,12 @@ class SampledGraph:
         pairs = torch.stack([key.clamp(min=0) - row * Nk, row % max(Nq, 1)])
         checks.append(included_pairs(pairs, ptr_q, ptr_k, Nq, Nk, "key")[2])
         sync(checks)
-        return cls(num_queries=Nq, num_keys=Nk, num_heads=H, ptr_q=ptr_q,
-                   ptr_k=ptr_k, **edges_from_keys(key, H, Nq, Nk, key.numel(),
-                                                  float(key.numel()))._asdict())
+        return cls(edges_from_keys(key, H, Nq, Nk, 0, 0.0).csr, Nq, Nk, H,
+                   ptr_q, ptr_k, key.numel(), float(key.numel()))
 
     def to(self, device: Union[str, torch.device]) -> SampledGraph:
         """A copy with every tensor on :obj:`device`."""
-        moved = {name: getattr(self, name).to(device) for name in
-                 ("edge_index", "head", "ptr_q", "ptr_k", "rowptr", "perm",
-                  "colptr")}
-        return SampledGraph(num_queries=self.num_queries,
-                            num_keys=self.num_keys, num_heads=self.num_heads,
-                            num_draws=self.num_draws,
-                            expected_draws=self.expected_draws, **moved)
+        return SampledGraph(self.csr.to(device), self.num_queries,
+                            self.num_keys, self.num_heads,
+                            self.ptr_q.to(device), self.ptr_k.to(device),
+                            self.num_draws, self.expected_draws)

@@ -98,6 +98,6 @@ def bernoulli(
     ptr_q, _ = as_ptr("ptr_q", ptr_q, Nq, P.device)
     ptr_k, _ = as_ptr("ptr_k", ptr_k, Nk, P.device)
     edges = edges_from_keys(key, H, Nq, Nk, key.numel(), float(P.sum()))
-    return SampledGraph(num_queries=Nq, num_keys=Nk, num_heads=H, ptr_q=ptr_q,
-                        ptr_k=ptr_k, **edges._asdict())
+    return SampledGraph(edges.csr, Nq, Nk, H, ptr_q, ptr_k, edges.num_draws,
+                        edges.expected_draws)
 

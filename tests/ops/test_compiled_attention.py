@@ -5,6 +5,7 @@ import torch
 
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
 from sbm_pyg.ops import backend_info, fused_attention
+from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.sampling import fastrg
 from tests.helpers import seeded
 
@@ -166,11 +167,11 @@ def op_inputs(form):
             for t in (q, k, v)]
     q_block = torch.bmm(q_memb.transpose(0, 1), block).reshape(-1, block.size(-1))
     k_flat = k_memb.transpose(0, 1).reshape(-1, block.size(-1)).contiguous()
-    rowptr, col = graph.csr()
+    rowptr, col = graph.rowptr, graph.csr.col
     prob = torch.rand(graph.num_edges, dtype=torch.float64, generator=seeded(2))
     extra = ([prob, None, None] if form == "edge_prob"
              else [None, q_block.contiguous(), k_flat])
-    return [rowptr, col, graph.colptr, graph.perm] + flat + extra
+    return [rowptr, col, graph.colptr, graph.csr.row_t()] + flat + extra
 
 
 @pytest.mark.parametrize("form", ["edge_prob", "sbm"])
@@ -182,7 +183,7 @@ def test_opcheck(form):
         if args[i] is not None:
             args[i] = args[i].requires_grad_()
     torch.library.opcheck(torch.ops.sbm_pyg.sparse_attention.default,
-                          args + [0.5, 1])
+                          args + [0.5, 1, True])
 
 
 def test_compiles_without_graph_breaks():
@@ -190,8 +191,14 @@ def test_compiles_without_graph_breaks():
     for i in (4, 5, 6, 8, 9):
         args[i] = args[i].requires_grad_()
 
+    rowptr, col, colptr, _ = args[:4]
+    perm = sbm_and_inputs(torch.float64, D=4, DV=3)[0].perm
+
     def f(*tensors):
-        out, alpha = fused_attention(*tensors, scale=0.5, ste="paper")
+        # The graph is built inside: its row_t view is traced as well.
+        graph = CSRGraph(rowptr, col, colptr, perm)
+        out, alpha = fused_attention(graph, *tensors[4:], scale=0.5,
+                                     ste="paper", weights=True)
         return out.pow(2).sum() + alpha.sum()
 
     eager = torch.autograd.grad(f(*args), [args[i] for i in (4, 5, 6, 8, 9)])
@@ -210,7 +217,7 @@ def test_layers_use_it_by_default(monkeypatch, layer):
     real = fused_attention
 
     def spy(*args, **kwargs):
-        calls.append(kwargs.get("q_block") is not None or args[8] is not None)
+        calls.append(kwargs.get("q_block") is not None or args[5] is not None)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(functional, "fused_attention", spy)
@@ -229,3 +236,19 @@ def test_layers_use_it_by_default(monkeypatch, layer):
     out.sum().backward()
     # One call, with the memberships: their gradient comes from the kernel.
     assert calls == [True]
+
+
+def test_weights_only_when_asked():
+    # Without weights the forward writes the scores to per-thread scratch:
+    # its alpha output is empty, and the output is the same.
+    args = op_inputs("edge_prob")
+    out, alpha, lse = torch.ops.sbm_pyg.sparse_attention(*args, 0.5, 1, False)
+    out_w, alpha_w, lse_w = torch.ops.sbm_pyg.sparse_attention(*args, 0.5, 1,
+                                                               True)
+    assert alpha.numel() == 0 and alpha_w.numel() == args[1].numel()
+    assert torch.equal(out, out_w) and torch.equal(lse, lse_w)
+    # The weights of each row sum to one.
+    sums = torch.zeros(args[0].numel() - 1, dtype=alpha_w.dtype).index_add_(
+        0, torch.repeat_interleave(args[0].diff()), alpha_w)
+    has = args[0].diff() > 0
+    assert torch.allclose(sums[has], torch.ones_like(sums[has]))

@@ -206,7 +206,7 @@ def test_graph_structure(sample):
     t_key = ((graph.head * Nk + j) * Nq + i)[graph.perm]
     assert bool((t_key.diff() > 0).all())
     assert torch.equal(torch.sort(graph.perm).values, torch.arange(E))
-    colptr, row_t = graph.csr_t()
+    colptr, row_t = graph.colptr, graph.csr.row_t()
     col_sorted = (graph.head * Nk + j)[graph.perm]
     assert torch.equal(colptr, torch.searchsorted(col_sorted, torch.arange(H * Nk + 1)))
     assert torch.equal(row_t, row[graph.perm])

@@ -82,7 +82,7 @@ def test_from_keys_builds_the_graph_and_rejects_bad_keys():
     assert torch.equal(g.rowptr.cpu(), torch.tensor([0, 1, 3, 4, 5]))
     assert g.num_edges == g.num_draws == 5
     # The key order: the transposed CSR visits (head, key, query).
-    colptr, row_t = g.csr_t()
+    colptr, row_t = g.colptr, g.csr.row_t()
     assert torch.equal(colptr.cpu(), torch.tensor([0, 2, 2, 3, 4, 4, 5]))
     assert torch.equal(row_t.cpu(), torch.tensor([0, 1, 1, 2, 3]))
     for bad, match in [(torch.tensor([3, 0]), "strictly increasing"),
