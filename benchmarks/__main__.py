@@ -29,6 +29,7 @@ import torch
 
 from benchmarks.attention import attention_case, bench_attention, sdpa_backend
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
+from benchmarks.edge_buffers import edge_buffers
 from benchmarks.ext import bench_ext
 from benchmarks.layer import bench_layer
 from benchmarks.measure import MEMORY, peak_rss, pin_mmap_threshold
@@ -148,6 +149,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 results["memory"].append(row)
                 log(f"  density {density} {mode}: {row['peak'] / 2**20:.1f} MiB for "
                     f"{row['edges']} edges, {row['bytes_per_edge']:.1f} B/edge")
+        log(f"\n[memory] edge-sized buffers of one SBMConv forward+backward, "
+            f"n={layer_n}")
+        results["edge_buffers"] = []
+        for backend in ("auto", "torch"):
+            row = edge_buffers(layer_n, 0.05, device, backend)
+            results["edge_buffers"].append(row)
+            log(f"  attention {row['attention']}: graph "
+                f"{row['graph_bytes_per_edge']:.1f} B/edge with its views, "
+                f"{row['edge_sized_buffers']} edge-sized buffers "
+                f"({row['buffer_bytes_per_edge']:.1f} B/edge)")
     if "scaling" in args.sections:
         log(f"\n[scaling] n={scaling_n}")
         results["scaling"] = bench_scaling(scaling_n, scaling_densities, device,

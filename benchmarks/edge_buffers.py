@@ -24,7 +24,8 @@ class _Allocations(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
+            # Sparse tensors share the storages of their index tensors.
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
                 self.seen.append((str(func.overloadpacket.__name__),
                                   str(t.dtype).removeprefix("torch."),
                                   tuple(t.shape), t.untyped_storage().data_ptr(),

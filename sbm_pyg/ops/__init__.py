@@ -21,7 +21,6 @@ from sbm_pyg.ops.backend_info import (
     triton_runs,
 )
 from sbm_pyg.ops.compiled_attention import fused_attention
-from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.ops.csr import (
     full_precision,
     row_index,
@@ -30,6 +29,7 @@ from sbm_pyg.ops.csr import (
     segment_sum,
     spmm,
 )
+from sbm_pyg.ops.graph import CSRGraph
 
 __all__ = [
     "CSRGraph",

@@ -111,11 +111,12 @@ def row_index(rowptr: Tensor, num_edges: int) -> Tensor:
     per edge). Broadcasting a per-row value with it costs one :obj:`[E]`
     buffer, where :meth:`Tensor.repeat_interleave` builds an int64 index
     each time. :obj:`num_edges` is known on the host: no device sync."""
-    rows = rowptr.numel() - 1
-    dtype = torch.int32 if rows < 2**31 else torch.int64
-    return torch.repeat_interleave(
-        torch.arange(rows, device=rowptr.device, dtype=dtype), rowptr.diff(),
-        output_size=num_edges)
+    # repeat_interleave of the counts alone is the row index itself, in the
+    # counts' dtype: no arange to gather from.
+    counts = rowptr.diff()
+    if counts.dtype != torch.int32 and rowptr.numel() - 1 < 2**31:
+        counts = counts.int()
+    return torch.repeat_interleave(counts, output_size=num_edges)
 
 
 def _segment_max(values: Tensor, rowptr: Tensor) -> Tensor:
