@@ -70,32 +70,35 @@ def _sampler_cases() -> List[dict]:
 
 
 def _attention_cases() -> List[dict]:
-    # Inputs in every dtype the attention takes; float64 accumulates in
-    # float64, the others in float32. Head sizes 32, 64 and 128.
+    # The dtypes the operator takes (half precision is computed in float32),
+    # head sizes 32, 64 and 128, the backward kernels without and with the
+    # memberships' gradients (k = 128 clusters); int32 CSR.
     import triton.language as tl
     cases = []
-    for dt in ("fp32", "bf16", "fp16", "fp64"):
+    for dt in ("fp32", "fp64"):
         acc = tl.float64 if dt == "fp64" else tl.float32
         for D in (32, 64, 128):
             meta = dict(D=D, DV=D, BLOCK_D=D, BLOCK_DV=D, BLOCK=attention.BLOCK_E,
                         ACC=acc)
             t = f"*{dt}"
-            a = "*fp64" if dt == "fp64" else "*fp32"
-            cases += [
-                dict(fn=attention._forward_kernel, dtype=dt, D=D, signature=dict(
-                    Q=t, K=t, V=t, Out=t, Lse=a, rowptr="*i64", col="*i64",
-                    scale="fp32"), constexprs=meta),
-                dict(fn=attention._backward_query_kernel, dtype=dt, D=D,
-                     signature=dict(Q=t, K=t, V=t, GradOut=t, Lse=a, Delta=a,
-                                    GradQ=t, GradProb=a, rowptr="*i64",
-                                    col="*i64", scale="fp32"),
-                     constexprs=dict(meta, STE=0)),
-                dict(fn=attention._backward_key_kernel, dtype=dt, D=D,
-                     signature=dict(Q=t, K=t, V=t, GradOut=t, Lse=a, Delta=a,
-                                    GradK=t, GradV=t, colptr="*i64",
-                                    row_t="*i64", scale="fp32"),
-                     constexprs=meta),
-            ]
+            cases.append(dict(fn=attention._forward_kernel, dtype=dt, D=D,
+                              signature=dict(Q=t, K=t, V=t, Out=t, Lse=t,
+                                             rowptr="*i32", col="*i32",
+                                             scale="fp32"), constexprs=meta))
+            for memb, K in ((False, 1), (True, 128)):
+                extra = dict(meta, STE=1, MEMB=memb, KM=K, BLOCK_K=K)
+                cases += [
+                    dict(fn=attention._backward_query_kernel, dtype=dt, D=D,
+                         memb=memb, signature=dict(
+                             Q=t, K=t, V=t, GradOut=t, Lse=t, Delta=t, GradQ=t,
+                             GradProb=t, Km=t, GradQb=t, rowptr="*i32",
+                             col="*i32", scale="fp32"), constexprs=extra),
+                    dict(fn=attention._backward_key_kernel, dtype=dt, D=D,
+                         memb=memb, signature=dict(
+                             Q=t, K=t, V=t, GradOut=t, Lse=t, Delta=t, GradK=t,
+                             GradV=t, Qb=t, GradKm=t, colptr="*i32",
+                             row_t="*i32", scale="fp32"), constexprs=extra),
+                ]
     return cases
 
 
@@ -130,7 +133,7 @@ def compile_all(archs=ARCHS) -> List[dict]:
                                     options=options)
             row = dict(kernel=fn.__name__.lstrip("_"), module=fn.__module__,
                        arch=f"sm_{arch}", dtype=case["dtype"],
-                       **{k: case[k] for k in ("k", "D") if k in case},
+                       **{k: case[k] for k in ("k", "D", "memb") if k in case},
                        **_resources(kernel.asm["cubin"]),
                        seconds=round(time.perf_counter() - start, 1))
             print(json.dumps(row), flush=True)

@@ -2,7 +2,7 @@
 // Python side, sbm_pyg/sampling/_compiled.py, checks sizes between its two
 // passes), and the fused attention as torch operators, sbm_pyg::*, whose
 // autograd and fake kernels are registered from Python
-// (sbm_pyg.ops.compiled_attention.py).
+// (sbm_pyg/ops/fused_attention.py).
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -15,19 +15,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fastrg_sample", &sbm_pyg::fastrg_sample, "fastRG pass 2: the graph");
 }
 
-TORCH_LIBRARY(sbm_pyg, m) {
-  m.def(
-      "sparse_attention(Tensor rowptr, Tensor col, Tensor colptr, "
-      "Tensor row_t, Tensor q, Tensor k, Tensor v, Tensor? edge_prob, "
-      "Tensor? q_block, Tensor? k_memb, float scale, int ste, "
-      "bool weights) -> (Tensor, Tensor, Tensor)");
-  m.def(
-      "sparse_attention_backward(Tensor rowptr, Tensor col, Tensor colptr, "
-      "Tensor row_t, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-      "Tensor grad_out, Tensor? q_block, Tensor? k_memb, float scale, "
-      "int ste) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-}
-
+// The CPU kernels of the fused attention. The operators' schemas, their
+// CUDA (Triton) kernels, autograd formula and fake kernels are defined once
+// in Python (sbm_pyg/ops/fused_attention.py).
 TORCH_LIBRARY_IMPL(sbm_pyg, CPU, m) {
   m.impl("sparse_attention", &sbm_pyg::sparse_attention);
   m.impl("sparse_attention_backward", &sbm_pyg::sparse_attention_backward);

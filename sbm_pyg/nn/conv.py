@@ -339,19 +339,30 @@ class SBMConv(MessagePassing):
         if self.lin_skip is not None:
             out = out + project(self.lin_skip, x_dst, "x_dst")
         if return_attention_weights:
+            assert alpha is not None  # computed when asked for
             return out, (graph, alpha)
         return out
 
-    # Data-dependent sizes (the sampled edge count, batch pointers): runs
-    # eagerly under torch.compile, which compiles the dense code around it.
-    @torch.compiler.disable
     def _sample_and_attend(self, query: Tensor, key: Tensor, value: Tensor,
                            q_memb: Tensor, block: Tensor, k_memb: Tensor,
                            batch, ptr, include_edges: Optional[Tensor],
                            generator: Optional[torch.Generator],
                            need_alpha: bool
                            ) -> Tuple[Tensor, SampledGraph, Optional[Tensor]]:
-        H, C = self.heads, self.out_channels
+        graph, attention = self._sample(query, key, q_memb, block, k_memb,
+                                        batch, ptr, include_edges, generator)
+        return self._attend(query, key, value, q_memb, block, k_memb, graph,
+                            attention, generator, need_alpha)
+
+    # Data-dependent sizes (the sampled edge count, batch pointers): runs
+    # eagerly under torch.compile, which compiles the code around it, the
+    # fused attention operator included.
+    @torch.compiler.disable
+    def _sample(self, query: Tensor, key: Tensor, q_memb: Tensor,
+                block: Tensor, k_memb: Tensor, batch, ptr,
+                include_edges: Optional[Tensor],
+                generator: Optional[torch.Generator]
+                ) -> Tuple[SampledGraph, str]:
         Nq, Nk = query.size(0), key.size(0)
         ptr_k, ptr_q = sequence_pointers(batch, ptr, Nk, Nq)
         if generator is None and not self.training and self.eval_seed is not None:
@@ -377,11 +388,20 @@ class SBMConv(MessagePassing):
             raise
         for hook in self._graph_hooks.values():
             hook(self, graph)
+        self.expected_density, self.sampled_density = mean_densities(
+            graph, q_memb, block, k_memb)
+        return graph, attention
+
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor,
+                q_memb: Tensor, block: Tensor, k_memb: Tensor,
+                graph: SampledGraph, attention: str,
+                generator: Optional[torch.Generator], need_alpha: bool
+                ) -> Tuple[Tensor, SampledGraph, Optional[Tensor]]:
+        H, C = self.heads, self.out_channels
+        Nq, Nk = query.size(0), key.size(0)
         # The straight-through estimator uses the edge probabilities'
         # gradient only: their values are never computed.
         need_ste = torch.is_grad_enabled() and q_memb.requires_grad
-        self.expected_density, self.sampled_density = mean_densities(
-            graph, q_memb, block, k_memb)
 
         if attention != "message_passing":
             sbm = (q_memb, block, k_memb) if need_ste else None

@@ -17,15 +17,10 @@ import torch
 from torch import Tensor
 
 from sbm_pyg.ops.backend_info import resolve_backend
-from sbm_pyg.ops.compiled_attention import fused_attention
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
+from sbm_pyg.ops.fused_attention import fused_attention
 from sbm_pyg.ops.graph import CSRGraph
-from sbm_pyg.ops.torch_attention import (
-    SDDMM,
-    SDDMMGradOnly,
-    SparseAttention,
-    attention_weights,
-)
+from sbm_pyg.ops.torch_attention import SDDMM, SDDMMGradOnly, SparseAttention
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import check_generator, require_tensor
 
@@ -33,9 +28,8 @@ __all__ = ["sparse_attention", "edge_probability",
            "straight_through_probability", "STE_MODES"]
 
 
-# Sampled graphs have data-dependent sizes and the CSR kernels are opaque to
-# the compiler: torch.compile runs these functions eagerly (a graph break)
-# and compiles the dense code around them.
+# The PyTorch path's CSR kernels are opaque to the compiler: torch.compile
+# runs these functions eagerly (a graph break).
 @torch.compiler.disable
 def edge_probability(q_memb: Tensor, block: Tensor, k_memb: Tensor,
                      graph: SampledGraph) -> Tensor:
@@ -167,7 +161,6 @@ def sparse_attention(
     pass
 
 
-@torch.compiler.disable
 def sparse_attention(
     query: Tensor,
     key: Tensor,
@@ -292,30 +285,39 @@ def sparse_attention(
                               dropout=dropout)
     scale = 1.0 / math.sqrt(D)
     q, k, v = heads_first(query), heads_first(key), heads_first(value)
-    if backend == "cpp":
-        flat, weights = _cpp_attention(graph.csr, q, k, v, edge_prob, sbm,
-                                       scale, ste, return_attention_weights)
+    if backend in ("cpp", "triton"):
+        flat, weights = _fused_attention(
+            graph.csr, q, k, v, edge_prob, sbm, scale, ste,
+            return_attention_weights,
+            triton_on_cpu=backend == "triton" and query.device.type == "cpu")
         out = nodes_first(flat.to(value.dtype), H)
         if return_attention_weights:
             assert weights is not None  # asked for from the kernel
             return out, weights
         return out
-    if sbm is not None:
-        edge_prob = straight_through_probability(*sbm, graph)
-    if backend == "triton":
-        from sbm_pyg.ops import triton_attention
-        out, lse = triton_attention.TritonAttention.apply(
-            graph.csr, q, k, v, edge_prob, scale, ste)
-        alpha = (attention_weights(graph.csr, q, k, lse, scale)
-                 if return_attention_weights else None)
-    else:
-        out, alpha = SparseAttention.apply(graph.csr, q, k, v, edge_prob,
-                                           scale, dropout, generator, ste)
+    out, alpha = _torch_attention(graph, q, k, v, edge_prob, sbm, scale,
+                                  dropout, generator, ste)
     out = nodes_first(out, H)
     if return_attention_weights:
         assert alpha is not None
         return out, alpha
     return out
+
+
+# The PyTorch path's autograd functions take the graph object and draw the
+# dropout mask: torch.compile runs them eagerly (a graph break). The fused
+# path is one operator with fake kernels, which the compiler traces.
+@torch.compiler.disable
+def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
+                     edge_prob: Optional[Tensor],
+                     sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
+                     scale: float, dropout: float,
+                     generator: Optional[torch.Generator],
+                     ste: str) -> Tuple[Tensor, Tensor]:
+    if sbm is not None:
+        edge_prob = straight_through_probability(*sbm, graph)
+    return SparseAttention.apply(graph.csr, q, k, v, edge_prob, scale,
+                                 dropout, generator, ste)
 
 
 def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -> None:
@@ -334,11 +336,11 @@ def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -
                          f"{tuple(k_memb.shape)}")
 
 
-def _cpp_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
-                   edge_prob: Optional[Tensor],
-                   sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
-                   scale: float, ste: str, weights: bool
-                   ) -> Tuple[Tensor, Optional[Tensor]]:
+def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
+                     edge_prob: Optional[Tensor],
+                     sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
+                     scale: float, ste: str, weights: bool,
+                     triton_on_cpu: bool) -> Tuple[Tensor, Optional[Tensor]]:
     # The kernel computes in float32 or float64; half precision inputs are
     # cast (autograd casts their gradients back).
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -353,4 +355,5 @@ def _cpp_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
         return fused_attention(
             graph, q.to(dtype).contiguous(), k.to(dtype).contiguous(),
             v.to(dtype).contiguous(), edge_prob, q_block, k_memb,
-            scale=scale, ste=ste, weights=weights)
+            scale=scale, ste=ste, weights=weights,
+            triton_on_cpu=triton_on_cpu)

@@ -6,9 +6,10 @@ r"""The kernels under the layers, with their backends in one place.
   matrix of a sampled graph (PyTorch, any device).
 * :mod:`sbm_pyg.ops.torch_attention`: the attention on those kernels as
   autograd functions: the reference path.
-* :mod:`sbm_pyg.ops.compiled_attention`: the fused attention of the compiled
-  extension (CPU), as torch operators with autograd and fake kernels.
-* :mod:`sbm_pyg.ops.triton_attention`: the fused attention in Triton (CUDA).
+* :mod:`sbm_pyg.ops.fused_attention`: the fused attention as one torch
+  operator, the C++ kernel on the CPU and the Triton one on CUDA, with
+  autograd and fake kernels registered once.
+* :mod:`sbm_pyg.ops.triton_attention`: the Triton kernels (CUDA).
 * :mod:`sbm_pyg.ops.backend_info`: which of them are built and which run.
 """
 from sbm_pyg.ops.backend_info import (
@@ -20,7 +21,6 @@ from sbm_pyg.ops.backend_info import (
     resolve_backend,
     triton_runs,
 )
-from sbm_pyg.ops.compiled_attention import fused_attention
 from sbm_pyg.ops.csr import (
     full_precision,
     row_index,
@@ -29,6 +29,7 @@ from sbm_pyg.ops.csr import (
     segment_sum,
     spmm,
 )
+from sbm_pyg.ops.fused_attention import fused_attention
 from sbm_pyg.ops.graph import CSRGraph
 
 __all__ = [

@@ -16,7 +16,11 @@ from torch.autograd.function import once_differentiable
 from sbm_pyg.ops.csr import sddmm, segment_softmax, segment_sum, spmm
 from sbm_pyg.ops.graph import CSRGraph
 
-__all__ = ["SDDMM", "SDDMMGradOnly", "SparseAttention", "ste_gradient",
+# The estimators by the code the fused kernels take: none, the paper's
+# equation (dL/da_e * s_e), the published code's (clip(dL/da_e, -1, 1)).
+STE_CODES = {None: 0, "paper": 1, "published": 2}
+
+__all__ = ["STE_CODES", "SDDMM", "SDDMMGradOnly", "SparseAttention", "ste_gradient",
            "spmm_t", "clip_grad", "attention_weights"]
 
 

@@ -26,7 +26,6 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 try:
     import triton
@@ -34,10 +33,9 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
-from sbm_pyg.ops.compiled_attention import STE_CODES
-from sbm_pyg.ops.graph import CSRGraph
+from sbm_pyg.ops.torch_attention import STE_CODES
 
-__all__ = ["attention_forward", "attention_backward", "TritonAttention"]
+__all__ = ["attention_forward", "attention_backward"]
 
 BLOCK_E = 32
 
@@ -96,22 +94,32 @@ if triton is not None:
                                    0.0))
 
     @triton.jit
+    def _ste(ds, s, STE: tl.constexpr):
+        # dL/dp_e of either estimator from dL/ds_e and the score.
+        if STE == 1:
+            return ds * s
+        return tl.minimum(tl.maximum(ds, -1.0), 1.0)
+
+    @triton.jit
     def _backward_query_kernel(Q, K, V, GradOut, Lse, Delta, GradQ, GradProb,
-                               rowptr, col, scale,
+                               Km, GradQb, rowptr, col, scale,
                                D: tl.constexpr, DV: tl.constexpr,
                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                                BLOCK: tl.constexpr, ACC: tl.constexpr,
-                               STE: tl.constexpr):
+                               STE: tl.constexpr, MEMB: tl.constexpr,
+                               KM: tl.constexpr, BLOCK_K: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         start = tl.load(rowptr + r)
         end = tl.load(rowptr + r + 1)
         d = tl.arange(0, BLOCK_D)
         dv = tl.arange(0, BLOCK_DV)
+        kk = tl.arange(0, BLOCK_K)
         q = _row(Q, r, d, D, ACC)
         g = _row(GradOut, r, dv, DV, ACC)
         lse = tl.load(Lse + r)
         delta = tl.load(Delta + r)
         grad_q = tl.zeros([BLOCK_D], ACC)
+        grad_qb = tl.zeros([BLOCK_K], ACC)
         for e0 in range(start, end, BLOCK):
             e = e0 + tl.arange(0, BLOCK)
             live = e < end
@@ -123,20 +131,25 @@ if triton is not None:
             # Softmax backward: dL/ds_e = a_e (dL/da_e - sum_row a dL/da).
             ds = p * (tl.sum(v * g[None, :], 1) - delta)
             grad_q += tl.sum(ds[:, None] * k, 0)
-            if STE == 1:
-                tl.store(GradProb + e, ds * s, mask=live)
-            if STE == 2:
-                tl.store(GradProb + e, tl.minimum(tl.maximum(ds, -1.0), 1.0),
-                         mask=live)
+            if MEMB:  # dL/dp_e summed into (Q̂Ŝ)_r through K̂_c
+                km = _rows(Km, c, live, kk, KM, ACC)
+                grad_qb += tl.sum(_ste(ds, s, STE)[:, None] * km, 0)
+            elif STE != 0:
+                tl.store(GradProb + e, _ste(ds, s, STE), mask=live)
         tl.store(GradQ + r * D + d, (grad_q * scale).to(GradQ.dtype.element_ty),
                  mask=d < D)
+        if MEMB:
+            tl.store(GradQb + r * KM + kk, grad_qb.to(GradQb.dtype.element_ty),
+                     mask=kk < KM)
 
     @triton.jit
     def _backward_key_kernel(Q, K, V, GradOut, Lse, Delta, GradK, GradV,
-                             colptr, row_t, scale,
+                             Qb, GradKm, colptr, row_t, scale,
                              D: tl.constexpr, DV: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                             BLOCK: tl.constexpr, ACC: tl.constexpr):
+                             BLOCK: tl.constexpr, ACC: tl.constexpr,
+                             STE: tl.constexpr, MEMB: tl.constexpr,
+                             KM: tl.constexpr, BLOCK_K: tl.constexpr):
         c = tl.program_id(0).to(tl.int64)
         start = tl.load(colptr + c)
         end = tl.load(colptr + c + 1)
@@ -144,8 +157,10 @@ if triton is not None:
         dv = tl.arange(0, BLOCK_DV)
         k = _row(K, c, d, D, ACC)
         v = _row(V, c, dv, DV, ACC)
+        kk = tl.arange(0, BLOCK_K)
         grad_k = tl.zeros([BLOCK_D], ACC)
         grad_v = tl.zeros([BLOCK_DV], ACC)
+        grad_km = tl.zeros([BLOCK_K], ACC)
         for t0 in range(start, end, BLOCK):
             t = t0 + tl.arange(0, BLOCK)
             live = t < end
@@ -159,10 +174,16 @@ if triton is not None:
             grad_v += tl.sum(p[:, None] * g, 0)
             ds = p * (tl.sum(g * v[None, :], 1) - delta)
             grad_k += tl.sum(ds[:, None] * q, 0)
+            if MEMB:  # dL/dp_e summed into K̂_c through (Q̂Ŝ)_r
+                qb = _rows(Qb, r, live, kk, KM, ACC)
+                grad_km += tl.sum(_ste(ds, s, STE)[:, None] * qb, 0)
         tl.store(GradK + c * D + d, (grad_k * scale).to(GradK.dtype.element_ty),
                  mask=d < D)
         tl.store(GradV + c * DV + dv, grad_v.to(GradV.dtype.element_ty),
                  mask=dv < DV)
+        if MEMB:
+            tl.store(GradKm + c * KM + kk, grad_km.to(GradKm.dtype.element_ty),
+                     mask=kk < KM)
 
 
 def _meta(q: Tensor, v: Tensor) -> dict:
@@ -204,8 +225,11 @@ def attention_forward(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor,
 def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
                        row_t: Tensor, q: Tensor, k: Tensor, v: Tensor,
                        out: Tensor, lse: Tensor, grad_out: Tensor,
-                       scale: float, ste: Optional[str]
-                       ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+                       scale: float, ste: Optional[str],
+                       q_block: Optional[Tensor] = None,
+                       k_memb: Optional[Tensor] = None,
+                       ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor],
+                                  Optional[Tensor], Optional[Tensor]]:
     r"""Gradients of :func:`attention_forward`.
 
     Args:
@@ -213,61 +237,52 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
             :obj:`[E]` (rows in column order).
         out, lse: what :func:`attention_forward` returned.
         grad_out (Tensor): :obj:`[R, D_v]`.
-        ste (str, optional): also return the straight-through gradient of
-            each edge's probability, :obj:`[E]` in edge (row) order:
-            :obj:`"paper"` :math:`\partial L/\partial a_e \cdot s_e`,
-            :obj:`"published"` :math:`\mathrm{clip}(\partial L/\partial a_e,
-            -1, 1)`; :obj:`None` for none.
+        ste (str, optional): the straight-through gradient of each edge's
+            probability: :obj:`"paper"` :math:`\partial L/\partial a_e
+            \cdot s_e`, :obj:`"published"` :math:`\mathrm{clip}(\partial
+            L/\partial a_e, -1, 1)`; :obj:`None` for none.
+        q_block (Tensor, optional): :obj:`[R, K]`, :math:`\hat{\mathbf{Q}}
+            \hat{\mathbf{S}}`; with :obj:`k_memb` :obj:`[C, K]`
+            (:math:`\hat{\mathbf{K}}`), the gradient of
+            :math:`p_e = (\hat{\mathbf{Q}}\hat{\mathbf{S}})_r \cdot
+            \hat{\mathbf{K}}_c` is summed into both inside the kernels, with
+            no :obj:`[E]` tensor.
 
     Returns:
-        :obj:`(grad_q, grad_k, grad_v, grad_prob)`.
+        :obj:`(grad_q, grad_k, grad_v, grad_prob, grad_q_block,
+        grad_k_memb)`: :obj:`grad_prob` :obj:`[E]` in edge order with an
+        estimator and no memberships, the membership gradients with them;
+        :obj:`None` where not computed.
     """
     R, C = q.size(0), k.size(0)
     acc = _acc_dtype(q)
     grad_out = grad_out.contiguous()
     delta = (grad_out.to(acc) * out.to(acc)).sum(1)  # sum_row a dL/da
     grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v))
-    grad_prob = (torch.empty(col.numel(), dtype=acc, device=q.device)
-                 if ste is not None else grad_q)  # placeholder, never written
-    meta = _meta(q, v)
+    memb, K = False, 1
+    grad_prob = grad_qb = grad_km = None
+    if q_block is not None and k_memb is not None:
+        if ste is None:
+            raise ValueError("attention_backward: memberships need an "
+                             "estimator")
+        memb, K = True, q_block.size(1)
+        grad_qb, grad_km = torch.empty_like(q_block), torch.empty_like(k_memb)
+    elif ste is not None:
+        grad_prob = torch.empty(col.numel(), dtype=acc, device=q.device)
+    meta = dict(_meta(q, v), STE=STE_CODES[ste], MEMB=memb, KM=K,
+                BLOCK_K=triton.next_power_of_2(K))
+    unused = grad_q  # a pointer for arguments a constexpr branch never reads
     if R:
-        _backward_query_kernel[(R,)](q, k, v, grad_out, lse, delta, grad_q,
-                                     grad_prob, rowptr, col, scale,
-                                     STE=STE_CODES[ste], **meta)
+        _backward_query_kernel[(R,)](
+            q, k, v, grad_out, lse, delta, grad_q,
+            unused if grad_prob is None else grad_prob,
+            unused if k_memb is None else k_memb,
+            unused if grad_qb is None else grad_qb,
+            rowptr, col, scale, **meta)
     if C:
-        _backward_key_kernel[(C,)](q, k, v, grad_out, lse, delta, grad_k,
-                                   grad_v, colptr, row_t, scale, **meta)
-    return grad_q, grad_k, grad_v, grad_prob if ste is not None else None
-
-
-class TritonAttention(torch.autograd.Function):
-    r"""The same attention with the fused Triton kernels of
-    :mod:`sbm_pyg.ops.triton_attention`: one pass per row with an online
-    softmax; saved for backward: :obj:`q, k, v, out` and each row's
-    log-sum-exp, nothing per edge."""
-
-    @staticmethod
-    def forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
-                edge_prob: Optional[Tensor], scale: float, ste: str
-                ) -> Tuple[Tensor, Tensor]:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out, lse = attention_forward(graph.rowptr, graph.col, q, k, v, scale)
-        ctx.graph, ctx.scale = graph, scale
-        ctx.ste = ste if edge_prob is not None else None
-        ctx.prob_dtype = edge_prob.dtype if edge_prob is not None else None
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
-        graph = ctx.graph
-        grad_q, grad_k, grad_v, grad_prob = attention_backward(
-            graph.rowptr, graph.col, graph.colptr, graph.row_t(), q, k, v,
-            out, lse, grad_out,
-            ctx.scale, ctx.ste)
-        if grad_prob is not None:
-            grad_prob = grad_prob.to(ctx.prob_dtype)
-        return None, grad_q, grad_k, grad_v, grad_prob, None, None
+        _backward_key_kernel[(C,)](
+            q, k, v, grad_out, lse, delta, grad_k, grad_v,
+            unused if q_block is None else q_block,
+            unused if grad_km is None else grad_km,
+            colptr, row_t, scale, **meta)
+    return grad_q, grad_k, grad_v, grad_prob, grad_qb, grad_km

@@ -91,6 +91,44 @@ def test_triton_half_precision_inputs(dtype):
 
 
 @needs_triton
+@pytest.mark.parametrize("ste", ["paper", "published"])
+def test_triton_membership_gradients_match_the_cpp_kernel(ste):
+    # With sbm=, both kernels sum dL/dp_e into Q̂Ŝ (rows) and K̂ (columns)
+    # inside backward: every gradient agrees, memberships included.
+    graph, (q, k, v, _) = graph_and_inputs(torch.float64)
+    g = seeded(3)
+    memb = [torch.rand(PTR[-1], 2, 3, generator=g, dtype=torch.float64),
+            torch.rand(2, 3, 3, generator=g, dtype=torch.float64),
+            torch.rand(PTR[-1], 2, 3, generator=g, dtype=torch.float64)]
+    grads = {}
+    for backend in ("cpp", "triton", "torch"):
+        leaves = [t.clone().requires_grad_() for t in [q, k, v, *memb]]
+        out = sparse_attention(*leaves[:3], graph, sbm=tuple(leaves[3:]),
+                               ste=ste, backend=backend)
+        out.backward(torch.randn(out.shape, generator=seeded(4),
+                                 dtype=out.dtype))
+        grads[backend] = [out] + [t.grad for t in leaves]
+    for name in ("triton", "torch"):
+        for a, b in zip(grads[name], grads["cpp"]):
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@needs_triton
+def test_triton_op_passes_opcheck():
+    # The twin operator (the Triton kernels on CPU tensors) has the schema,
+    # autograd registration and fake kernels of sbm_pyg::sparse_attention.
+    from tests.ops.test_fused_attention import op_inputs
+    for form in ("edge_prob", "sbm"):
+        args = op_inputs(form)
+        for i in range(4, 10):
+            if args[i] is not None:
+                args[i] = args[i].requires_grad_()
+        torch.library.opcheck(
+            torch.ops.sbm_pyg.triton_sparse_attention.default,
+            args + [0.5, 1, True])
+
+
+@needs_triton
 def test_triton_without_edge_prob_or_grad():
     graph, (q, k, v, _) = graph_and_inputs(torch.float64)
     ref = sparse_attention(q, k, v, graph)

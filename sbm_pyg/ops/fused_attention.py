@@ -1,0 +1,192 @@
+r"""The fused sparse attention as one torch operator with a kernel per
+device.
+
+``sbm_pyg::sparse_attention`` computes scores, softmax and the weighted sum
+of values in one pass per (head, query) row, and keeps only each row's
+log-sum-exp :obj:`[R]` (and the output) for backward. Its backward,
+``sbm_pyg::sparse_attention_backward``, goes once over the rows (query
+gradient, the straight-through gradient :math:`\partial L / \partial p_e`
+and its sum into :math:`\hat{\mathbf{Q}}\hat{\mathbf{S}}`) and once over the
+columns (key and value gradients and the sum into :math:`\hat{\mathbf{K}}`),
+recomputing each edge's weight from its row's log-sum-exp as
+FlashAttention does, with no atomics.
+
+The schemas are defined here, once; the CPU kernels are the compiled
+extension's (``csrc/attention/attention.cpp``), the CUDA kernels the Triton
+ones of :mod:`sbm_pyg.ops.triton_attention`. The autograd formula and the
+fake (meta) kernels are registered once for both, so that
+:func:`torch.compile` traces :func:`fused_attention` on either device and
+:func:`torch.library.opcheck` can check it.
+
+Under ``TRITON_INTERPRET=1`` (tests without a GPU), the Triton kernels are
+also registered for CPU tensors as a twin operator,
+``sbm_pyg::triton_sparse_attention``, with the same autograd formula and
+fake kernels.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from sbm_pyg.ops.backend_info import WITH_TRITON
+from sbm_pyg.ops.csr import row_index, sddmm
+from sbm_pyg.ops.graph import CSRGraph
+from sbm_pyg.ops.torch_attention import STE_CODES
+
+__all__ = ["fused_attention"]
+
+_GRAPH = "Tensor rowptr, Tensor col, Tensor colptr, Tensor row_t"
+_SCHEMAS = {
+    "": (f"({_GRAPH}, Tensor q, Tensor k, Tensor v, Tensor? edge_prob, "
+         "Tensor? q_block, Tensor? k_memb, float scale, int ste, "
+         "bool weights) -> (Tensor, Tensor, Tensor)"),
+    "_backward": (f"({_GRAPH}, Tensor q, Tensor k, Tensor v, Tensor out, "
+                  "Tensor lse, Tensor grad_out, Tensor? q_block, "
+                  "Tensor? k_memb, float scale, int ste) -> (Tensor, Tensor, "
+                  "Tensor, Tensor, Tensor, Tensor)"),
+}
+_STE_NAMES = {code: name for name, code in STE_CODES.items()}
+_lib = torch.library.Library("sbm_pyg", "FRAGMENT")
+
+
+def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
+                    edge_prob: Optional[Tensor] = None,
+                    q_block: Optional[Tensor] = None,
+                    k_memb: Optional[Tensor] = None, *, scale: float,
+                    ste: Optional[str] = "paper", weights: bool = False,
+                    triton_on_cpu: bool = False,
+                    ) -> Tuple[Tensor, Optional[Tensor]]:
+    r"""Softmax attention over the nonzeros of a CSR matrix, differentiable,
+    with the straight-through gradient of the edge probabilities.
+
+    The edge probabilities are given either as :obj:`edge_prob`, or as the
+    factors of :math:`p_e = (\hat{\mathbf{Q}}\hat{\mathbf{S}})_{r(e)}
+    \cdot \hat{\mathbf{K}}_{c(e)}`, :obj:`q_block` and :obj:`k_memb`, whose
+    gradients the kernels sum directly, with no :obj:`[E]` tensor
+    :math:`p`. Neither is read in the forward.
+
+    Args:
+        graph (CSRGraph): the edges; the op reads :obj:`rowptr`, :obj:`col`,
+            :obj:`colptr` and :meth:`~sbm_pyg.ops.graph.CSRGraph.row_t`.
+        q (Tensor): :obj:`[R, D]`, float32 or float64, contiguous.
+        k (Tensor): :obj:`[C, D]`.
+        v (Tensor): :obj:`[C, D_v]`.
+        edge_prob (Tensor, optional): :obj:`[E]`.
+        q_block (Tensor, optional): :obj:`[R, K]`.
+        k_memb (Tensor, optional): :obj:`[C, K]`.
+        scale (float): the scores' factor, :math:`1/\sqrt{D}`.
+        ste (str, optional): :obj:`"paper"` or :obj:`"published"`.
+        weights (bool): also return the attention weights (else
+            :obj:`None`: nothing per edge is allocated in the forward).
+        triton_on_cpu (bool): run the Triton kernels on CPU tensors (the
+            twin operator, only under ``TRITON_INTERPRET=1``).
+
+    Returns:
+        :obj:`(out [R, D_v], alpha [E] or None)`; :obj:`alpha` is not
+        differentiable.
+    """
+    op = (torch.ops.sbm_pyg.triton_sparse_attention if triton_on_cpu
+          else torch.ops.sbm_pyg.sparse_attention)
+    out, alpha, _ = op(graph.rowptr, graph.col, graph.colptr, graph.row_t(),
+                       q, k, v, edge_prob, q_block, k_memb, float(scale),
+                       STE_CODES[ste], weights)
+    return out, alpha.detach() if weights else None
+
+
+def _triton_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
+                    k_memb, scale, ste, weights):
+    from sbm_pyg.ops.triton_attention import attention_forward
+    out, lse = attention_forward(rowptr, col, q, k, v, scale)
+    alpha = q.new_empty(0)
+    if weights:  # recomputed from the log-sum-exp: the kernel keeps none
+        score = sddmm(rowptr, col, q, k, scale)
+        row = row_index(rowptr, col.numel())
+        alpha = score.sub_(lse.to(score.dtype)[row]).exp_().to(q.dtype)
+    return out, alpha, lse.to(q.dtype)
+
+
+def _triton_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
+                     q_block, k_memb, scale, ste):
+    from sbm_pyg.ops.triton_attention import attention_backward
+    dq, dk, dv, dprob, dqb, dkm = attention_backward(
+        rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out, scale,
+        _STE_NAMES[ste], q_block, k_memb)
+    empty = q.new_empty(0)
+    return (dq, dk, dv, empty if dprob is None else dprob.to(q.dtype),
+            empty if dqb is None else dqb, empty if dkm is None else dkm)
+
+
+def _fake_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
+                  k_memb, scale, ste, weights):
+    return (q.new_empty(q.size(0), v.size(1)),
+            q.new_empty(col.size(0) if weights else 0), q.new_empty(q.size(0)))
+
+
+def _fake_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
+                   q_block, k_memb, scale, ste):
+    memb = q_block is not None
+    empty = q.new_empty(0)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty(col.size(0) if ste and not memb else 0),
+            torch.empty_like(q_block) if memb else empty,
+            torch.empty_like(k_memb) if memb else empty)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    (rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block, k_memb, scale,
+     ste, weights) = inputs
+    out, _, lse = output
+    ctx.save_for_backward(rowptr, col, colptr, row_t, q, k, v, out, lse,
+                          q_block, k_memb)
+    ctx.scale, ctx.ste = scale, ste
+    # No zeros [E] for the gradient of alpha, which is never used.
+    ctx.set_materialize_grads(False)
+
+
+def _autograd(backward_op):
+    def backward(ctx, grad_out: Optional[Tensor], _grad_alpha: Tensor,
+                 _grad_lse: Tensor):
+        if grad_out is None:  # the output took no part in the loss
+            return (None,) * 13
+        (rowptr, col, colptr, row_t, q, k, v, out, lse, q_block,
+         k_memb) = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        want_prob, want_memb = need[7], need[8] or need[9]
+        ste = ctx.ste if want_prob or want_memb else 0
+        dq, dk, dv, dprob, dqb, dkm = backward_op(
+            rowptr, col, colptr, row_t, q, k, v, out, lse,
+            grad_out.contiguous(), q_block if want_memb else None,
+            k_memb if want_memb else None, ctx.scale, ste)
+        return (None, None, None, None, dq if need[4] else None,
+                dk if need[5] else None, dv if need[6] else None,
+                dprob if want_prob else None, dqb if need[8] else None,
+                dkm if need[9] else None, None, None, None)
+    return backward
+
+
+def _define(name: str) -> None:
+    # The schemas, fake kernels and autograd formula of one operator pair.
+    for suffix, schema in _SCHEMAS.items():
+        _lib.define(name + suffix + schema)
+    torch.library.register_fake(f"sbm_pyg::{name}", _fake_forward, lib=_lib)
+    torch.library.register_fake(f"sbm_pyg::{name}_backward", _fake_backward,
+                                lib=_lib)
+    torch.library.register_autograd(
+        f"sbm_pyg::{name}", _autograd(getattr(torch.ops.sbm_pyg,
+                                              name + "_backward")),
+        setup_context=_setup_context, lib=_lib)
+
+
+# The CPU kernels of sbm_pyg::sparse_attention come from the extension
+# (TORCH_LIBRARY_IMPL in csrc/bindings.cpp).
+_define("sparse_attention")
+if WITH_TRITON:
+    _lib.impl("sparse_attention", _triton_forward, "CUDA")
+    _lib.impl("sparse_attention_backward", _triton_backward, "CUDA")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _define("triton_sparse_attention")
+        _lib.impl("triton_sparse_attention", _triton_forward, "CPU")
+        _lib.impl("triton_sparse_attention_backward", _triton_backward, "CPU")
