@@ -21,22 +21,13 @@ from sbm_pyg.ops.graph import CSRGraph
 STE_CODES = {None: 0, "paper": 1, "published": 2}
 
 __all__ = ["STE_CODES", "SDDMM", "SDDMMGradOnly", "SparseAttention", "ste_gradient",
-           "spmm_t", "clip_grad", "attention_weights"]
+           "spmm_t", "clip_grad"]
 
 
 def spmm_t(graph: CSRGraph, values: Tensor, dense: Tensor) -> Tensor:
     r"""The transposed product :math:`\mathbf{A}^{\top} \mathbf{X}` of the
     graph's CSR matrix with values in edge order."""
     return spmm(graph.colptr, graph.row_t(), values[graph.perm], dense)
-
-
-def attention_weights(graph: CSRGraph, q: Tensor, k: Tensor, lse: Tensor,
-                      scale: float) -> Tensor:
-    r""":math:`\alpha_e = \exp(s_e - \mathrm{lse}_{r(e)})`, :obj:`[E]`,
-    from each row's log-sum-exp :obj:`[R]`: the fused kernels keep no
-    per-edge weights, so they are recomputed where asked for."""
-    score = sddmm(graph.rowptr, graph.col, q.detach(), k.detach(), scale)
-    return score.sub_(lse.to(score.dtype).index_select(0, graph.row())).exp_()
 
 
 class SDDMM(torch.autograd.Function):
