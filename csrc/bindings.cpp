@@ -1,24 +1,22 @@
-// The extension module sbm_pyg._C: the fastRG sampler through pybind11 (its
-// Python side, sbm_pyg/sampling/_compiled.py, checks sizes between its two
-// passes), and the fused attention as torch operators, sbm_pyg::*, whose
-// autograd and fake kernels are registered from Python
-// (sbm_pyg/ops/fused_attention.py).
+// The extension module sbm_pyg._C: the CPU kernels of the torch operators
+// sbm_pyg::* (the fastRG sampler's two passes and the fused attention with
+// its backward). Their schemas, CUDA (Triton) kernels, fake kernels and the
+// attention's autograd formula are defined once in Python
+// (sbm_pyg/sampling/fastrg_op.py, sbm_pyg/ops/fused_attention.py).
 #include <torch/extension.h>
 #include <torch/library.h>
 
 #include "attention/attention.h"
 #include "sampler/fastrg.h"
 
+// Importing sbm_pyg._C loads the library, which registers the kernels below.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "sbm_pyg compiled kernels (CPU)";
-  m.def("fastrg_plan", &sbm_pyg::fastrg_plan, "fastRG pass 1: row degrees");
-  m.def("fastrg_sample", &sbm_pyg::fastrg_sample, "fastRG pass 2: the graph");
+  m.doc() = "sbm_pyg compiled kernels (CPU), registered as torch.ops.sbm_pyg";
 }
 
-// The CPU kernels of the fused attention. The operators' schemas, their
-// CUDA (Triton) kernels, autograd formula and fake kernels are defined once
-// in Python (sbm_pyg/ops/fused_attention.py).
 TORCH_LIBRARY_IMPL(sbm_pyg, CPU, m) {
+  m.impl("fastrg_plan", &sbm_pyg::fastrg_plan);
+  m.impl("fastrg_sample", &sbm_pyg::fastrg_sample);
   m.impl("sparse_attention", &sbm_pyg::sparse_attention);
   m.impl("sparse_attention_backward", &sbm_pyg::sparse_attention_backward);
 }

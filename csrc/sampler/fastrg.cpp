@@ -28,6 +28,9 @@
 // the memory guard) before anything of that size is allocated:
 //   plan   -> per-row degree (or -1 for a dense row) and inflation c
 //   sample -> rowptr, col, perm, colptr (int32 CSR)
+// They are the CPU kernels of the torch operators sbm_pyg::fastrg_plan and
+// sbm_pyg::fastrg_sample, whose schemas are defined in Python
+// (sbm_pyg/sampling/fastrg_op.py).
 #include "sampler/fastrg.h"
 
 #include "simd.h"
@@ -533,7 +536,7 @@ struct Sampler {
 };
 
 template <typename scalar_t>
-std::vector<Tensor> sample_impl(const Problem<scalar_t>& P,
+sbm_pyg::FourTensors sample_impl(const Problem<scalar_t>& P,
                                 const Tensor& degree_t,
                                 const Tensor& inflation_t, bool self_loops,
                                 const Tensor& inc_ptr, const Tensor& inc_col,
@@ -680,7 +683,7 @@ void check_inputs(const Tensor& W, const Tensor& Z, const Tensor& mass,
 
 namespace sbm_pyg {
 
-std::vector<Tensor> fastrg_plan(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q,
+FourTensors fastrg_plan(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q,
                                 Tensor ptr_k, double delta, bool exact,
                                 int64_t seed, double threshold) {
   TORCH_CHECK(Y.is_contiguous() && Y.scalar_type() == W.scalar_type(),
@@ -706,13 +709,13 @@ std::vector<Tensor> fastrg_plan(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q,
   return {degree, inflation, mass, stats};
 }
 
-std::vector<Tensor> fastrg_sample(Tensor W, Tensor Z, Tensor mass,
+FourTensors fastrg_sample(Tensor W, Tensor Z, Tensor mass,
                                   Tensor ptr_q, Tensor ptr_k, double delta,
                                   bool exact, int64_t seed, Tensor degree,
                                   Tensor inflation, bool self_loops,
                                   Tensor inc_ptr, Tensor inc_col) {
   check_inputs(W, Z, mass, ptr_q, ptr_k);
-  std::vector<Tensor> out;
+  sbm_pyg::FourTensors out;
   AT_DISPATCH_FLOATING_TYPES(W.scalar_type(), "fastrg_sample", [&] {
     Problem<scalar_t> P(W, Z, mass, ptr_q, ptr_k, delta, exact);
     out = sample_impl(P, degree, inflation, self_loops, inc_ptr, inc_col,

@@ -1,28 +1,29 @@
 // The compiled fastRG sampler (CPU): two passes, so that the caller can check
 // the draw count against its memory guard before the graph is allocated.
+// They are the CPU kernels of sbm_pyg::fastrg_plan and sbm_pyg::fastrg_sample.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <vector>
+#include <tuple>
 
 namespace sbm_pyg {
 
+using FourTensors =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
 // Pass 1: per-row degree (or -1 for a row tested densely), inflation, key
 // cluster masses and the input checks' statistics.
-std::vector<at::Tensor> fastrg_plan(at::Tensor Y, at::Tensor W, at::Tensor Z,
-                                    at::Tensor ptr_q, at::Tensor ptr_k,
-                                    double delta, bool exact, int64_t seed,
-                                    double threshold);
+FourTensors fastrg_plan(at::Tensor Y, at::Tensor W, at::Tensor Z,
+                        at::Tensor ptr_q, at::Tensor ptr_k, double delta,
+                        bool exact, int64_t seed, double threshold);
 
 // Pass 2: rowptr, col (head * Nk + key), perm and colptr of the sampled
 // graph, int32.
-std::vector<at::Tensor> fastrg_sample(at::Tensor W, at::Tensor Z,
-                                      at::Tensor mass, at::Tensor ptr_q,
-                                      at::Tensor ptr_k, double delta,
-                                      bool exact, int64_t seed,
-                                      at::Tensor degree, at::Tensor inflation,
-                                      bool self_loops, at::Tensor inc_ptr,
-                                      at::Tensor inc_col);
+FourTensors fastrg_sample(at::Tensor W, at::Tensor Z, at::Tensor mass,
+                          at::Tensor ptr_q, at::Tensor ptr_k, double delta,
+                          bool exact, int64_t seed, at::Tensor degree,
+                          at::Tensor inflation, bool self_loops,
+                          at::Tensor inc_ptr, at::Tensor inc_col);
 
 }  // namespace sbm_pyg

@@ -2,9 +2,10 @@ r"""Which kernels are built and which ones run: the one place that says so,
 as :mod:`torch_geometric.typing` does for PyG.
 
 * :data:`WITH_EXTENSION`: the compiled extension ``sbm_pyg._C`` was built
-  (``setup.py``, ``csrc/``): the fastRG sampler and the fused attention
-  for CPU tensors. Without a compiler, or with ``SBM_PYG_NO_EXT=1`` at
-  install time, the package runs on its pure-PyTorch path.
+  (``setup.py``, ``csrc/``): the CPU kernels of the operators
+  ``sbm_pyg::fastrg_plan``, ``fastrg_sample`` and ``sparse_attention``.
+  Without a compiler, or with ``SBM_PYG_NO_EXT=1`` at install time, the
+  package runs on its pure-PyTorch path.
 * :data:`WITH_TRITON`: Triton imports: the sampler and the fused attention
   for CUDA tensors.
 * :func:`resolve_backend`: the one function that picks a kernel.
@@ -24,8 +25,8 @@ __all__ = ["WITH_EXTENSION", "WITH_TRITON", "WITH_TORCH_SCATTER",
            "extension", "BACKENDS", "resolve_backend", "backends",
            "triton_runs"]
 
-# The compiled module sbm_pyg._C (pybind functions of the sampler; its
-# attention registers torch.ops.sbm_pyg), or None. Loaded here only.
+# The compiled module sbm_pyg._C, whose import registers the CPU kernels of
+# torch.ops.sbm_pyg (sampler and attention), or None. Loaded here only.
 extension: Any
 try:
     extension = importlib.import_module("sbm_pyg._C")

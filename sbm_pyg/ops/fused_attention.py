@@ -25,15 +25,14 @@ fake kernels.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from sbm_pyg.ops.backend_info import WITH_TRITON
 from sbm_pyg.ops.csr import row_index, sddmm
 from sbm_pyg.ops.graph import CSRGraph
+from sbm_pyg.ops.library import LIBRARY, TWIN, OpSpec, define_ops
 from sbm_pyg.ops.torch_attention import STE_CODES
 
 __all__ = ["fused_attention"]
@@ -49,7 +48,6 @@ _SCHEMAS = {
                   "Tensor, Tensor, Tensor, Tensor)"),
 }
 _STE_NAMES = {code: name for name, code in STE_CODES.items()}
-_lib = torch.library.Library("sbm_pyg", "FRAGMENT")
 
 
 def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
@@ -167,26 +165,23 @@ def _autograd(backward_op):
     return backward
 
 
-def _define(name: str) -> None:
-    # The schemas, fake kernels and autograd formula of one operator pair.
-    for suffix, schema in _SCHEMAS.items():
-        _lib.define(name + suffix + schema)
-    torch.library.register_fake(f"sbm_pyg::{name}", _fake_forward, lib=_lib)
-    torch.library.register_fake(f"sbm_pyg::{name}_backward", _fake_backward,
-                                lib=_lib)
+_OPS: OpSpec = {
+    "sparse_attention": (_SCHEMAS[""], _fake_forward, _triton_forward),
+    "sparse_attention_backward": (_SCHEMAS["_backward"], _fake_backward,
+                                  _triton_backward),
+}
+
+
+def _define(prefix: str) -> None:
+    # The operator pair, and its autograd formula.
+    define_ops(_OPS, prefix)
+    name = f"{prefix}sparse_attention"
     torch.library.register_autograd(
         f"sbm_pyg::{name}", _autograd(getattr(torch.ops.sbm_pyg,
                                               name + "_backward")),
-        setup_context=_setup_context, lib=_lib)
+        setup_context=_setup_context, lib=LIBRARY)
 
 
-# The CPU kernels of sbm_pyg::sparse_attention come from the extension
-# (TORCH_LIBRARY_IMPL in csrc/bindings.cpp).
-_define("sparse_attention")
-if WITH_TRITON:
-    _lib.impl("sparse_attention", _triton_forward, "CUDA")
-    _lib.impl("sparse_attention_backward", _triton_backward, "CUDA")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        _define("triton_sparse_attention")
-        _lib.impl("triton_sparse_attention", _triton_forward, "CPU")
-        _lib.impl("triton_sparse_attention_backward", _triton_backward, "CPU")
+_define("")
+if TWIN:
+    _define(TWIN)

@@ -19,7 +19,7 @@ from sbm_pyg.ops.graph import INDEX_DTYPE, CSRGraph, check_index_range
 from sbm_pyg.validation import require_tensor
 
 __all__ = ["SampledEdges", "edge_pairs", "sorted_unique", "keys_to_csr",
-           "edges_from_keys"]
+           "csr_from_keys", "edges_from_keys"]
 
 
 class SampledEdges(NamedTuple):
@@ -56,9 +56,8 @@ def keys_to_csr(key: Tensor, H: int, Nq: int, Nk: int
     return row - head * Nq, key - row * Nk, head, rowptr
 
 
-def edges_from_keys(key: Tensor, H: int, Nq: int, Nk: int, num_draws: int,
-                    expected_draws: float) -> SampledEdges:
-    r"""The CSR form of edges given by their keys, which must be sorted and
+def csr_from_keys(key: Tensor, H: int, Nq: int, Nk: int) -> CSRGraph:
+    r"""The CSR graph of edges given by their keys, which must be sorted and
     distinct (the samplers' keys are, by construction)."""
     check_index_range(key.numel(), H * Nq, H * Nk)
     row = key // max(Nk, 1)  # h * N_q + i, sorted
@@ -71,8 +70,14 @@ def edges_from_keys(key: Tensor, H: int, Nq: int, Nk: int, num_draws: int,
     col_sorted, perm = torch.sort(col, stable=True)
     colptr = torch.searchsorted(col_sorted, torch.arange(
         H * Nk + 1, device=key.device, dtype=INDEX_DTYPE), out_int32=True)
-    return SampledEdges(CSRGraph(rowptr, col, colptr, perm.to(INDEX_DTYPE)),
-                        num_draws, expected_draws)
+    return CSRGraph(rowptr, col, colptr, perm.to(INDEX_DTYPE))
+
+
+def edges_from_keys(key: Tensor, H: int, Nq: int, Nk: int, num_draws: int,
+                    expected_draws: float) -> SampledEdges:
+    r""":func:`csr_from_keys` with the draw statistics."""
+    return SampledEdges(csr_from_keys(key, H, Nq, Nk), num_draws,
+                        expected_draws)
 
 
 def edge_pairs(name: str, edges: object) -> Tensor:

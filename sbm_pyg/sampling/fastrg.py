@@ -9,7 +9,7 @@ from torch import Tensor
 
 from sbm_pyg.ops.backend_info import BACKENDS, resolve_backend
 from sbm_pyg.ops.csr import full_precision
-from sbm_pyg.sampling import fastrg_cpp, fastrg_torch, fastrg_triton
+from sbm_pyg.sampling import fastrg_op, fastrg_torch
 from sbm_pyg.sampling.checks import MODES, PtrLike, check_sbm, included_pairs
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator
@@ -85,10 +85,12 @@ def fastrg(
             available memory raises too.
         generator (torch.Generator, optional): source of randomness; the
             same state gives the same graph (for a backend).
-        backend (str, optional): :obj:`"cpp"` (the C++ kernels of
-            :obj:`sbm_pyg._C`, CPU; :mod:`~sbm_pyg.sampling.fastrg_cpp`
-            describes them), :obj:`"triton"` (the same algorithm and random
-            stream in Triton, CUDA; :mod:`~sbm_pyg.sampling.fastrg_triton`),
+        backend (str, optional): :obj:`"cpp"` (the C++ kernels of the
+            operators ``sbm_pyg::fastrg_plan`` and ``fastrg_sample``, CPU;
+            :mod:`~sbm_pyg.sampling.fastrg_op` describes them),
+            :obj:`"triton"` (the same operators' Triton kernels, CUDA: the
+            same algorithm and random stream;
+            :mod:`~sbm_pyg.sampling.fastrg_triton`),
             :obj:`"torch"` (pure PyTorch, any device, another algorithm
             and stream; :mod:`~sbm_pyg.sampling.fastrg_torch`) or
             :obj:`"auto"`: the fastest that runs on the memberships' device
@@ -126,12 +128,14 @@ def fastrg(
     if include_edges is not None:
         *included, check = included_pairs(include_edges, ptr_q, ptr_k, Nq, Nk)
         checks.append(check)
-    sample = dict(cpp=fastrg_cpp, torch=fastrg_torch,
-                  triton=fastrg_triton)[backend].sample
+    args = (q_memb, block, k_memb, ptr_q, ptr_k, checks, mode, exploration,
+            self_loops, included, max_edges, generator)
     # The sampler computes in the memberships' precision (float64 or
     # float32) whatever autocast is on around it.
     with full_precision(q_memb.device):
-        edges = sample(q_memb, block, k_memb, ptr_q, ptr_k, checks, mode,
-                       exploration, self_loops, included, max_edges, generator)
+        if backend == "torch":
+            edges = fastrg_torch.sample(*args)
+        else:  # the operators sbm_pyg::fastrg_plan and fastrg_sample
+            edges = fastrg_op.sample(*args, backend=backend)
     return SampledGraph(edges.csr, Nq, Nk, H, ptr_q, ptr_k, edges.num_draws,
                         edges.expected_draws)

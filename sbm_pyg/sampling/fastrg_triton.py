@@ -1,6 +1,7 @@
-r"""The Triton backend of :func:`~sbm_pyg.sampling.fastrg` (CUDA): the
-compiled sampler's query-major algorithm (:mod:`~sbm_pyg.sampling.fastrg_cpp`)
-on the GPU, with the same random stream.
+r"""The CUDA kernels of the sampler operators ``sbm_pyg::fastrg_plan`` and
+``sbm_pyg::fastrg_sample`` (:mod:`~sbm_pyg.sampling.fastrg_op`), in Triton:
+the C++ kernel's query-major algorithm on the GPU, with the same random
+stream.
 
 Each :math:`(h, i)` row draws its Poisson degree :math:`\mathrm{Poisson}(c
 \lambda_i)` (inversion below a mean of 10, Hörmann's PTRS above), picks each
@@ -8,8 +9,8 @@ draw's key cluster from the weights :math:`(\mathbf{Y}_i \mathbf{B})_v s^Z_v`
 and its key from the alias table of :math:`(g, h, v)`, and the duplicates
 of a row are merged; exact mode thins the distinct keys with the row's own
 bound and squeeze, and a row whose expected draws reach
-:data:`~sbm_pyg.sampling.fastrg_cpp.DENSE_ROW_THRESHOLD` (shared) of its keys tests
-every key with one Bernoulli. Every row reads the C++ kernel's SplitMix64
+:data:`~sbm_pyg.sampling.fastrg_op.DENSE_ROW_THRESHOLD` (shared) of its keys
+tests every key with one Bernoulli. Every row reads the C++ kernel's SplitMix64
 stream at the same counters, and the alias tables are built by the same
 sweep with the same floating-point operations, so one seed gives the same
 graph on both backends up to floating-point ties (sums in another order,
@@ -25,13 +26,15 @@ Where the GPU asks for another shape of work, the result is the same:
 * each alias table is built by one program (the sweep is sequential).
 
 Four kernels: plan (degrees, inflation), alias tables, draws (sparse and
-dense rows), thinning. Without a GPU they run under Triton's interpreter
-(``TRITON_INTERPRET=1``) on CPU tensors, which is how the tests compare
-them with the C++ kernel edge by edge.
+dense rows), thinning; :func:`plan` launches the first, :func:`sample` the
+others. Without a GPU they run under Triton's interpreter
+(``TRITON_INTERPRET=1``) on CPU tensors, as the twin operators
+``sbm_pyg::triton_fastrg_*``, which is how the tests compare them with the
+C++ kernel edge by edge.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Tuple
 
 import torch
 from torch import Tensor
@@ -42,18 +45,11 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
-from sbm_pyg.sampling import fastrg_cpp
-from sbm_pyg.sampling.checks import check_draws
-from sbm_pyg.sampling.edges import SampledEdges, edges_from_keys, sorted_unique
+from sbm_pyg.sampling.edges import csr_from_keys, sorted_unique
 from sbm_pyg.sampling.fastrg_torch import sequence_max, with_forced_keys
-from sbm_pyg.validation import Check, invalid_values, sync
 
-__all__ = ["sample"]
+__all__ = ["plan", "sample"]
 
-# Peak bytes per draw: the int32 draw buffer, the int64 edge keys and the
-# sort's copies of them, and the graph's int64 edge_index, head and perm.
-BYTES_PER_DRAW = 60
-BYTES_PER_ALIAS_ENTRY = 8
 # Block sizes that keep the [block, k] float64 tiles in registers at k = 128
 # (benchmarks/triton_compile.py reports registers and spills).
 BLOCK_ROWS = 8
@@ -350,70 +346,87 @@ if triton is not None:
         tl.store(Keep + e, keep.to(tl.int8), mask=live)
 
 
-def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
-           ptr_k: Tensor, checks: List[Check], mode: str, exploration: float,
-           self_loops: bool, included: Optional[Sequence[Tensor]],
-           max_edges: Optional[int],
-           generator: Optional[torch.Generator]) -> SampledEdges:
-    r"""Samples the graph (arguments validated by
-    :func:`~sbm_pyg.sampling.fastrg`; :obj:`included` is :obj:`None` or the
-    clamped :obj:`(i, j)` pairs); raises :obj:`checks` at its one sync."""
-    Nq, H, k = q_memb.shape
-    Nk, device = k_memb.size(0), q_memb.device
+def _rows(ptr_q: Tensor, ptr_k: Tensor, H: int, Nq: int):
+    # Each query's sequence [N_q] and each (head, query) row's key count [R].
     G = ptr_q.numel() - 1
-    exact = mode == "exact"
-    dtype = torch.float64 if q_memb.dtype == torch.float64 else torch.float32
-    Y = q_memb.detach().to(dtype)
-    Z = k_memb.detach().to(dtype).contiguous()
-    W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
-    seed = fastrg_cpp.stream_seed(generator, device)
-    R = H * Nq
-    seq = torch.repeat_interleave(torch.arange(G, device=device),
+    seq = torch.repeat_interleave(torch.arange(G, device=ptr_q.device),
                                   ptr_q.diff(), output_size=Nq)
+    return seq, ptr_k.diff()[seq].repeat(H)
+
+
+def _invalid(x: Tensor) -> Tensor:
+    # 1.0 if an entry is negative, NaN or infinite, else 0.0 (the C++ flag).
+    return (~((x >= 0) & torch.isfinite(x))).any().double()
+
+
+def plan(Y: Tensor, W: Tensor, Z: Tensor, ptr_q: Tensor, ptr_k: Tensor,
+         delta: float, exact: bool, seed: int, threshold: float
+         ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""The CUDA kernel of ``sbm_pyg::fastrg_plan``
+    (:mod:`~sbm_pyg.sampling.fastrg_op` gives the contract): each row's
+    degree, inflation, the key clusters' masses and the statistics."""
+    H, Nq, k = W.shape
+    R, device = H * Nq, W.device
+    seq, nk = _rows(ptr_q, ptr_k, H, Nq)
     Zd = Z.double()
     mass = torch.segment_reduce(Zd, "sum", offsets=ptr_k, axis=0,
                                 unsafe=True).contiguous()  # [G, H, k]
     max_k = sequence_max(Zd, ptr_k).contiguous()
     del Zd
-    nk = ptr_k.diff()[seq].repeat(H)  # [R]
     degree = torch.empty(R, dtype=torch.long, device=device)
     inflation = torch.empty(R, dtype=torch.float64, device=device)
     mu = torch.empty(R, dtype=torch.float64, device=device)
-    block_k = triton.next_power_of_2(max(k, 1))
     if R:
         _plan_kernel[(triton.cdiv(R, BLOCK_ROWS),)](
             W, mass, max_k, seq, ptr_k, degree, inflation, mu, seed,
-            float(exploration), fastrg_cpp.DENSE_ROW_THRESHOLD, R, Nq, H=H, K=k,
-            BLOCK_K=block_k, BLOCK_R=BLOCK_ROWS, EXACT=exact, **NO_FUSION)
+            float(delta), float(threshold), R, Nq, H=H, K=k,
+            BLOCK_K=triton.next_power_of_2(max(k, 1)), BLOCK_R=BLOCK_ROWS,
+            EXACT=exact, **NO_FUSION)
+    # The C++ kernel's statistics: a dense row counts its keys as draws and
+    # its expected degree (at most its keys) as edges; a row whose rate is
+    # not finite and non-negative draws nothing and is counted.
     dense = degree < 0
-    slots = torch.where(dense, nk, degree)
-    checks = checks + [
-        (~((Y >= 0) & torch.isfinite(Y)).all(), invalid_values("q_memb")),
-        (~((Z >= 0) & torch.isfinite(Z)).all(), invalid_values("k_memb")),
-        ((~((mu >= 0) & (mu < 1e300)) & (nk > 0)).any(),
-         "the SBM's edge rates overflow (q_memb, block or k_memb too large)")]
-    # Invalid input raises here, before anything of the graph's size exists.
-    num_draws, expected_draws = sync(
-        checks, slots.sum(), torch.where(dense, nk.double(), mu).sum())
-    check_draws(num_draws, expected_draws,
-                int(num_draws) * BYTES_PER_DRAW
-                + H * k * Nk * BYTES_PER_ALIAS_ENTRY,
-                max_edges, device, G, H, Nq, Nk)
-    num_draws = int(num_draws)
+    nkd = nk.double()
+    ok = (mu >= 0) & (mu < 1e300) & (nk > 0)
+    zero = torch.zeros_like(mu)
+    stats = torch.stack([
+        torch.where(dense, nkd, degree.double()).sum(),
+        torch.where(dense, nkd, torch.where(ok, mu, zero)).sum(),
+        torch.where(dense, torch.minimum(mu / inflation, nkd),
+                    degree.double()).sum(),
+        (~ok & (nk > 0)).sum().double(), _invalid(Y), _invalid(Z)])
+    return degree, inflation, mass, stats
+
+
+def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
+           delta: float, exact: bool, seed: int, degree: Tensor,
+           inflation: Tensor, self_loops: bool, inc_ptr: Tensor,
+           inc_col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""The CUDA kernel of ``sbm_pyg::fastrg_sample``
+    (:mod:`~sbm_pyg.sampling.fastrg_op` gives the contract): the graph's
+    int32 CSR :obj:`(rowptr, col, perm, colptr)`."""
+    H, Nq, k = W.shape
+    Nk, device = Z.size(0), W.device
+    G, R = ptr_q.numel() - 1, H * Nq
+    seq, nk = _rows(ptr_q, ptr_k, H, Nq)
+    slots = torch.where(degree < 0, nk, degree)
+    offset = torch.cumsum(slots, 0)
+    # The draw buffer's size (the caller's memory guard has checked it).
+    num_draws = int(offset[-1]) if R else 0
+    offset -= slots
     prob = torch.ones(H * k * Nk, dtype=torch.float32, device=device)
     alias = torch.arange(Nk, dtype=torch.int32, device=device).repeat(H * k)
     if G * H * k and bool((degree > 0).any()):
         _alias_kernel[(G * H * k,)](Z, ptr_k, prob, alias, Nk, H=H, K=k,
                                     **NO_FUSION)
-    offset = torch.cumsum(slots, 0) - slots
+    block_k = triton.next_power_of_2(max(k, 1))
     drawn = torch.empty(num_draws, dtype=torch.int32, device=device)
     if num_draws:
         _draw_kernel[(R,)](
             W, Z, mass, seq, ptr_k, degree, offset, prob, alias, drawn, seed,
-            float(exploration), Nq, Nk, H=H, K=k, BLOCK_K=block_k,
-            BLOCK_D=BLOCK_DRAWS, EXACT=exact, EXPLORE=exploration > 0,
-            **NO_FUSION)
-    del prob, alias
+            float(delta), Nq, Nk, H=H, K=k, BLOCK_K=block_k,
+            BLOCK_D=BLOCK_DRAWS, EXACT=exact, EXPLORE=delta > 0, **NO_FUSION)
+    del prob, alias, offset
     row = torch.repeat_interleave(torch.arange(R, device=device), slots,
                                   output_size=num_draws)
     ks = ptr_k[seq].repeat(H)  # [R]
@@ -425,8 +438,14 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
         keep = torch.empty(key.numel(), dtype=torch.int8, device=device)
         _thin_kernel[(triton.cdiv(key.numel(), BLOCK_EDGES),)](
             key, row_start, W, Z, degree, inflation, keep, seed,
-            float(exploration), key.numel(), Nq, Nk, H=H, K=k,
+            float(delta), key.numel(), Nq, Nk, H=H, K=k,
             BLOCK_K=block_k, BLOCK_E=BLOCK_EDGES, **NO_FUSION)
         key = key[keep.bool()]
-    key = with_forced_keys(key, included, self_loops, H, Nq, Nk)
-    return edges_from_keys(key, H, Nq, Nk, num_draws, expected_draws)
+    included = None
+    if inc_ptr.numel():
+        i = torch.repeat_interleave(torch.arange(Nq, device=device),
+                                    inc_ptr.diff(), output_size=inc_col.numel())
+        included = (i, inc_col)
+    csr = csr_from_keys(with_forced_keys(key, included, self_loops, H, Nq, Nk),
+                        H, Nq, Nk)
+    return csr.rowptr, csr.col, csr.perm, csr.colptr

@@ -3,7 +3,7 @@ import functools
 import pytest
 
 from sbm_pyg import sampling
-from sbm_pyg.sampling import fastrg_cpp
+from sbm_pyg.sampling import fastrg_op
 from tests.sampling.cases import BACKENDS, INTERPRETED
 
 
@@ -16,5 +16,5 @@ def sample(request, monkeypatch):
         pytest.skip("too many rows for Triton's interpreter; compared with "
                     "the C++ kernel edge by edge in test_backends")
     if threshold is not None:
-        monkeypatch.setattr(fastrg_cpp, "DENSE_ROW_THRESHOLD", threshold)
+        monkeypatch.setattr(fastrg_op, "DENSE_ROW_THRESHOLD", threshold)
     return functools.partial(sampling.fastrg, backend=name)

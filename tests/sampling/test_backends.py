@@ -10,7 +10,7 @@ import torch
 from sbm_pyg import sampling
 from sbm_pyg.ops import WITH_EXTENSION, backend_info
 from sbm_pyg.sampling import (
-    fastrg_cpp,
+    fastrg_op,
 )
 from tests.helpers import max_binomial_z, seeded, z_bound
 from tests.sampling.cases import (
@@ -28,7 +28,7 @@ def test_compiled_equals_torch_where_the_graph_is_determined(threshold,
                                                              monkeypatch):
     # p_ij is 0 or >= 1 in exact mode: every backend must return exactly the
     # same graph, with self-loops and included edges, over a ragged batch.
-    monkeypatch.setattr(fastrg_cpp, "DENSE_ROW_THRESHOLD", threshold)
+    monkeypatch.setattr(fastrg_op, "DENSE_ROW_THRESHOLD", threshold)
     g = seeded(0)
     n, H, k = 40, 2, 3
     memb = torch.nn.functional.one_hot(torch.randint(k, (n, H), generator=g),
@@ -113,8 +113,8 @@ def test_triton_gives_the_cpp_graph_for_the_same_seed(mode, exploration, dtype,
     # sparse rows (Poisson by inversion and by PTRS: degrees around 12),
     # dense rows, self-loops and included edges. The C++ kernel runs on CPU
     # copies with the same seed.
-    monkeypatch.setattr(fastrg_cpp, "DENSE_ROW_THRESHOLD", threshold)
-    monkeypatch.setattr(fastrg_cpp, "stream_seed", lambda *_: 2**61 + 12345)
+    monkeypatch.setattr(fastrg_op, "DENSE_ROW_THRESHOLD", threshold)
+    monkeypatch.setattr(fastrg_op, "stream_seed", lambda *_: 2**61 + 12345)
     g = torch.Generator("cpu").manual_seed(0)
     n, H, k = 80, 2, 4
     q = torch.rand(n, H, k, generator=g, dtype=dtype)

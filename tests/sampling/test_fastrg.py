@@ -8,7 +8,7 @@ import torch
 from sbm_pyg.sampling import (
     SampledGraph,
     expected_adjacency,
-    fastrg_cpp,
+    fastrg_op,
 )
 from tests.helpers import max_binomial_z, seeded, z_bound
 from tests.sampling.cases import (
@@ -112,7 +112,7 @@ def test_edge_count_matches_poisson_mean(mode, sample):
     # Poisson law: num_draws counts the tested pairs, and only the distinct
     # edge count is checked.
     dense_rows = sample.keywords["backend"] == "cpp" and (
-        fastrg_cpp.DENSE_ROW_THRESHOLD == 0.0)
+        fastrg_op.DENSE_ROW_THRESHOLD == 0.0)
     q, b, k = small_sbm(scale=0.5)
     gen = seeded(2)
     runs = 400

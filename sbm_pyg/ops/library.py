@@ -1,0 +1,44 @@
+r"""The torch operator namespace ``sbm_pyg``: every operator of the package
+(the sampler's two passes, the fused attention and its backward) is
+defined here, through one :class:`torch.library.Library` fragment, with one
+schema and one fake kernel, and gets its kernel per device: the compiled
+extension registers the CPU kernels (``TORCH_LIBRARY_IMPL`` in
+``csrc/bindings.cpp``), :func:`define_ops` the Triton ones for CUDA.
+
+Under ``TRITON_INTERPRET=1`` (tests without a GPU) an operator set can also
+be defined as a twin, ``sbm_pyg::triton_<name>``, whose CPU kernel is the
+Triton one run by the interpreter.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+from sbm_pyg.ops.backend_info import WITH_TRITON
+
+__all__ = ["LIBRARY", "TWIN", "define_ops"]
+
+LIBRARY = torch.library.Library("sbm_pyg", "FRAGMENT")
+# The twin operators' prefix, or None where they are not defined.
+TWIN: Optional[str] = ("triton_" if WITH_TRITON
+                       and os.environ.get("TRITON_INTERPRET") == "1" else None)
+
+# name -> (schema after the name, fake kernel, Triton kernel)
+OpSpec = Dict[str, Tuple[str, Callable, Callable]]
+
+
+def define_ops(ops: OpSpec, prefix: str = "") -> None:
+    r"""Defines each operator ``sbm_pyg::<prefix><name>`` of :obj:`ops` with
+    its schema and fake kernel, and registers its Triton kernel: for CUDA
+    (no prefix, where Triton imports), or for the CPU (the twin,
+    :obj:`prefix=TWIN`)."""
+    for name, (schema, fake, triton_kernel) in ops.items():
+        LIBRARY.define(prefix + name + schema)
+        torch.library.register_fake(f"sbm_pyg::{prefix}{name}", fake,
+                                    lib=LIBRARY)
+        if prefix:
+            LIBRARY.impl(prefix + name, triton_kernel, "CPU")
+        elif WITH_TRITON:
+            LIBRARY.impl(name, triton_kernel, "CUDA")

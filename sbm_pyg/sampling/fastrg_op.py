@@ -1,0 +1,178 @@
+r"""fastRG as torch operators with a kernel per device:
+``sbm_pyg::fastrg_plan`` and ``sbm_pyg::fastrg_sample``, the
+:obj:`"cpp"` (CPU) and :obj:`"triton"` (CUDA) backends of
+:func:`~sbm_pyg.sampling.fastrg`.
+
+Each :math:`(h, i)` row draws its Poisson degree :math:`\mathrm{Poisson}(c
+\lambda_i)`, :math:`\lambda_i = \mathbf{Y}_i \mathbf{B} \mathbf{s}^Z`, picks
+each draw's key cluster from the :math:`k` weights :math:`(\mathbf{Y}_i
+\mathbf{B})_v s^Z_v` (a guide table) and its key from an alias table of
+:math:`(g, h, v)` (float32 probabilities), and merges duplicates within the
+row. Exact mode bounds each row separately, :math:`P_i = \mathbf{Y}_i
+\mathbf{B} \max_j \mathbf{Z}_j`, and thins with a squeeze (a uniform below
+:math:`1/c` keeps an edge without computing :math:`p_{ij}`). A row whose
+drawing would cost more than testing its keys (expected draws
+:math:`\geq` :data:`DENSE_ROW_THRESHOLD` of its keys) is sampled with one
+Bernoulli per key instead, so a dense head costs :math:`O(n_k)` per query in
+either mode; :obj:`num_draws` then counts those tested pairs. Each row has
+its own counter-based random stream (SplitMix64), seeded from the
+generator, so the graph depends neither on the number of threads nor on the
+device: both kernels read every row's stream at the same counters.
+
+The sampler runs as two operators, so that the caller checks the draw count
+against its memory guard between them, at the one host sync, before
+anything of the graph's size exists:
+
+* ``fastrg_plan(Y, W, Z, ptr_q, ptr_k, delta, exact, seed, threshold)``
+  :math:`\to` :obj:`(degree [R], inflation [R], mass [G, H, k], stats [6])`:
+  each row's degree (:obj:`-1` for a dense row), its inflation :math:`c`,
+  the key clusters' masses and the statistics (draws, expected draws,
+  distinct edges expected, rows with an overflowing rate, invalid entries
+  of :obj:`Y` and of :obj:`Z`).
+* ``fastrg_sample(W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree,
+  inflation, self_loops, inc_ptr, inc_col)`` :math:`\to` :obj:`(rowptr,
+  col, perm, colptr)`, the int32 CSR of
+  :class:`~sbm_pyg.ops.graph.CSRGraph`.
+
+Here :obj:`W = Y B` is :obj:`[H, N_q, k]`, :obj:`Y` :obj:`[N_q, H, k]` and
+:obj:`Z` :obj:`[N_k, H, k]` (float32 or float64), :obj:`R = H N_q`, and
+:obj:`inc_ptr`/:obj:`inc_col` the CSR over queries of the included pairs
+(both empty for none). The schemas and fake kernels are defined here, once;
+the CPU kernels are the compiled extension's (``csrc/sampler/fastrg.cpp``),
+the CUDA kernels the Triton ones of :mod:`~sbm_pyg.sampling.fastrg_triton`.
+Under ``TRITON_INTERPRET=1`` (tests without a GPU) the Triton kernels are
+also registered for CPU tensors as the twin operators
+``sbm_pyg::triton_fastrg_plan`` and ``sbm_pyg::triton_fastrg_sample``.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from sbm_pyg.ops.graph import INDEX_DTYPE, CSRGraph, check_index_range
+from sbm_pyg.ops.library import TWIN, OpSpec, define_ops
+from sbm_pyg.sampling import fastrg_triton
+from sbm_pyg.sampling.checks import check_draws
+from sbm_pyg.sampling.edges import SampledEdges, keys_to_csr, sorted_unique
+from sbm_pyg.validation import Check, invalid_values, sync
+
+__all__ = ["sample", "stream_seed", "DENSE_ROW_THRESHOLD"]
+
+# A row is sampled densely (one Bernoulli per key) when its expected number
+# of draws, inflation included, is at least this fraction of its keys.
+DENSE_ROW_THRESHOLD = 0.5
+# Peak bytes per draw and per distinct edge, output included, of each
+# kernel. C++: col and perm (int32, 8 B), the per-chunk int32 keys while
+# they are copied (4 B) and their growth slack, and the int64 radix buffer of
+# the (sequence, head) blocks being sorted; duplicates are merged row by row
+# as they are drawn, so nothing is per draw. Triton: every draw's int32 key,
+# its int64 edge key and the sort's copies of them, before the merge.
+PEAK_BYTES = {"cpp": (0, 16), "triton": (60, 0)}
+# Alias table entry: a float32 probability and an int32 alias.
+BYTES_PER_ALIAS_ENTRY = 8
+
+_SCHEMAS = {
+    "_plan": ("(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q, Tensor ptr_k, "
+              "float delta, bool exact, int seed, float threshold) -> "
+              "(Tensor, Tensor, Tensor, Tensor)"),
+    "_sample": ("(Tensor W, Tensor Z, Tensor mass, Tensor ptr_q, "
+                "Tensor ptr_k, float delta, bool exact, int seed, "
+                "Tensor degree, Tensor inflation, bool self_loops, "
+                "Tensor inc_ptr, Tensor inc_col) -> "
+                "(Tensor, Tensor, Tensor, Tensor)"),
+}
+
+
+def stream_seed(generator: Optional[torch.Generator],
+                device: torch.device) -> int:
+    r"""The 62-bit seed of the row streams, drawn from :obj:`generator` (a
+    generator of :obj:`device`): the C++ and Triton kernels derive every
+    row's stream from it, so the same seed gives the same graph on both."""
+    return int(torch.randint(2**62, (), generator=generator, device=device))
+
+
+def _included_csr(i: Tensor, j: Tensor, Nq: int, Nk: int):
+    # Sorted distinct included keys of each query: CSR over queries, i.e.
+    # the one-head case of the samplers' own key-to-CSR conversion.
+    _, col, _, ptr = keys_to_csr(sorted_unique(i * max(Nk, 1) + j), 1, Nq, Nk)
+    return ptr, col
+
+
+def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
+           ptr_k: Tensor, checks: List[Check], mode: str, exploration: float,
+           self_loops: bool, included: Optional[Sequence[Tensor]],
+           max_edges: Optional[int], generator: Optional[torch.Generator],
+           backend: str) -> SampledEdges:
+    r"""Samples the graph with the operators (arguments validated by
+    :func:`~sbm_pyg.sampling.fastrg`; :obj:`included` is :obj:`None` or the
+    clamped :obj:`(i, j)` pairs; :obj:`backend` is :obj:`"cpp"` or
+    :obj:`"triton"`); raises :obj:`checks` at its one sync."""
+    Nq, H, k = q_memb.shape
+    Nk = k_memb.size(0)
+    exact = mode == "exact"
+    ops = torch.ops.sbm_pyg
+    plan, draw = ops.fastrg_plan, ops.fastrg_sample
+    if backend == "triton" and q_memb.device.type == "cpu":
+        plan, draw = ops.triton_fastrg_plan, ops.triton_fastrg_sample
+    dtype = torch.float64 if q_memb.dtype == torch.float64 else torch.float32
+    Y = q_memb.detach().to(dtype).contiguous()
+    Z = k_memb.detach().to(dtype).contiguous()
+    W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
+    seed = stream_seed(generator, q_memb.device)
+    degree, inflation, mass, stats = plan(Y, W, Z, ptr_q, ptr_k,
+                                          float(exploration), exact, seed,
+                                          DENSE_ROW_THRESHOLD)
+    del Y
+    draws, expected, edges, overflow, bad_q, bad_k = stats.unbind()
+    checks = checks + [
+        (bad_q > 0, invalid_values("q_memb")),
+        (bad_k > 0, invalid_values("k_memb")),
+        ((overflow > 0) | ~torch.isfinite(expected),
+         "the SBM's edge rates overflow (q_memb, block or k_memb too large)")]
+    # Invalid input raises here, before anything of the graph's size exists.
+    num_draws, expected_draws, num_edges = sync(checks, draws, expected, edges)
+    per_draw, per_edge = PEAK_BYTES[backend]
+    check_draws(num_draws, expected_draws,
+                num_draws * per_draw + num_edges * per_edge
+                + H * k * Nk * BYTES_PER_ALIAS_ENTRY,
+                max_edges, q_memb.device, ptr_q.numel() - 1, H, Nq, Nk)
+    check_index_range(int(num_edges), H * Nq, H * Nk)
+    inc_ptr = inc_col = ptr_q.new_empty(0)
+    if included is not None:
+        i, j = included
+        inc_ptr, inc_col = _included_csr(i, j, Nq, Nk)
+    rowptr, col, perm, colptr = draw(
+        W, Z, mass, ptr_q, ptr_k, float(exploration), exact, seed, degree,
+        inflation, self_loops, inc_ptr, inc_col)
+    return SampledEdges(CSRGraph(rowptr, col, colptr, perm), int(num_draws),
+                        expected_draws)
+
+
+def _fake_plan(Y, W, Z, ptr_q, ptr_k, delta, exact, seed, threshold):
+    H, Nq, k = W.shape
+    double = dict(dtype=torch.float64)
+    return (ptr_q.new_empty(H * Nq), W.new_empty(H * Nq, **double),
+            W.new_empty(ptr_q.size(0) - 1, H, k, **double),
+            W.new_empty(6, **double))
+
+
+def _fake_sample(W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree,
+                 inflation, self_loops, inc_ptr, inc_col):
+    H, Nq, _ = W.shape
+    E = torch.library.get_ctx().new_dynamic_size()
+    index = dict(dtype=INDEX_DTYPE)
+    return (W.new_empty(H * Nq + 1, **index), W.new_empty(E, **index),
+            W.new_empty(E, **index), W.new_empty(H * Z.size(0) + 1, **index))
+
+
+# The CPU kernels come from the extension (TORCH_LIBRARY_IMPL in
+# csrc/bindings.cpp).
+_OPS: OpSpec = {
+    "fastrg_plan": (_SCHEMAS["_plan"], _fake_plan, fastrg_triton.plan),
+    "fastrg_sample": (_SCHEMAS["_sample"], _fake_sample, fastrg_triton.sample),
+}
+define_ops(_OPS)
+if TWIN:
+    define_ops(_OPS, TWIN)

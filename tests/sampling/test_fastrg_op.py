@@ -1,0 +1,117 @@
+"""The sampler operators sbm_pyg::fastrg_plan and fastrg_sample: one schema
+with a kernel per device, as torch.library's checker sees them, and the C++
+and Triton kernels' plans and graphs against each other."""
+import pytest
+import torch
+
+from sbm_pyg.ops import WITH_TRITON, triton_runs
+from tests.helpers import seeded
+from tests.sampling.cases import needs_cpp, needs_triton
+
+pytestmark = pytest.mark.host
+
+
+def op_inputs(mode="exact", exploration=0.0, dtype=torch.float64):
+    """The plan's arguments for a ragged batch of three sequences (one
+    empty), as fastrg_op.sample builds them."""
+    g = seeded(0)
+    Nq, H, k = 30, 2, 4
+    Y = torch.rand(Nq, H, k, generator=g, dtype=dtype)
+    Z = torch.rand(Nq, H, k, generator=g, dtype=dtype)
+    B = torch.rand(H, k, k, generator=g, dtype=dtype) * 0.1
+    W = torch.bmm(Y.transpose(0, 1), B).contiguous()
+    ptr = torch.tensor([0, 12, 12, Nq])
+    return [Y, W, Z, ptr, ptr, exploration, mode == "exact", 2**61 + 7, 0.5]
+
+
+def sample_inputs(plan_args, plan_out, self_loops=True):
+    Y, W, Z, ptr_q, ptr_k, delta, exact, seed, _ = plan_args
+    degree, inflation, mass, _ = plan_out
+    # Included pairs: query 0 gets key 5, query 13 gets key 20.
+    inc_ptr = torch.zeros(Y.size(0) + 1, dtype=torch.long)
+    inc_ptr[1:] = 1
+    inc_ptr[14:] = 2
+    inc_col = torch.tensor([5, 20])
+    return [W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree, inflation,
+            self_loops, inc_ptr, inc_col]
+
+
+def test_one_schema_with_a_kernel_per_device():
+    # Fake kernels for every operator; the Triton kernels on CUDA where
+    # Triton imports.
+    for name in ("fastrg_plan", "fastrg_sample"):
+        op = f"sbm_pyg::{name}"
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "Meta")
+        assert (torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")
+                == WITH_TRITON)
+
+
+@needs_cpp
+def test_cpu_kernel_is_the_extension():
+    for name in ("fastrg_plan", "fastrg_sample"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"sbm_pyg::{name}", "CPU")
+
+
+@needs_cpp
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_opcheck(mode):
+    # Schemas and fake kernels as torch.library's checker sees them; the
+    # sample's edge count is data-dependent (a dynamic size in the fake).
+    args = op_inputs(mode, exploration=0.01)
+    torch.library.opcheck(torch.ops.sbm_pyg.fastrg_plan.default, args)
+    out = torch.ops.sbm_pyg.fastrg_plan(*args)
+    torch.library.opcheck(torch.ops.sbm_pyg.fastrg_sample.default,
+                          sample_inputs(args, out),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@needs_cpp
+def test_plan_statistics():
+    args = op_inputs("poisson")
+    degree, inflation, mass, stats = torch.ops.sbm_pyg.fastrg_plan(*args)
+    Y, W, Z, ptr = args[:4]
+    assert degree.dtype == torch.long and degree.shape == (2 * 30,)
+    assert torch.equal(inflation, torch.ones(60, dtype=torch.float64))
+    # Key cluster masses of each (sequence, head), the empty one zero.
+    expect = torch.stack([Z[0:12].sum(0), Z[0:0].sum(0), Z[12:30].sum(0)])
+    torch.testing.assert_close(mass, expect, rtol=1e-12, atol=0)
+    draws, expected, edges, overflow, bad_q, bad_k = stats.tolist()
+    assert draws == degree.clamp(min=0).sum() and draws == edges
+    lam = (W.reshape(2, 30, 4) * mass[[0] * 12 + [2] * 18].transpose(0, 1)
+           ).sum(-1)
+    assert expected == pytest.approx(float(lam.sum()), rel=1e-12)
+    assert (overflow, bad_q, bad_k) == (0, 0, 0)
+    Y = Y.clone()
+    Y[3, 1, 2] = float("nan")
+    Z = Z.clone()
+    Z[0, 0, 0] = -1.0
+    Z[1, 0, 0] = float("inf")
+    stats = torch.ops.sbm_pyg.fastrg_plan(Y, *[W, Z] + args[3:])[3]
+    assert stats[4:].tolist() == [1.0, 1.0]  # flags: q_memb, k_memb invalid
+    stats = torch.ops.sbm_pyg.fastrg_plan(*args[:2], Z, *args[3:])[3]
+    assert stats[4:].tolist() == [0.0, 1.0]
+
+
+@needs_cpp
+@needs_triton
+@pytest.mark.skipif(not triton_runs(torch.device("cpu")),
+                    reason="the twin operators need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("mode,exploration", [("poisson", 0.0),
+                                              ("exact", 0.02)])
+def test_triton_kernels_give_the_cpp_outputs(mode, exploration):
+    # Plan and sample of both kernels from the same arguments: the same
+    # degrees, masses, statistics and graph.
+    args = op_inputs(mode, exploration)
+    ops = torch.ops.sbm_pyg
+    ref = ops.fastrg_plan(*args)
+    out = ops.triton_fastrg_plan(*args)
+    assert torch.equal(out[0], ref[0])
+    for a, b in zip(out[1:], ref[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    graph_ref = ops.fastrg_sample(*sample_inputs(args, ref))
+    graph = ops.triton_fastrg_sample(*sample_inputs(args, ref))
+    assert graph_ref[1].numel() > 20
+    for a, b in zip(graph, graph_ref):
+        assert a.dtype == b.dtype == torch.int32
+        assert torch.equal(a, b)
