@@ -25,7 +25,8 @@ if os.environ.get("SBM_PYG_NO_EXT", "0") != "1":
         openmp = [] if sys.platform == "darwin" else ["-fopenmp"]
         ext_modules.append(CppExtension(
             "sbm_pyg._C", ["csrc/bindings.cpp", "csrc/sampler/fastrg.cpp",
-                           "csrc/attention/attention.cpp"],
+                           "csrc/attention/attention.cpp",
+                           "csrc/attention/dense.cpp"],
             include_dirs=["csrc"],
             extra_compile_args=["-O3"] + openmp,
             extra_link_args=openmp,

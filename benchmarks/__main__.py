@@ -11,7 +11,8 @@ resident set; on CUDA ``max_memory_allocated``.
 
 Sections (one module each): ``attention``, ``sampler``, ``published``,
 ``exact``, ``memory`` (in :mod:`benchmarks.sampler`), ``scaling``,
-``layer``, ``training``, ``ext``.
+``layer`` (and ``crossover``, in :mod:`benchmarks.layer`), ``training``,
+``ext``.
 
 ``--quick`` runs tiny sizes in seconds (the test suite runs it so that the
 script cannot rot; timings are never pass/fail in tests).
@@ -31,7 +32,7 @@ from benchmarks.attention import attention_case, bench_attention, sdpa_backend
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
 from benchmarks.edge_buffers import edge_buffers
 from benchmarks.ext import bench_ext
-from benchmarks.layer import bench_layer
+from benchmarks.layer import bench_crossover, bench_layer
 from benchmarks.measure import MEMORY, peak_rss, pin_mmap_threshold
 from benchmarks.sampler import (
     bench_exact_dense,
@@ -75,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--threads", type=int, default=2,
                         help="torch CPU threads (default 2)")
     sections = ["attention", "sampler", "published", "exact", "memory",
-                "scaling", "layer", "training", "ext"]
+                "scaling", "layer", "crossover", "training", "ext"]
     parser.add_argument("--sections", nargs="+", default=sections,
                         choices=sections)
     parser.add_argument("--out", type=Path, default=None,
@@ -100,12 +101,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         scaling_densities, layer_n, batch_case = [0.01, 0.1], 256, (4, 128)
         published_case, exact_n, memory_n = (2, 128), 256, 512
         training_sizes, training_densities = [128], [0.05, 0.2]
+        crossover_n, crossover_densities = 128, [0.05, 0.5]
     else:
         sizes, densities, scaling_n = [1024, 4096, 16384], [0.005, 0.01, 0.05, 0.2], 4096
         scaling_densities = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
         layer_n, batch_case = 4096, (32, 1024)
         published_case, exact_n, memory_n = (8, 1024), 4096, 16384
-        training_sizes, training_densities = [1024, 2048, 4096, 8192], [0.01, 0.05, 0.2]
+        training_sizes = [1024, 2048, 4096]
+        training_densities = [0.01, 0.05, 0.2, 0.5, 1.0]
+        crossover_n, crossover_densities = 2048, [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
 
     results = dict(device=str(device), threads=args.threads,
                    torch=torch.__version__, machine=platform.machine(),
@@ -170,6 +174,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 f"~{density:.0%} expected density")
             results["layer"].append(bench_layer(layer_n, density, device,
                                                 args.repeats, log))
+    if "crossover" in args.sections:
+        log(f"\n[crossover] SBMConv forward+backward, n={crossover_n}: sparse "
+            f"kernels vs the dense-regime kernel")
+        results["crossover"] = bench_crossover(crossover_n, crossover_densities,
+                                               device, args.repeats, log)
     if "training" in args.sections:
         log(f"\n[training] one step (forward, backward, Adam) of the LRA model "
             f"({2} layers, {HEADS} heads of {HEAD_DIM}, k={CLUSTERS}), batch 1, "

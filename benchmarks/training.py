@@ -14,6 +14,9 @@ from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
 from benchmarks.measure import MEMORY, median_times, subprocess_peak
 
 TOKENS, LAYERS, CALIBRATION_N = 16, 2, 1024
+# From this density on, the step is also timed with the SBM layers held on
+# the sparse kernels, beside "auto" (which takes the dense kernel there).
+SPARSE_FROM = 0.2
 
 
 def model(attention: str, max_len: int, density: float) -> torch.nn.Module:
@@ -45,8 +48,15 @@ def model(attention: str, max_len: int, density: float) -> torch.nn.Module:
 
 def training_step(attention: str, n: int, density: float,
                   device: torch.device) -> Callable[[], dict]:
-    """One step of sequence classification on random tokens."""
-    net = model(attention, n, density).to(device)
+    """One step of sequence classification on random tokens;
+    ``attention="sbm-sparse"`` keeps the SBM layers on the sparse kernels
+    (sampler and fused attention) at every density."""
+    sparse = attention == "sbm-sparse"
+    net = model("sbm" if sparse else attention, n, density).to(device)
+    if sparse:
+        from sbm_pyg.ops import backends
+        for block in net.blocks:
+            block.attention.conv.attention_backend = backends(device)["attention"]
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
     g = torch.Generator(device).manual_seed(1)
     tokens = torch.randint(TOKENS, (1, n), generator=g, device=device)
@@ -58,8 +68,10 @@ def training_step(attention: str, n: int, density: float,
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        ran = getattr(net, "last_backends", None)
         return dict(density=(float(out.sampled_density.mean())
-                             if out.sampled_density is not None else 1.0))
+                             if out.sampled_density is not None else 1.0),
+                    attention=ran["attention"] if ran else "sdpa")
 
     return step
 
@@ -73,13 +85,21 @@ def bench_training(sizes, densities, device, repeats, threads, log) -> List[dict
         steps = {"full": training_step("full", n, 1.0, device)}
         for density in densities:
             steps[f"sbm@{density}"] = training_step("sbm", n, density, device)
+            if density >= SPARSE_FROM:  # the sparse kernels beside, in turns
+                steps[f"sbm-sparse@{density}"] = training_step(
+                    "sbm-sparse", n, density, device)
         times = median_times(steps, device, repeats)
         row = dict(n=n, full=dict(time=times["full"]))
         row["full"]["memory"] = step_memory("full", n, 1.0, device, threads)
-        for density in densities:
-            name = f"sbm@{density}"
-            case = dict(time=times[name], sampled_density=steps[name]()["density"],
-                        memory=step_memory("sbm", n, density, device, threads))
+        for name in steps:
+            if name == "full":
+                continue
+            attention, density = name.split("@")[0], float(name.split("@")[1])
+            ran = steps[name]()
+            case = dict(time=times[name], sampled_density=ran["density"],
+                        attention=ran["attention"],
+                        memory=step_memory(attention, n, density, device,
+                                           threads))
             case["time_vs_full"] = case["time"] / times["full"]
             case["memory_vs_full"] = case["memory"] / max(row["full"]["memory"], 1)
             row[name] = case
@@ -122,9 +142,11 @@ def step_memory(attention: str, n: int, density: float, device: torch.device,
 def format_training_row(row: dict, densities) -> str:
     parts = [f"full {row['full']['time'] * 1e3:8.1f} ms "
              f"{row['full']['memory'] / 2**20:7.1f} MiB"]
-    for d in densities:
-        c = row[f"sbm@{d}"]
-        parts.append(f"sbm@{d:g} (sampled {c['sampled_density']:.3f}) "
+    names = [k for k in row if k.startswith("sbm")]
+    for name in names:
+        c, d = row[name], name.split("@")[1]
+        parts.append(f"{name.split('@')[0]}@{d} ({c['attention']}, sampled "
+                     f"{c['sampled_density']:.3f}) "
                      f"{c['time'] * 1e3:8.1f} ms = {c['time_vs_full']:.2f}x, "
                      f"{c['memory'] / 2**20:7.1f} MiB = {c['memory_vs_full']:.2f}x")
     cross = row["crossover_density"]

@@ -33,6 +33,7 @@
 // (sbm_pyg/sampling/fastrg_op.py).
 #include "sampler/fastrg.h"
 
+#include "sampler/stream.h"
 #include "simd.h"
 
 #include <ATen/ATen.h>
@@ -55,34 +56,7 @@ namespace {
 
 constexpr double kMaxInflation = 40.0;
 
-// ---------------------------------------------------------------------------
-// Random numbers: SplitMix64 (Steele, Lea & Flood 2014), one stream per row.
-
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-struct Rng {
-  uint64_t state;
-  Rng(uint64_t seed, uint64_t row, uint64_t purpose)
-      : state(mix64(seed ^ mix64(row * 4 + purpose + 0x632BE59BD9B4E019ULL))) {}
-  inline uint64_t next() {
-    state += 0x9E3779B97F4A7C15ULL;
-    return mix64(state);
-  }
-  // Uniform in [0, 1) with 53 random bits.
-  inline double uniform() { return (next() >> 11) * 0x1.0p-53; }
-  // Uniform integer in [0, n) (Lemire's multiply-shift with 64 random bits,
-  // bias below n / 2^64) and the fractional part of u * n, uniform in [0, 1)
-  // given the integer: one draw picks an alias slot and tosses its coin.
-  inline uint64_t bounded(uint64_t n, double* frac) {
-    unsigned __int128 m = (unsigned __int128)next() * n;
-    *frac = ((uint64_t)m >> 11) * 0x1.0p-53;
-    return (uint64_t)(m >> 64);
-  }
-};
+using sbm_pyg::Rng;
 
 // Poisson(mu) for finite mu >= 0: inversion for small means, Hoermann's
 // transformed rejection (PTRS, 1993) otherwise.
@@ -265,7 +239,7 @@ void plan_rows(const Problem<scalar_t>& P, const double* max_k, uint64_t seed,
       expected += nk;
       edges += std::min(lam, (double)nk);
     } else {
-      Rng rng(seed, r, 0);
+      Rng rng(seed, r, sbm_pyg::kStreamDegree);
       const int64_t d = poisson(rng, mu);
       degree[r] = d;
       draws += d;
@@ -483,7 +457,7 @@ struct Sampler {
     if (nk == 0) return;
     const scalar_t* w = P.w_row(h, i);
     const int64_t d = degree[r];
-    Rng rng(seed, r, 1);
+    Rng rng(seed, r, sbm_pyg::kStreamDraws);
     auto& keys = buf.keys;  // sorted distinct local keys
     keys.clear();
     if (d < 0) {

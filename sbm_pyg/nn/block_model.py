@@ -8,10 +8,10 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
-from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["StochasticBlockModel", "INITS", "mean_densities"]
+__all__ = ["StochasticBlockModel", "INITS", "expected_densities",
+           "mean_densities"]
 
 #: Initializations of :class:`StochasticBlockModel`.
 INITS = ("paper", "dense")
@@ -134,19 +134,32 @@ class StochasticBlockModel(Module):
                 f"channels={self.channels}, num_clusters={self.num_clusters}{init})")
 
 
-def mean_densities(graph: SampledGraph, q_memb: Tensor, block: Tensor,
-                   k_memb: Tensor) -> Tuple[Tensor, Tensor]:
-    r"""The expected density :math:`\frac{1}{n_q n_k} \sum_{ij} p_{ij}`
-    (closed form, differentiable) and the sampled density of each head
-    :obj:`[H]`, averaged over the non-empty sequences of :obj:`graph`."""
-    pairs = (graph.ptr_q.diff() * graph.ptr_k.diff()).to(q_memb.dtype)
+def expected_densities(ptr_q: Tensor, ptr_k: Tensor, q_memb: Tensor,
+                       block: Tensor, k_memb: Tensor) -> Tensor:
+    r"""The expected density :math:`\frac{1}{n_q n_k} \sum_{ij} p_{ij}` of
+    each sequence and head :obj:`[G, H]` (0 for an empty sequence), in
+    closed form from the cluster masses, :math:`O(N k + G k^2)`, and
+    differentiable: known before anything is sampled."""
+    pairs = (ptr_q.diff() * ptr_k.diff()).to(q_memb.dtype)
+    mass_q = torch.segment_reduce(q_memb, "sum", offsets=ptr_q, axis=0,
+                                  unsafe=True)  # [G, H, k]
+    mass_k = torch.segment_reduce(k_memb, "sum", offsets=ptr_k, axis=0,
+                                  unsafe=True)
+    expected = torch.einsum("ghu,huv,ghv->gh", mass_q, block, mass_k)
+    return expected / pairs.clamp(min=1)[:, None]
+
+
+def mean_densities(ptr_q: Tensor, ptr_k: Tensor, edge_counts: Tensor,
+                   q_memb: Tensor, block: Tensor, k_memb: Tensor
+                   ) -> Tuple[Tensor, Tensor]:
+    r"""The expected density (:func:`expected_densities`) and the sampled
+    density :math:`|E_{g,h}| / (n_{q,g} n_{k,g})` of each head :obj:`[H]`,
+    averaged over the non-empty sequences; :obj:`edge_counts` :obj:`[G, H]`
+    are the sampled edges of each sequence and head."""
+    pairs = (ptr_q.diff() * ptr_k.diff()).to(q_memb.dtype)
     nonempty = (pairs > 0).to(q_memb.dtype)[:, None]  # [G, 1]
     count = nonempty.sum().clamp(min=1)
-    mass_q = torch.segment_reduce(q_memb, "sum", offsets=graph.ptr_q,
-                                  axis=0, unsafe=True)  # [G, H, k]
-    mass_k = torch.segment_reduce(k_memb, "sum", offsets=graph.ptr_k,
-                                  axis=0, unsafe=True)
-    expected = torch.einsum("ghu,huv,ghv->gh", mass_q, block, mass_k)
-    expected = expected / pairs.clamp(min=1)[:, None]
-    sampled = graph.density().to(q_memb.dtype) * nonempty
-    return (expected * nonempty).sum(0) / count, sampled.sum(0) / count
+    expected = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
+    sampled = edge_counts.to(q_memb.dtype) / pairs.clamp(min=1)[:, None]
+    return ((expected * nonempty).sum(0) / count,
+            (sampled * nonempty).sum(0) / count)

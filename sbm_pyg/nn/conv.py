@@ -14,24 +14,48 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import softmax
 
-from sbm_pyg.nn.block_model import INITS, StochasticBlockModel, mean_densities
+from sbm_pyg.nn.block_model import (
+    INITS,
+    StochasticBlockModel,
+    expected_densities,
+    mean_densities,
+)
 from sbm_pyg.nn.functional import (
     STE_MODES,
     sparse_attention,
     straight_through_probability,
 )
 from sbm_pyg.nn.inputs import project, raise_for_features, sequence_pointers
-from sbm_pyg.ops.backend_info import BACKENDS, resolve_backend
-from sbm_pyg.ops.csr import heads_first
+from sbm_pyg.ops.backend_info import (
+    ATTENTION_BACKENDS,
+    BACKENDS,
+    resolve_backend,
+)
+from sbm_pyg.ops.csr import heads_first, nodes_first
+from sbm_pyg.ops.dense_attention import (
+    DenseAttention,
+    dense_attention,
+    mask_bytes,
+    mask_keys,
+)
 from sbm_pyg.ops.torch_attention import clip_grad
 from sbm_pyg.sampling import MODES, SampledGraph, fastrg
+from sbm_pyg.sampling.checks import (
+    check_draws,
+    check_pointers,
+    check_sbm,
+    included_pairs,
+)
+from sbm_pyg.sampling.fastrg_op import included_csr, stream_seed
+from sbm_pyg.validation import sync
 
 __all__ = ["SBMConv"]
 
 Pair = Tuple[Optional[Tensor], Optional[Tensor]]
-# The attention paths a layer can run: sparse_attention's backends, or PyG's
-# gather/scatter message() (the reference, with [E, H, d] gathers).
-LAYER_ATTENTION_BACKENDS = BACKENDS + ("message_passing",)
+# The attention paths a layer can run: sparse_attention's backends, the
+# dense-regime kernel, or PyG's gather/scatter message() (the reference,
+# with [E, H, d] gathers).
+LAYER_ATTENTION_BACKENDS = ATTENTION_BACKENDS + ("message_passing",)
 
 
 class SBMConv(MessagePassing):
@@ -131,9 +155,20 @@ class SBMConv(MessagePassing):
             :obj:`"auto"` takes the fused kernel for the device, or
             :obj:`"torch"` when :obj:`dropout > 0` (the only kernel with
             attention dropout), in training and evaluation alike; a fused
-            kernel asked for with :obj:`dropout > 0` raises. Both choices
-            are made by :func:`~sbm_pyg.ops.resolve_backend`, and
-            :obj:`last_backends` says which kernels ran. (default:
+            kernel asked for with :obj:`dropout > 0` raises.
+            :obj:`"dense"` runs the dense-regime kernel
+            (:func:`~sbm_pyg.ops.dense_attention`, CPU): it samples the
+            same distribution as the sampler, one Bernoulli per pair, and
+            computes the masked softmax with matrix products, building no
+            graph; :obj:`"auto"` takes it on the CPU when the expected
+            density of the call reaches
+            :data:`~sbm_pyg.ops.backend_info.DENSE_CROSSOVER`. Attention
+            weights and graph hooks get the graph it sampled, attended by
+            the sparse kernel (the same output: asking for them changes
+            nothing of the sample, only the cost). Both
+            choices are made by :func:`~sbm_pyg.ops.resolve_backend`, and
+            :obj:`last_backends` says which kernels ran, e.g.
+            :obj:`{'sampler': 'dense', 'attention': 'dense'}`. (default:
             :obj:`"auto"`)
         **kwargs (optional): additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`. :obj:`aggr`
@@ -339,7 +374,8 @@ class SBMConv(MessagePassing):
         if self.lin_skip is not None:
             out = out + project(self.lin_skip, x_dst, "x_dst")
         if return_attention_weights:
-            assert alpha is not None  # computed when asked for
+            # computed when asked for
+            assert alpha is not None and graph is not None
             return out, (graph, alpha)
         return out
 
@@ -348,33 +384,90 @@ class SBMConv(MessagePassing):
                            batch, ptr, include_edges: Optional[Tensor],
                            generator: Optional[torch.Generator],
                            need_alpha: bool
-                           ) -> Tuple[Tensor, SampledGraph, Optional[Tensor]]:
-        graph, attention = self._sample(query, key, q_memb, block, k_memb,
-                                        batch, ptr, include_edges, generator)
+                           ) -> Tuple[Tensor, Optional[SampledGraph],
+                                      Optional[Tensor]]:
+        ptr_q, ptr_k, generator, sampler, attention = self._choose(
+            query, key, q_memb, block, k_memb, batch, ptr, generator,
+            need_alpha)
+        if attention != "dense":
+            graph = self._sample(q_memb, block, k_memb, ptr_q, ptr_k,
+                                 include_edges, generator, sampler)
+            return self._attend(query, key, value, q_memb, block, k_memb,
+                                graph, attention, generator, need_alpha)
+        need_graph = need_alpha or bool(self._graph_hooks)
+        res = self._attend_dense(query, key, value, q_memb, block, k_memb,
+                                 ptr_q, ptr_k, include_edges, generator,
+                                 keep_output=not need_graph)
+        if not need_graph:
+            return nodes_first(res.out, self.heads).to(query.dtype), None, None
+        # Weights or graph hooks: the graph the dense kernel sampled, attended
+        # by the sparse kernel (the same output, tested), so that asking for
+        # them changes nothing of the sample.
+        graph = SampledGraph.from_keys(
+            mask_keys(res.mask, ptr_q, ptr_k, self.heads), self.heads,
+            query.size(0), key.size(0), ptr_q=ptr_q, ptr_k=ptr_k)
+        self._record(graph, q_memb, block, k_memb)
+        attention = resolve_backend("attention", "auto", query.device)
+        assert self.last_backends is not None  # set by _choose
+        self.last_backends["attention"] = attention
         return self._attend(query, key, value, q_memb, block, k_memb, graph,
                             attention, generator, need_alpha)
 
-    # Data-dependent sizes (the sampled edge count, batch pointers): runs
-    # eagerly under torch.compile, which compiles the code around it, the
-    # fused attention operator included.
+    # Data-dependent sizes (the sampled edge count, batch pointers): these
+    # run eagerly under torch.compile, which compiles the code around them,
+    # the fused attention operator included.
     @torch.compiler.disable
-    def _sample(self, query: Tensor, key: Tensor, q_memb: Tensor,
+    def _choose(self, query: Tensor, key: Tensor, q_memb: Tensor,
                 block: Tensor, k_memb: Tensor, batch, ptr,
-                include_edges: Optional[Tensor],
-                generator: Optional[torch.Generator]
-                ) -> Tuple[SampledGraph, str]:
+                generator: Optional[torch.Generator], need_alpha: bool):
+        # The sequences, the generator and the kernels of this call.
         Nq, Nk = query.size(0), key.size(0)
         ptr_k, ptr_q = sequence_pointers(batch, ptr, Nk, Nq)
+        if query.device.type == "cpu":
+            # Checked here, where a check costs no sync: the expected
+            # density and the dense kernel read them.
+            ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, Nk,
+                                                  query.device)
+            sync(checks)
         if generator is None and not self.training and self.eval_seed is not None:
             generator = torch.Generator(query.device).manual_seed(self.eval_seed)
         # Chosen from the layer's configuration, not from self.training, so
-        # that training and evaluation run the same kernels.
+        # that training and evaluation run the same kernels; "auto" runs the
+        # dense-regime kernel from the expected density on, which is known
+        # before sampling.
         sampler = resolve_backend("sampler", self.sampler_backend, query.device)
         attention = self.attention_backend
         if attention != "message_passing":
+            density = None
+            if (attention == "auto" and query.device.type == "cpu"
+                    and self.dropout == 0):
+                assert ptr_q is not None and ptr_k is not None  # checked
+                density = self._expected_density(ptr_q, ptr_k, q_memb, block,
+                                                 k_memb)
             attention = resolve_backend("attention", attention, query.device,
-                                        dropout=self.dropout)
-        self.last_backends = dict(sampler=sampler, attention=attention)
+                                        dropout=self.dropout, density=density)
+        self.last_backends = dict(
+            sampler="dense" if attention == "dense" else sampler,
+            attention=attention)
+        return ptr_q, ptr_k, generator, sampler, attention
+
+    def _expected_density(self, ptr_q: Tensor, ptr_k: Tensor, q_memb: Tensor,
+                          block: Tensor, k_memb: Tensor) -> float:
+        # Expected edges per query-key pair of the whole call, exploration
+        # included: O(N k + G k^2), before anything is sampled.
+        with torch.no_grad():
+            pairs = (ptr_q.diff() * ptr_k.diff()).double()
+            per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
+            edges = (per.double() * pairs[:, None]).sum()
+            total = pairs.sum() * self.heads
+        delta = self.exploration if self.training else 0.0
+        return float(edges / total.clamp(min=1)) + delta
+
+    @torch.compiler.disable
+    def _sample(self, q_memb: Tensor, block: Tensor, k_memb: Tensor,
+                ptr_q: Tensor, ptr_k: Tensor, include_edges: Optional[Tensor],
+                generator: Optional[torch.Generator],
+                sampler: str) -> SampledGraph:
         try:
             graph = fastrg(q_memb.detach(), block.detach(), k_memb.detach(),
                            ptr_q=ptr_q, ptr_k=ptr_k, mode=self.mode,
@@ -386,11 +479,69 @@ class SBMConv(MessagePassing):
         except ValueError as err:
             raise_for_features(err)
             raise
+        self._record(graph, q_memb, block, k_memb)
+        return graph
+
+    def _record(self, graph: SampledGraph, q_memb: Tensor, block: Tensor,
+                k_memb: Tensor) -> None:
+        # The graph hooks and the density statistics of a sampled graph.
         for hook in self._graph_hooks.values():
             hook(self, graph)
         self.expected_density, self.sampled_density = mean_densities(
-            graph, q_memb, block, k_memb)
-        return graph, attention
+            graph.ptr_q, graph.ptr_k, graph.edge_counts(), q_memb, block,
+            k_memb)
+
+    @torch.compiler.disable
+    def _attend_dense(self, query: Tensor, key: Tensor, value: Tensor,
+                      q_memb: Tensor, block: Tensor, k_memb: Tensor,
+                      ptr_q: Tensor, ptr_k: Tensor,
+                      include_edges: Optional[Tensor],
+                      generator: Optional[torch.Generator],
+                      keep_output: bool) -> DenseAttention:
+        # The dense-regime kernel samples the mask and attends over it; the
+        # same argument checks and memory guard as the sampler's. Without
+        # keep_output only the mask is wanted: no autograd graph.
+        H, C = self.heads, self.out_channels
+        Nq, Nk = query.size(0), key.size(0)
+        delta = self.exploration if self.training else 0.0
+        try:
+            ptr_q, ptr_k, checks = check_sbm(
+                q_memb.detach(), block.detach(), k_memb.detach(), ptr_q,
+                ptr_k, self.mode, delta, self.self_loops)
+            if include_edges is not None:
+                i, j, check = included_pairs(include_edges, ptr_q, ptr_k, Nq,
+                                             Nk)
+                checks.append(check)
+            num_pairs, num_bytes = sync(
+                checks, H * (ptr_q.diff() * ptr_k.diff()).sum(),
+                mask_bytes(ptr_q, ptr_k, H).sum())
+            check_draws(num_pairs, num_pairs, num_bytes, self.max_edges,
+                        query.device, ptr_q.numel() - 1, H, Nq, Nk)
+        except ValueError as err:
+            raise_for_features(err)
+            raise
+        included = None
+        if include_edges is not None:
+            included = included_csr(i, j, Nq, Nk)
+        need_ste = (keep_output and torch.is_grad_enabled()
+                    and q_memb.requires_grad)
+        dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+        q_block = torch.einsum("nhu,huv->nhv", q_memb, block)
+        if not need_ste:
+            q_block, k_memb = q_block.detach(), k_memb.detach()
+        with torch.autocast(query.device.type, enabled=False), \
+                torch.set_grad_enabled(keep_output and torch.is_grad_enabled()):
+            q, k, v, qb, km = (heads_first(x.to(dtype)) for x in (
+                query, key, value, q_block, k_memb))
+            res = dense_attention(
+                q, k, v, qb, km, ptr_q, ptr_k, heads=H,
+                scale=1.0 / math.sqrt(C),
+                seed=stream_seed(generator, query.device), mode=self.mode,
+                exploration=delta, self_loops=self.self_loops,
+                included=included, ste=self.ste if need_ste else None)
+        self.expected_density, self.sampled_density = mean_densities(
+            ptr_q, ptr_k, res.edges, q_memb, block, k_memb)
+        return res
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor,
                 q_memb: Tensor, block: Tensor, k_memb: Tensor,

@@ -257,6 +257,11 @@ def sparse_attention(
         >>> out.shape, alpha[0].item()  # query 0 has one key: weight 1
         (torch.Size([2, 1, 4]), 1.0)
     """
+    if backend == "dense":
+        raise ValueError("backend 'dense' samples its own mask and takes no "
+                         "graph: it runs inside SBMConv "
+                         "(attention_backend='dense'); sparse_attention "
+                         "takes 'auto', 'cpp', 'triton' or 'torch'")
     require_tensor("query", query, 3, floating=True)
     require_tensor("key", key, 3, floating=True)
     require_tensor("value", value, 3, floating=True)

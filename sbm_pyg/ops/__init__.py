@@ -10,6 +10,10 @@ r"""The kernels under the layers, with their backends in one place.
   operator, the C++ kernel on the CPU and the Triton one on CUDA, with
   autograd and fake kernels registered once.
 * :mod:`sbm_pyg.ops.triton_attention`: the Triton kernels (CUDA).
+* :mod:`sbm_pyg.ops.dense_attention`: the dense-regime attention (mask
+  sampled and softmax taken with matrix products, no graph) as one torch
+  operator (CPU).
+* :mod:`sbm_pyg.ops.library`: the ``sbm_pyg`` operator namespace.
 * :mod:`sbm_pyg.ops.backend_info`: which of them are built and which run.
 """
 from sbm_pyg.ops.backend_info import (
@@ -29,6 +33,7 @@ from sbm_pyg.ops.csr import (
     segment_sum,
     spmm,
 )
+from sbm_pyg.ops.dense_attention import DenseAttention, dense_attention
 from sbm_pyg.ops.fused_attention import fused_attention
 from sbm_pyg.ops.graph import CSRGraph
 
@@ -48,4 +53,6 @@ __all__ = [
     "row_index",
     "full_precision",
     "fused_attention",
+    "dense_attention",
+    "DenseAttention",
 ]

@@ -22,8 +22,8 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 __all__ = ["WITH_EXTENSION", "WITH_TRITON", "WITH_TORCH_SCATTER",
-           "extension", "BACKENDS", "resolve_backend", "backends",
-           "triton_runs"]
+           "extension", "BACKENDS", "ATTENTION_BACKENDS", "DENSE_CROSSOVER",
+           "resolve_backend", "backends", "triton_runs"]
 
 # The compiled module sbm_pyg._C, whose import registers the CPU kernels of
 # torch.ops.sbm_pyg (sampler and attention), or None. Loaded here only.
@@ -61,7 +61,17 @@ WITH_EXTENSION = extension is not None
 
 
 BACKENDS = ("auto", "cpp", "triton", "torch")
+# The attention also has the dense-regime kernel (ops/dense_attention.py),
+# which samples its own mask: a layer runs it in place of sampler and
+# sparse attention.
+ATTENTION_BACKENDS = BACKENDS + ("dense",)
 OPS = ("sampler", "attention")
+# The expected density (edges per query-key pair) from which "auto" runs
+# the dense-regime attention on the CPU: where an SBMConv forward+backward
+# costs less on the dense kernel than on the sparse one. Measured with
+# python -m benchmarks --sections crossover (n = 2048, H = 2, k = 128,
+# 2 threads): dense / sparse 1.37 at 20%, 0.97-1.08 at 30%, 0.66 at 50%.
+DENSE_CROSSOVER = 0.3
 
 
 def triton_runs(device: torch.device) -> bool:
@@ -78,7 +88,8 @@ def triton_runs(device: torch.device) -> bool:
 
 def resolve_backend(op: str, backend: Optional[str],
                     device: Union[torch.device, str], *,
-                    dropout: float = 0.0) -> str:
+                    dropout: float = 0.0,
+                    density: Optional[float] = None) -> str:
     r"""The kernel that runs :obj:`op` for tensors on :obj:`device`: the one
     place where a backend is chosen, for the sampler and the attention
     alike (as FlexAttention validates its kernel options in one place).
@@ -88,20 +99,28 @@ def resolve_backend(op: str, backend: Optional[str],
       installed, else :obj:`"torch"`. The attention with :obj:`dropout > 0`
       takes :obj:`"torch"`, the only kernel with attention dropout; a layer
       passes its configured dropout in training and evaluation alike, so
-      that both run the same kernel.
+      that both run the same kernel. Given the expected :obj:`density` of
+      the graph to come, the attention takes :obj:`"dense"` from
+      :data:`DENSE_CROSSOVER` on, where that kernel runs.
     * :obj:`"cpp"`: the compiled extension ``sbm_pyg._C`` (CPU tensors).
     * :obj:`"triton"`: the Triton kernels (CUDA tensors, or CPU tensors
       under ``TRITON_INTERPRET=1``).
     * :obj:`"torch"`: pure PyTorch, any device: the reference.
+    * :obj:`"dense"` (attention only): the dense-regime kernel of the
+      compiled extension, which samples the mask itself (CPU tensors, no
+      attention dropout).
 
     Args:
         op (str): :obj:`"sampler"` or :obj:`"attention"`.
-        backend (str, optional): one of :data:`BACKENDS` or :obj:`None`.
+        backend (str, optional): one of :data:`BACKENDS` (for the
+            attention :data:`ATTENTION_BACKENDS`) or :obj:`None`.
         device (torch.device or str): where the tensors are.
         dropout (float): the attention dropout that must run.
+        density (float, optional): the expected density of the attention
+            graph, for :obj:`"auto"`'s choice of the dense-regime kernel.
 
     Returns:
-        :obj:`"cpp"`, :obj:`"triton"` or :obj:`"torch"`.
+        :obj:`"cpp"`, :obj:`"triton"`, :obj:`"torch"` or :obj:`"dense"`.
 
     Raises:
         ValueError: an unknown name, or a backend that cannot run here
@@ -115,26 +134,31 @@ def resolve_backend(op: str, backend: Optional[str],
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    choices = ATTENTION_BACKENDS if op == "attention" else BACKENDS
+    if backend is not None and backend not in choices:
+        raise ValueError(f"{op} backend must be one of {choices}, got "
+                         f"{backend!r}")
     device = torch.device(device)
     if backend is None or backend == "auto":
         if op == "attention" and dropout > 0:
             return "torch"
         if device.type == "cpu" and WITH_EXTENSION:
+            if op == "attention" and density is not None and \
+                    density >= DENSE_CROSSOVER:
+                return "dense"
             return "cpp"
         if device.type == "cuda" and WITH_TRITON:
             return "triton"
         return "torch"
-    if backend == "cpp":
+    if backend in ("cpp", "dense"):
         if not WITH_EXTENSION:
-            raise ValueError(f"{op} backend 'cpp' needs the compiled "
+            raise ValueError(f"{op} backend {backend!r} needs the compiled "
                              f"extension (sbm_pyg._C), which is not built; "
                              f"reinstall with a C++ compiler: pip install "
                              f"--no-build-isolation .")
         if device.type != "cpu":
-            raise ValueError(f"{op} backend 'cpp' runs on the CPU; the "
-                             f"tensors are on {device}")
+            raise ValueError(f"{op} backend {backend!r} runs on the CPU; "
+                             f"the tensors are on {device}")
     if backend == "triton" and not triton_runs(device):
         raise ValueError(f"{op} backend 'triton' needs triton and CUDA "
                          f"tensors (or TRITON_INTERPRET=1 on the CPU); the "

@@ -25,19 +25,21 @@ LIBRARY = torch.library.Library("sbm_pyg", "FRAGMENT")
 TWIN: Optional[str] = ("triton_" if WITH_TRITON
                        and os.environ.get("TRITON_INTERPRET") == "1" else None)
 
-# name -> (schema after the name, fake kernel, Triton kernel)
-OpSpec = Dict[str, Tuple[str, Callable, Callable]]
+# name -> (schema after the name, fake kernel, Triton kernel or None)
+OpSpec = Dict[str, Tuple[str, Callable, Optional[Callable]]]
 
 
 def define_ops(ops: OpSpec, prefix: str = "") -> None:
     r"""Defines each operator ``sbm_pyg::<prefix><name>`` of :obj:`ops` with
-    its schema and fake kernel, and registers its Triton kernel: for CUDA
-    (no prefix, where Triton imports), or for the CPU (the twin,
-    :obj:`prefix=TWIN`)."""
+    its schema and fake kernel, and registers its Triton kernel, if it has
+    one: for CUDA (no prefix, where Triton imports), or for the CPU (the
+    twin, :obj:`prefix=TWIN`)."""
     for name, (schema, fake, triton_kernel) in ops.items():
         LIBRARY.define(prefix + name + schema)
         torch.library.register_fake(f"sbm_pyg::{prefix}{name}", fake,
                                     lib=LIBRARY)
+        if triton_kernel is None:
+            continue
         if prefix:
             LIBRARY.impl(prefix + name, triton_kernel, "CPU")
         elif WITH_TRITON:

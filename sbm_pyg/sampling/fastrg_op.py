@@ -46,7 +46,7 @@ also registered for CPU tensors as the twin operators
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -58,7 +58,7 @@ from sbm_pyg.sampling.checks import check_draws
 from sbm_pyg.sampling.edges import SampledEdges, keys_to_csr, sorted_unique
 from sbm_pyg.validation import Check, invalid_values, sync
 
-__all__ = ["sample", "stream_seed", "DENSE_ROW_THRESHOLD"]
+__all__ = ["sample", "stream_seed", "included_csr", "DENSE_ROW_THRESHOLD"]
 
 # A row is sampled densely (one Bernoulli per key) when its expected number
 # of draws, inflation included, is at least this fraction of its keys.
@@ -93,9 +93,12 @@ def stream_seed(generator: Optional[torch.Generator],
     return int(torch.randint(2**62, (), generator=generator, device=device))
 
 
-def _included_csr(i: Tensor, j: Tensor, Nq: int, Nk: int):
-    # Sorted distinct included keys of each query: CSR over queries, i.e.
-    # the one-head case of the samplers' own key-to-CSR conversion.
+def included_csr(i: Tensor, j: Tensor, Nq: int, Nk: int
+                 ) -> Tuple[Tensor, Tensor]:
+    r"""The included pairs :obj:`(i, j)` as the kernels take them: the
+    sorted distinct keys of each query, :obj:`(inc_ptr [N_q + 1],
+    inc_col)`."""
+    # The one-head case of the samplers' own key-to-CSR conversion.
     _, col, _, ptr = keys_to_csr(sorted_unique(i * max(Nk, 1) + j), 1, Nq, Nk)
     return ptr, col
 
@@ -142,7 +145,7 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     inc_ptr = inc_col = ptr_q.new_empty(0)
     if included is not None:
         i, j = included
-        inc_ptr, inc_col = _included_csr(i, j, Nq, Nk)
+        inc_ptr, inc_col = included_csr(i, j, Nq, Nk)
     rowptr, col, perm, colptr = draw(
         W, Z, mass, ptr_q, ptr_k, float(exploration), exact, seed, degree,
         inflation, self_loops, inc_ptr, inc_col)

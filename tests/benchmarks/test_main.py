@@ -21,6 +21,11 @@ def test_quick_benchmark_runs(tmp_path, capsys):
     assert all("fastrg_poisson" in row for row in results["sampler"])
     assert len(results["scaling"]["points"]) >= 2
     assert all(row["sbmconv_time"] > 0 for row in results["layer"])
+    assert all(row["dense_time"] > 0 and row["sparse_time"] > 0
+               for row in results["crossover"])
+    for row in results["training"]:
+        assert {"sbm-sparse@0.2", "sbm@0.2"} <= set(row)
+        assert row["sbm-sparse@0.2"]["attention"] in ("cpp", "triton", "torch")
     assert results["published"]["edges"] > 0
     assert results["published"]["published_edges"] > 0
     assert results["exact"]["exact"]["edges"] > 0

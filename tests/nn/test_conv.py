@@ -27,6 +27,13 @@ def x_input(n=9, channels=8, seed=1):
     return torch.randn(n, channels, generator=seeded(seed))
 
 
+def sparse_only(monkeypatch):
+    """"auto" below the dense kernel's crossover at any density: the test
+    is about the sampler and the sparse kernels."""
+    from sbm_pyg.ops import backend_info
+    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", float("inf"))
+
+
 @pytest.mark.parametrize("concat,root_weight,shape", [
     (True, True, (9, 8)), (False, True, (9, 4)), (True, False, (9, 8)),
 ])
@@ -70,7 +77,9 @@ def test_batch_and_ptr_agree_and_no_edge_crosses_sequences():
     x = x_input()
     out_b, (graph, alpha) = run(conv, x, batch=BATCH, return_attention_weights=True)
     out_p = run(conv, x, ptr=PTR)
-    assert torch.equal(out_b, out_p)
+    # Where "auto" runs the dense kernel, the weights come from the sparse
+    # kernel on its graph: the same output up to rounding.
+    torch.testing.assert_close(out_b, out_p, rtol=1e-5, atol=1e-6)
     j, i = graph.edge_index
     assert graph.num_edges > 0 and torch.equal(BATCH[i], BATCH[j])
     # alpha sums to 1 over each (head, query) that has edges.
@@ -94,6 +103,7 @@ def test_bipartite_input():
 
 @pytest.mark.parametrize("ste", ["paper", "published"])
 def test_fused_path_equals_pyg_message_passing(monkeypatch, ste):
+    sparse_only(monkeypatch)
     conv = make_conv(dropout=0.0, ste=ste)
     assert conv.attention_backend == "auto"
     x = x_input().requires_grad_()
@@ -135,6 +145,7 @@ def test_gradients_reach_the_sbm_through_ste_and_regularizer():
 
 def test_no_straight_through_work_without_grad(monkeypatch):
     import sbm_pyg.nn.conv as conv_module
+    sparse_only(monkeypatch)
     conv = make_conv()
     x = x_input()
     torch.manual_seed(3)
@@ -200,10 +211,11 @@ def test_max_edges_exceeded():
         run(conv, x_input(), batch=BATCH)
 
 
-def test_torch_compile_matches_eager():
+def test_torch_compile_matches_eager(monkeypatch):
     # The sampler runs eagerly (a graph break: its edge count is
     # data-dependent); the attention operator is traced into the graphs the
     # compiler gets, and output and gradients match eager mode.
+    sparse_only(monkeypatch)
     conv = make_conv()
     x = x_input()
     traced = []
@@ -344,8 +356,11 @@ def test_eval_seed_makes_evaluation_repeatable():
         make_conv(eval_seed=0.5)
 
 
-def test_backends_are_constructor_arguments_and_the_layer_says_what_ran():
+def test_backends_are_constructor_arguments_and_the_layer_says_what_ran(
+        monkeypatch):
     from sbm_pyg.ops import backends
+    # backends() names the sparse kernels "auto" runs below the crossover.
+    sparse_only(monkeypatch)
     conv = make_conv(dropout=0.0, sampler_backend="torch", attention_backend="torch")
     assert conv.last_backends is None
     run(conv, x_input(), batch=BATCH)
@@ -395,3 +410,91 @@ def test_forward_is_typed_by_return_attention_weights():
     assert returns[0] is torch.Tensor
     assert typing.get_args(returns[1])[0] is torch.Tensor
 
+
+
+needs_cpp = pytest.mark.skipif(
+    not __import__("sbm_pyg").ops.WITH_EXTENSION
+    or torch.get_default_device().type != "cpu",
+    reason="the dense-regime kernel is the compiled extension's (CPU)")
+
+
+@needs_cpp
+def test_auto_takes_the_dense_kernel_from_the_crossover_on(monkeypatch):
+    from sbm_pyg.ops import backend_info
+    conv = make_conv(dropout=0.0)
+    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", 0.0)
+    run(conv, x_input(), batch=BATCH)
+    assert conv.last_backends == {"sampler": "dense", "attention": "dense"}
+    # Weights and graph hooks get the dense kernel's graph, attended by the
+    # sparse kernel: the same sample, the same output.
+    out = run(conv, x_input(), batch=BATCH)
+    out_w, (graph, alpha) = run(conv, x_input(), batch=BATCH,
+                                return_attention_weights=True)
+    assert conv.last_backends == {"sampler": "dense", "attention": "cpp"}
+    torch.testing.assert_close(out_w, out, rtol=1e-5, atol=1e-6)
+    assert alpha.numel() == graph.num_edges > 0
+    seen = []
+    handle = conv.register_graph_hook(lambda module, g: seen.append(g))
+    run(conv, x_input(), batch=BATCH)
+    handle.remove()
+    assert torch.equal(seen[0].edge_index, graph.edge_index)
+    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", float("inf"))
+    run(conv, x_input(), batch=BATCH)
+    assert conv.last_backends == {"sampler": "cpp", "attention": "cpp"}
+    # With attention dropout only the torch kernel runs.
+    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", 0.0)
+    conv = make_conv(dropout=0.2)
+    run(conv, x_input(), batch=BATCH)
+    assert conv.last_backends["attention"] == "torch"
+
+
+@needs_cpp
+def test_dense_kernel_trains_the_layer_like_the_sparse_one(monkeypatch):
+    # The same layer on both kernels: densities agree with the expected one
+    # (the same distribution), and every parameter, the SBM's included, gets
+    # a gradient.
+    conv = make_conv(attention_backend="dense", self_loops=True,
+                     exploration=0.0)
+    x = x_input(n=300, seed=4)
+    batch = torch.arange(300) // 100
+    out = run(conv, x, batch=batch)
+    assert conv.last_backends == {"sampler": "dense", "attention": "dense"}
+    expected = conv.expected_density.detach().clamp(max=1)
+    torch.testing.assert_close(conv.sampled_density, expected, rtol=0.1,
+                               atol=0.02)
+    grads = torch.autograd.grad(out.sum() + conv.expected_density.sum(),
+                                list(conv.parameters()), allow_unused=True)
+    for (name, _), g in zip(conv.named_parameters(), grads):
+        assert g is not None and g.abs().sum() > 0, name
+    # Zero memberships (p = 0): only the self-loops and the included pairs,
+    # the same graph on both kernels, so the same output.
+    monkeypatch.setattr(conv.sbm, "membership", lambda h: torch.zeros(
+        h.size(0), 2, 4))
+    include = torch.tensor([[1, 0, 150], [0, 2, 170]])
+    outs = []
+    for backend in ("dense", "cpp"):
+        conv.attention_backend = backend
+        outs.append(run(conv, x, batch=batch, include_edges=include))
+    assert conv.sampled_density.tolist() == [pytest.approx(303 / 30000)] * 2
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+@needs_cpp
+def test_dense_kernel_refusals_and_guard():
+    conv = make_conv(attention_backend="dense", dropout=0.1)
+    with pytest.raises(ValueError, match="no attention dropout"):
+        run(conv, x_input(), batch=BATCH)
+    conv = make_conv(attention_backend="dense", max_edges=10)
+    with pytest.raises(ValueError, match="max_edges"):
+        run(conv, x_input(), batch=BATCH)
+    with pytest.raises(ValueError, match="takes no graph"):
+        sparse_attention(*[torch.randn(3, 1, 2)] * 3, None, backend="dense")
+
+
+@needs_cpp
+def test_dense_kernel_evaluation_is_repeatable_with_eval_seed():
+    conv = make_conv(attention_backend="dense", eval_seed=3).eval()
+    x = x_input()
+    a = conv(x, batch=BATCH)
+    b = conv(x, batch=BATCH)
+    assert torch.equal(a, b)

@@ -209,10 +209,14 @@ def test_compiles_without_graph_breaks():
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("crossover", [float("inf"), 0.0])
 @pytest.mark.parametrize("layer", ["SBMConv", "SBMMultiheadAttention", "SBMGPSConv"])
-def test_layers_use_it_by_default(monkeypatch, layer):
+def test_layers_use_it_by_default(monkeypatch, layer, crossover):
+    # Below the dense kernel's crossover (here: at any density) the layers
+    # run this kernel; from it on (here: always) the dense one, and say so.
     import sbm_pyg.nn.functional as functional
     from sbm_pyg.nn import SBMConv, SBMGPSConv, SBMMultiheadAttention
+    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", crossover)
     calls = []
     real = fused_attention
 
@@ -225,15 +229,22 @@ def test_layers_use_it_by_default(monkeypatch, layer):
     x = torch.randn(12, 8)
     batch = torch.tensor([0] * 5 + [1] * 7)
     if layer == "SBMConv":
-        out = SBMConv(8, 4, heads=2, num_clusters=3)(x, batch)
+        module = SBMConv(8, 4, heads=2, num_clusters=3)
+        out = module(x, batch)
     elif layer == "SBMMultiheadAttention":
-        out = SBMMultiheadAttention(8, heads=2, head_channels=4,
-                                    num_clusters=3)(x.view(2, 6, 8))
+        module = SBMMultiheadAttention(8, heads=2, head_channels=4,
+                                       num_clusters=3)
+        out = module(x.view(2, 6, 8))
     else:
         edge_index = torch.tensor([[0, 1, 5, 6], [1, 0, 6, 5]])
-        out = SBMGPSConv(8, None, heads=2, attn_kwargs=dict(num_clusters=3))(
-            x, edge_index, batch)
+        module = SBMGPSConv(8, None, heads=2, attn_kwargs=dict(num_clusters=3))
+        out = module(x, edge_index, batch)
     out.sum().backward()
+    if crossover == 0.0:
+        assert calls == []
+        assert module.last_backends == {"sampler": "dense",
+                                        "attention": "dense"}
+        return
     # One call, with the memberships: their gradient comes from the kernel.
     assert calls == [True]
 

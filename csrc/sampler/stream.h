@@ -1,0 +1,44 @@
+// The counter-based random stream of the sampler's rows: SplitMix64
+// (Steele, Lea & Flood 2014), one stream per (row, purpose), derived from one
+// 64-bit seed. The Triton kernels (sbm_pyg/sampling/fastrg_triton.py) read the
+// same streams at the same counters, so one seed gives one graph on every
+// device; the dense-regime attention (attention/dense.cpp) reads a dense
+// row's stream as the sampler does.
+#pragma once
+
+#include <cstdint>
+
+namespace sbm_pyg {
+
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+struct Rng {
+  uint64_t state;
+  Rng(uint64_t seed, uint64_t row, uint64_t purpose)
+      : state(mix64(seed ^ mix64(row * 4 + purpose + 0x632BE59BD9B4E019ULL))) {}
+  inline uint64_t next() {
+    state += 0x9E3779B97F4A7C15ULL;
+    return mix64(state);
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  inline double uniform() { return (next() >> 11) * 0x1.0p-53; }
+  // Uniform integer in [0, n) (Lemire's multiply-shift with 64 random bits,
+  // bias below n / 2^64) and the fractional part of u * n, uniform in [0, 1)
+  // given the integer: one draw picks an alias slot and tosses its coin.
+  inline uint64_t bounded(uint64_t n, double* frac) {
+    unsigned __int128 m = (unsigned __int128)next() * n;
+    *frac = ((uint64_t)m >> 11) * 0x1.0p-53;
+    return (uint64_t)(m >> 64);
+  }
+};
+
+// The purposes of a row's streams: its degree, its draws (and a dense row's
+// Bernoulli trials, the t-th key at counter t + 1).
+constexpr uint64_t kStreamDegree = 0;
+constexpr uint64_t kStreamDraws = 1;
+
+}  // namespace sbm_pyg

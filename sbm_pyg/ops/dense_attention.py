@@ -1,0 +1,193 @@
+r"""The dense-regime SBM attention as one torch operator, for (sequence,
+head) pairs whose sampled graph is dense.
+
+Where a head attends densely, a graph costs more than it saves: the sparse
+path pays per edge (drawing each pair, gathering rows, scattering the
+membership gradients), dense attention a few operations per pair in matrix
+products. ``sbm_pyg::dense_attention`` samples the mask and computes the
+masked softmax attention block by block of query rows with matrix products,
+and never builds the graph:
+
+.. math::
+    \mathbf{P} = \hat{\mathbf{Q}}\hat{\mathbf{S}}\hat{\mathbf{K}}^{\top},
+    \quad m_{ij} \sim \mathrm{Bernoulli}(\min(p_{ij} + \delta, 1))
+    \ \text{(exact) or}\ 1 - e^{-(p_{ij} + \delta)} \ \text{(poisson)},
+    \quad \mathbf{out}_i = \sum_{j: m_{ij} = 1}
+    \mathrm{softmax}_j(s_{ij}) \mathbf{v}_j.
+
+Each row's trials read the row's sampler stream at the counters a dense row
+of :func:`~sbm_pyg.sampling.fastrg` reads, so both paths sample the same
+distribution (and the same graph up to rounding in :math:`p`); self-loops
+and included pairs are added as the sampler adds them. The mask is kept as
+one bit per (query, key) pair of a sequence for backward, which recomputes
+the scores and weights from it and the rows' log-sum-exp and passes the
+straight-through gradients to :math:`\hat{\mathbf{Q}}\hat{\mathbf{S}}` and
+:math:`\hat{\mathbf{K}}` as matrix products
+(:math:`\mathbf{G}\hat{\mathbf{K}}` and
+:math:`\mathbf{G}^{\top}\hat{\mathbf{Q}}\hat{\mathbf{S}}`).
+
+The CPU kernel is the compiled extension's (``csrc/attention/dense.cpp``);
+there is no CUDA kernel yet.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from sbm_pyg.ops.library import LIBRARY, OpSpec, define_ops
+from sbm_pyg.ops.torch_attention import STE_CODES
+
+__all__ = ["DenseAttention", "dense_attention", "mask_bytes", "mask_keys"]
+
+_SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor inc_ptr, Tensor inc_col, "
+           "Tensor q, Tensor k, Tensor v, Tensor q_block, Tensor k_memb, "
+           "int heads, float delta, bool exact, bool self_loops, int seed, "
+           "float scale, int ste) -> (Tensor, Tensor, Tensor, Tensor)")
+_BACKWARD_SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor q, Tensor k, "
+                    "Tensor v, Tensor q_block, Tensor k_memb, Tensor mask, "
+                    "Tensor out, Tensor lse, Tensor grad_out, int heads, "
+                    "float scale, int ste) -> (Tensor, Tensor, Tensor, "
+                    "Tensor, Tensor)")
+
+
+class DenseAttention(NamedTuple):
+    r"""What :func:`dense_attention` returns: the output :obj:`[R, D_v]`,
+    the edge count of each (sequence, head) :obj:`[G, H]`, and the mask
+    (uint8, for each sequence :math:`g`, head and query a row of
+    :math:`\lceil n_k / 8 \rceil` bytes, key :math:`j` in bit :math:`j \bmod
+    8` of byte :math:`\lfloor j / 8 \rfloor`)."""
+
+    out: Tensor
+    edges: Tensor
+    mask: Tensor
+
+
+def mask_bytes(ptr_q: Tensor, ptr_k: Tensor, heads: int) -> Tensor:
+    r"""The bytes of the mask of each sequence :obj:`[G]`: heads × queries ×
+    :math:`\lceil n_k / 8 \rceil`."""
+    return heads * ptr_q.diff() * ((ptr_k.diff() + 7) // 8)
+
+
+def mask_keys(mask: Tensor, ptr_q: Tensor, ptr_k: Tensor, heads: int
+              ) -> Tensor:
+    r"""The sorted edge keys :math:`(h N_q + i) N_k + j` of a
+    :class:`DenseAttention` mask: the graph it sampled, for inspection
+    (:math:`O(\text{pairs})`, a bit per pair)."""
+    Nq, Nk = int(ptr_q[-1]), int(ptr_k[-1])
+    nq, nk = ptr_q.diff(), ptr_k.diff()
+    row_bytes = (nk + 7) // 8
+    sizes = mask_bytes(ptr_q, ptr_k, heads)
+    base = torch.cumsum(sizes, 0) - sizes  # first byte of each sequence
+    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device)
+    pos = ((mask[:, None] >> shifts) & 1).flatten().nonzero().flatten()
+    byte = pos // 8
+    g = torch.searchsorted(base, byte, right=True) - 1
+    offset = byte - base[g]
+    row = offset // row_bytes[g]
+    j = (offset % row_bytes[g]) * 8 + pos % 8
+    h, i = row // nq[g], row % nq[g]
+    key = (h * Nq + ptr_q[g] + i) * Nk + ptr_k[g] + j
+    return torch.sort(key).values
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
+                    k_memb: Tensor, ptr_q: Tensor, ptr_k: Tensor, *,
+                    heads: int, scale: float, seed: int, mode: str = "exact",
+                    exploration: float = 0.0, self_loops: bool = False,
+                    included: Optional[Tuple[Tensor, Tensor]] = None,
+                    ste: Optional[str] = "paper") -> DenseAttention:
+    r"""Samples the SBM's mask of every (sequence, head) and computes the
+    masked softmax attention over it, differentiable in :obj:`q`, :obj:`k`,
+    :obj:`v` and, through the straight-through estimator :obj:`ste`, in
+    :obj:`q_block` and :obj:`k_memb`.
+
+    Rows are heads-first, as in
+    :func:`~sbm_pyg.ops.fused_attention.fused_attention`: row
+    :math:`h N_q + i` of :obj:`q` and :obj:`q_block`, row :math:`h N_k + j`
+    of :obj:`k`, :obj:`v` and :obj:`k_memb`.
+
+    Args:
+        q (Tensor): :obj:`[H * N_q, D]`, float32 or float64, contiguous.
+        k (Tensor): :obj:`[H * N_k, D]`.
+        v (Tensor): :obj:`[H * N_k, D_v]`.
+        q_block (Tensor): :math:`\hat{\mathbf{Q}}\hat{\mathbf{S}}`
+            :obj:`[H * N_q, K]`.
+        k_memb (Tensor): :math:`\hat{\mathbf{K}}` :obj:`[H * N_k, K]`.
+        ptr_q (LongTensor): :obj:`[G + 1]` sequences of the queries.
+        ptr_k (LongTensor): :obj:`[G + 1]` sequences of the keys.
+        heads (int): :math:`H`.
+        scale (float): the scores' factor.
+        seed (int): the row streams' seed
+            (:func:`~sbm_pyg.sampling.fastrg_op.stream_seed`).
+        mode (str): :obj:`"exact"` or :obj:`"poisson"`.
+        exploration (float): :math:`\delta`.
+        self_loops (bool): query :math:`i` always attends to key :math:`i`.
+        included (tuple, optional): :obj:`(inc_ptr [N_q + 1], inc_col)`,
+            the included keys (global indices) of each query.
+        ste (str, optional): :obj:`"paper"`, :obj:`"published"` or
+            :obj:`None` (no gradient to the memberships).
+
+    Returns:
+        :class:`DenseAttention`.
+    """
+    inc_ptr, inc_col = included if included is not None else (
+        ptr_q.new_empty(0), ptr_q.new_empty(0))
+    out, _, mask, edges = torch.ops.sbm_pyg.dense_attention(
+        ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb, heads,
+        float(exploration), mode == "exact", self_loops, seed, float(scale),
+        STE_CODES[ste])
+    return DenseAttention(out, edges, mask)
+
+
+def _fake_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb,
+                  heads, delta, exact, self_loops, seed, scale, ste):
+    size = torch.library.get_ctx().new_dynamic_size()
+    return (q.new_empty(q.size(0), v.size(1)), q.new_empty(q.size(0)),
+            q.new_empty(size, dtype=torch.uint8),
+            q.new_empty(ptr_q.size(0) - 1, heads, dtype=torch.long))
+
+
+def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
+                   grad_out, heads, scale, ste):
+    memb = (torch.empty_like(q_block), torch.empty_like(k_memb)) if ste else (
+        q.new_empty(0), q.new_empty(0))
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            *memb)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    (ptr_q, ptr_k, _, _, q, k, v, q_block, k_memb, heads, _, _, _, _, scale,
+     ste) = inputs
+    out, lse, mask, _ = output
+    ctx.save_for_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
+                          lse)
+    ctx.heads, ctx.scale, ctx.ste = heads, scale, ste
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out: Optional[Tensor], *_):
+    if grad_out is None:  # the output took no part in the loss
+        return (None,) * 16
+    ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    ste = ctx.ste if need[7] or need[8] else 0
+    dq, dk, dv, dqb, dkm = torch.ops.sbm_pyg.dense_attention_backward(
+        ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
+        grad_out.contiguous(), ctx.heads, ctx.scale, ste)
+    return (None, None, None, None, dq if need[4] else None,
+            dk if need[5] else None, dv if need[6] else None,
+            dqb if need[7] and ste else None,
+            dkm if need[8] and ste else None) + (None,) * 7
+
+
+# The CPU kernels come from the extension (TORCH_LIBRARY_IMPL in
+# csrc/bindings.cpp); no CUDA kernel.
+_OPS: OpSpec = {
+    "dense_attention": (_SCHEMA, _fake_forward, None),
+    "dense_attention_backward": (_BACKWARD_SCHEMA, _fake_backward, None),
+}
+define_ops(_OPS)
+torch.library.register_autograd("sbm_pyg::dense_attention", _backward,
+                                setup_context=_setup_context, lib=LIBRARY)
