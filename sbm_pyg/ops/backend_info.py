@@ -70,7 +70,7 @@ OPS = ("sampler", "attention")
 # the dense-regime attention on the CPU: where an SBMConv forward+backward
 # costs less on the dense kernel than on the sparse one. Measured with
 # python -m benchmarks --sections crossover (n = 2048, H = 2, k = 128,
-# 2 threads): dense / sparse 1.37 at 20%, 0.97-1.08 at 30%, 0.66 at 50%.
+# 2 threads): dense / sparse 1.34 at 20%, 1.03 at 30%, 0.55 at 50%.
 DENSE_CROSSOVER = 0.3
 
 
