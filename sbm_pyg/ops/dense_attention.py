@@ -131,6 +131,16 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
 
     Returns:
         :class:`DenseAttention`.
+
+    Example:
+        >>> H, N = 2, 6
+        >>> q = k = v = torch.randn(H * N, 4)  # heads-first rows
+        >>> memb = torch.ones(H * N, 3)  # p = 3 >= 1: every pair sampled
+        >>> res = dense_attention(q, k, v, memb, memb, torch.tensor([0, N]),
+        ...                       torch.tensor([0, N]), heads=H, scale=0.5,
+        ...                       seed=0)
+        >>> res.out.shape, res.edges.tolist()  # [R, D_v], edges [G, H]
+        (torch.Size([12, 4]), [[36, 36]])
     """
     inc_ptr, inc_col = included if included is not None else (
         ptr_q.new_empty(0), ptr_q.new_empty(0))
