@@ -387,8 +387,7 @@ class SBMConv(MessagePassing):
                            ) -> Tuple[Tensor, Optional[SampledGraph],
                                       Optional[Tensor]]:
         ptr_q, ptr_k, generator, sampler, attention = self._choose(
-            query, key, q_memb, block, k_memb, batch, ptr, generator,
-            need_alpha)
+            query, key, q_memb, block, k_memb, batch, ptr, generator)
         if attention != "dense":
             graph = self._sample(q_memb, block, k_memb, ptr_q, ptr_k,
                                  include_edges, generator, sampler)
@@ -399,6 +398,8 @@ class SBMConv(MessagePassing):
                                  ptr_q, ptr_k, include_edges, generator,
                                  keep_output=not need_graph)
         if not need_graph:
+            self.expected_density, self.sampled_density = mean_densities(
+                ptr_q, ptr_k, res.edges, q_memb, block, k_memb)
             return nodes_first(res.out, self.heads).to(query.dtype), None, None
         # Weights or graph hooks: the graph the dense kernel sampled, attended
         # by the sparse kernel (the same output, tested), so that asking for
@@ -419,7 +420,7 @@ class SBMConv(MessagePassing):
     @torch.compiler.disable
     def _choose(self, query: Tensor, key: Tensor, q_memb: Tensor,
                 block: Tensor, k_memb: Tensor, batch, ptr,
-                generator: Optional[torch.Generator], need_alpha: bool):
+                generator: Optional[torch.Generator]):
         # The sequences, the generator and the kernels of this call.
         Nq, Nk = query.size(0), key.size(0)
         ptr_k, ptr_q = sequence_pointers(batch, ptr, Nk, Nq)
@@ -539,8 +540,6 @@ class SBMConv(MessagePassing):
                 seed=stream_seed(generator, query.device), mode=self.mode,
                 exploration=delta, self_loops=self.self_loops,
                 included=included, ste=self.ste if need_ste else None)
-        self.expected_density, self.sampled_density = mean_densities(
-            ptr_q, ptr_k, res.edges, q_memb, block, k_memb)
         return res
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor,
