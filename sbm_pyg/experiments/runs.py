@@ -4,6 +4,8 @@ trained model loaded back."""
 from __future__ import annotations
 
 import argparse
+import pickle
+import shutil
 from pathlib import Path
 from typing import Tuple, Union
 
@@ -12,7 +14,8 @@ import torch
 from sbm_pyg.experiments.tasks import VOCAB
 from sbm_pyg.models import SBMTransformer
 
-__all__ = ["build_model", "load_run", "save_checkpoint", "jsonable"]
+__all__ = ["build_model", "load_run", "save_checkpoint", "load_checkpoint",
+           "jsonable"]
 
 
 def build_model(args) -> SBMTransformer:
@@ -40,7 +43,7 @@ def load_run(run: Union[str, Path]) -> Tuple[SBMTransformer, dict]:
     path = Path(run) / "checkpoint.pt"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (not a training run?)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = load_checkpoint(path)
     args = argparse.Namespace(**state["args"])
     model = build_model(args)
     model.load_state_dict(state["model"])
@@ -52,16 +55,53 @@ def jsonable(args: argparse.Namespace) -> dict:
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
 
 
-def save_checkpoint(model, optimizer, step: int, rng: dict, world: int,
-                    path: Path, rank: int, args: dict) -> None:
-    """Writes the checkpoint atomically (rank 0; every rank takes part)."""
+def save_checkpoint(model, optimizer, schedule, step: int, rng: dict,
+                    world: int, path: Path, rank: int, args: dict,
+                    keep: int = 0) -> None:
+    """Writes the checkpoint atomically (rank 0; every rank takes part):
+    tensors and plain values only, which :func:`load_checkpoint` reads
+    without running code. With :obj:`keep` > 0 a copy named
+    ``checkpoint-STEP.pt`` is kept beside it, the last :obj:`keep` of them."""
     # Every rank's RNG states go into the one checkpoint that rank 0 writes.
     states = [rng]
     if world > 1:
         states = [None] * world
         torch.distributed.all_gather_object(states, rng)
-    if rank == 0:
-        tmp = path.with_suffix(".tmp")
-        torch.save(dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                        step=step, rng=states, args=args), tmp)
-        tmp.replace(path)
+    if rank != 0:
+        return
+    tmp = path.with_suffix(".tmp")
+    torch.save(dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                    schedule=schedule.state_dict(), step=step, rng=states,
+                    args=args), tmp)
+    if keep > 0:
+        shutil.copyfile(tmp, path.with_name(f"checkpoint-{step}.pt"))
+        kept = sorted(path.parent.glob("checkpoint-*.pt"),
+                      key=lambda p: int(p.stem.split("-")[1]))
+        for old in kept[:-keep]:
+            old.unlink()
+    tmp.replace(path)
+
+
+#: What a checkpoint must hold (``schedule`` too, since the schedules came).
+CHECKPOINT_KEYS = {"model", "optimizer", "step", "rng", "args"}
+
+
+def load_checkpoint(path: Union[str, Path],
+                    map_location: Union[str, torch.device] = "cpu") -> dict:
+    """A checkpoint written by :func:`save_checkpoint`, read with
+    ``torch.load(weights_only=True)``: tensors, numbers, strings and
+    containers of them, never code. Raises :class:`ValueError` for a file
+    whose pickle asks for anything else (a crafted or foreign file), or
+    that lacks a checkpoint's entries."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"{path} is not a checkpoint of sbm_pyg: its pickle asks for more "
+            f"than tensors and plain values, so it was not loaded (nothing in "
+            f"it was run). {str(e).splitlines()[0]}") from None
+    if not isinstance(state, dict) or not CHECKPOINT_KEYS <= set(state):
+        found = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{path} is not a checkpoint of sbm_pyg: it holds "
+                         f"{found}, not {sorted(CHECKPOINT_KEYS)}")
+    return state

@@ -158,7 +158,7 @@ class ListOps:
         digest = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
         path = Path(root) / f"listops-{digest}.pt"
         if path.exists():
-            self.splits = torch.load(path)
+            self.splits = torch.load(path, weights_only=True)
         else:
             self.splits = self._generate(**params)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,28 +8,32 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from sbm_pyg.experiments.diagnose import repeat_diagnostics
-from sbm_pyg.experiments.runs import build_model, jsonable, save_checkpoint
+from sbm_pyg.experiments.optim import (
+    build_optimizer,
+    build_schedule,
+    clip_and_measure,
+    parameter_groups,
+    parameters_before,
+    update_statistics,
+)
+from sbm_pyg.experiments.runs import (
+    build_model,
+    jsonable,
+    load_checkpoint,
+    save_checkpoint,
+)
 from sbm_pyg.experiments.tasks import ListOpsTask, RepeatTask, make_task
 from sbm_pyg.models import SBMTransformer
 
 __all__ = ["train", "evaluate_model", "parameter_groups"]
 
 Task = Union[RepeatTask, ListOpsTask]
-
-
-def parameter_groups(model: SBMTransformer, args) -> List[dict]:
-    r"""Adam's groups: the SBMs (at :obj:`args.sbm_lr`, default
-    :obj:`args.lr`) and everything else."""
-    sbm = [p for name, p in model.named_parameters() if ".sbm." in name]
-    rest = [p for name, p in model.named_parameters() if ".sbm." not in name]
-    return [dict(params=rest),
-            dict(params=sbm, lr=args.sbm_lr if args.sbm_lr is not None else args.lr)]
 
 
 def train(args) -> dict:
@@ -43,14 +47,14 @@ def train(args) -> dict:
         torch.Generator(device).manual_seed(args.seed * 1000 + rank)
     task = make_task(args, generator)
     model = build_model(args).to(device)
-    optimizer = torch.optim.Adam(parameter_groups(model, args), lr=args.lr,
-                                 eps=args.adam_eps)
+    optimizer = build_optimizer(model, args)
+    schedule = build_schedule(optimizer, args)
     args.out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = args.out / "checkpoint.pt"
     step = 0
     if args.resume:
-        step = _restore(checkpoint_path, model, optimizer, rank, generator,
-                        graph_generator, device)
+        step = _restore(checkpoint_path, model, optimizer, schedule, rank,
+                        generator, graph_generator, device)
     net = model if world == 1 else torch.nn.parallel.DistributedDataParallel(
         model, find_unused_parameters=True)
     metrics_path = args.out / "metrics.jsonl"
@@ -60,8 +64,8 @@ def train(args) -> dict:
     progress = _progress(args, step) if rank == 0 else None
     start_time = time.perf_counter()
     while step < args.steps:
-        record = _train_step(net, model, optimizer, task, args, device,
-                             graph_generator)
+        record = _train_step(net, model, optimizer, schedule, task, args,
+                             device, graph_generator)
         step += 1
         if rank == 0:
             record = dict(step=step, **record,
@@ -82,9 +86,10 @@ def train(args) -> dict:
                 _log(args.out / "diagnostics.jsonl",
                      dict(step=step, **repeat_diagnostics(model, batch=16, seed=step)))
         if step % args.checkpoint_every == 0 or step == args.steps:
-            save_checkpoint(model, optimizer, step,
+            save_checkpoint(model, optimizer, schedule, step,
                             _rng_state(generator, graph_generator), world,
-                            checkpoint_path, rank, jsonable(args))
+                            checkpoint_path, rank, jsonable(args),
+                            keep=args.keep_checkpoints)
     if progress is not None:
         progress.close()
     final = dict(evaluate_model(model, task, device, graph_generator, "test",
@@ -100,9 +105,11 @@ def train(args) -> dict:
     return final
 
 
-def _train_step(net, model: SBMTransformer, optimizer, task: Task, args,
-                device: torch.device, generator: torch.Generator) -> dict:
-    # One optimizer step on a fresh batch; the training record of it.
+def _train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
+                args, device: torch.device, generator: torch.Generator) -> dict:
+    # One optimizer step on a fresh batch; the training record of it, with
+    # what shows an unstable step: the learning rate, the gradient norms
+    # (before clipping) and the update's norm and largest entry, per group.
     model.train()
     tokens, mask, labels = task.batch()
     out = net(tokens.to(device), mask.to(device), generator=generator,
@@ -110,12 +117,22 @@ def _train_step(net, model: SBMTransformer, optimizer, task: Task, args,
     loss, correct, count = task.loss_and_correct(out, mask, labels)
     optimizer.zero_grad()
     (loss + args.lam * out.density_loss).backward()
+    stats = clip_and_measure(optimizer, args.clip_grad_norm)
+    before = parameters_before(optimizer)
+    lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
-    density = (float(out.sampled_density.mean())
-               if out.sampled_density is not None else 1.0)
-    return dict(split="train", loss=float(loss.detach()),
-                accuracy=float(correct) / count, density=density,
-                expected_density=float(out.density_loss.detach()))
+    schedule.step()
+    stats.update(update_statistics(optimizer, before))
+    density = (out.sampled_density.mean() if out.sampled_density is not None
+               else torch.ones(()))
+    stats.update(loss=loss.detach(), density=density,
+                 expected_density=out.density_loss.detach())
+    # One host transfer for every figure of the record.
+    values = torch.stack([v.float().cpu() for v in stats.values()]).tolist()
+    record = dict(zip(stats, values))
+    return dict(split="train", loss=record.pop("loss"),
+                accuracy=float(correct) / count, density=record.pop("density"),
+                expected_density=record.pop("expected_density"), lr=lr, **record)
 
 
 @torch.no_grad()
@@ -166,18 +183,23 @@ def _rng_state(generator: torch.Generator,
     return state
 
 
-def _restore(path: Path, model, optimizer, rank: int,
+def _restore(path: Path, model, optimizer, schedule, rank: int,
              generator: torch.Generator, graph_generator: torch.Generator,
              device: torch.device) -> int:
-    # Model, optimizer and this rank's random streams; returns the step.
-    state = torch.load(path, map_location=device, weights_only=False)
+    # Model, optimizer, schedule and this rank's random streams; returns
+    # the step.
+    state = load_checkpoint(path, map_location=device)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    if "schedule" in state:
+        schedule.load_state_dict(state["schedule"])
+    else:  # written before the schedules: a constant rate (LEGACY_OPTIMIZER)
+        schedule.last_epoch = state["step"]
     rng = state["rng"][rank]
-    torch.set_rng_state(rng["torch"])
-    generator.set_state(rng["data"])
+    torch.set_rng_state(rng["torch"].cpu())
+    generator.set_state(rng["data"].cpu())
     if "graph" in rng:
-        graph_generator.set_state(rng["graph"])
+        graph_generator.set_state(rng["graph"].cpu())
     return state["step"]
 
 

@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from sbm_pyg.__main__ import main
+from sbm_pyg.experiments.runs import load_checkpoint
 
 # Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
 pytestmark = pytest.mark.host
@@ -36,38 +38,84 @@ def test_train_writes_metrics_checkpoint_and_final(tmp_path):
     final = json.loads((out / "final.json").read_text())
     assert final["steps"] == 6 and 0 <= final["accuracy"] <= 1
     assert len(final["density_per_layer_head"]) == 1
-    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    state = load_checkpoint(out / "checkpoint.pt")
     assert state["step"] == 6 and {"model", "optimizer", "rng"} <= set(state)
 
 
 def test_resume_gives_the_identical_next_step(tmp_path):
-    straight = run(tmp_path, "straight", "--steps", "5", "--checkpoint-every", "4")
-    resumed = run(tmp_path, "resumed", "--steps", "4")
-    # As if killed after logging step 5 but before checkpointing it: the
+    # Warm-up and decay: the restored schedule must give step 5 its rate.
+    straight = run(tmp_path, "straight", "--steps", "5", "--checkpoint-every", "2",
+                   "--keep-checkpoints", "2", "--warmup-steps", "2")
+    assert sorted(p.name for p in straight.glob("checkpoint-*.pt")) == [
+        "checkpoint-4.pt", "checkpoint-5.pt"]
+    # A run killed after logging step 5 but before checkpointing it: the
     # stale record is dropped and step 5 is logged once, by the resumed run.
-    with open(resumed / "metrics.jsonl", "a") as f:
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copyfile(straight / "checkpoint-4.pt", resumed / "checkpoint.pt")
+    with open(resumed / "metrics.jsonl", "w") as f:
+        for r in metrics(straight)[:4]:
+            f.write(json.dumps(r) + "\n")
         f.write(json.dumps(dict(step=5, split="train", loss=-1.0, density=-1.0)) + "\n")
     run(tmp_path, "resumed", "--steps", "5", "--resume")
     a = [r for r in metrics(straight) if r["split"] == "train"]
     b = [r for r in metrics(resumed) if r["split"] == "train"]
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
-    assert a[4]["loss"] == b[4]["loss"] and a[4]["density"] == b[4]["density"]
-    sa = torch.load(straight / "checkpoint.pt", weights_only=False)["model"]
-    sb = torch.load(resumed / "checkpoint.pt", weights_only=False)["model"]
+    assert a[4] | dict(seconds=0) == b[4] | dict(seconds=0)
+    assert a[4]["lr"] == pytest.approx(1e-3 / 3)  # 1 - (4 - 2) / (5 - 2)
+    sa = load_checkpoint(straight / "checkpoint.pt")["model"]
+    sb = load_checkpoint(resumed / "checkpoint.pt")["model"]
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def test_sbm_lr_and_adam_eps_set_the_optimizer(tmp_path):
     out = run(tmp_path, "lr", "--steps", "1", "--lr", "1e-3", "--sbm-lr", "1e-4",
-              "--mode", "exact", "--adam-eps", "1e-6")
+              "--mode", "exact", "--adam-eps", "1e-7", "--weight-decay", "0.1")
     args = json.loads((out / "final.json").read_text())["args"]
-    assert (args["mode"], args["sbm_lr"], args["adam_eps"]) == ("exact", 1e-4, 1e-6)
-    groups = torch.load(out / "checkpoint.pt", weights_only=False)["optimizer"]["param_groups"]
-    assert [g["lr"] for g in groups] == [1e-3, 1e-4]
-    assert [g["eps"] for g in groups] == [1e-6, 1e-6]
-    model = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    assert (args["mode"], args["sbm_lr"], args["adam_eps"]) == ("exact", 1e-4, 1e-7)
+    groups = load_checkpoint(out / "checkpoint.pt")["optimizer"]["param_groups"]
+    assert [g["initial_lr"] for g in groups] == [1e-3, 1e-4]
+    assert [g["eps"] for g in groups] == [1e-7, 1e-7]
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.1]
+    assert all(g["decoupled_weight_decay"] for g in groups)  # AdamW
+    model = load_checkpoint(out / "checkpoint.pt")["model"]
     sbm = [k for k in model if ".sbm." in k]
     assert len(groups[1]["params"]) == len(sbm) == 5  # 2 MLP layers + clusters
+
+
+def test_default_optimizer_is_the_published_codes(tmp_path):
+    # AdamW, eps 1e-6, no weight decay, linear decay to 0, no clipping, no
+    # warm-up (the paper names no optimizer; docs/experiments.md).
+    out = run(tmp_path, "d", "--steps", "4")
+    args = json.loads((out / "final.json").read_text())["args"]
+    assert (args["optimizer"], args["adam_eps"], args["weight_decay"],
+            args["schedule"], args["warmup_steps"], args["clip_grad_norm"]) == (
+        "adamw", 1e-6, 0.0, "linear", 0, 0.0)
+    group = load_checkpoint(out / "checkpoint.pt")["optimizer"]["param_groups"][0]
+    assert group["decoupled_weight_decay"] and group["eps"] == 1e-6
+    train = [r for r in metrics(out) if r["split"] == "train"]
+    assert [r["lr"] for r in train] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+
+
+def test_step_statistics_are_logged_and_clipping_bounds_the_update(tmp_path):
+    def first(*extra):
+        out = run(tmp_path, "c" + "".join(extra), "--steps", "1", "--lr", "1e-2",
+                  "--schedule", "constant", "--optimizer", "adam",
+                  "--adam-eps", "1e-3", *extra)
+        return metrics(out)[0]
+    free, clipped = first(), first("--clip-grad-norm", "1e-4")
+    for key in ("grad_norm", "grad_norm_sbm", "grad_norm_rest", "update_norm_sbm",
+                "update_norm_rest", "max_update_sbm", "max_update_rest"):
+        assert free[key] > 0, key
+    # The norms are measured before clipping: the same in both runs.
+    assert clipped["grad_norm"] == pytest.approx(free["grad_norm"], rel=1e-6)
+    assert free["grad_norm"] ** 2 == pytest.approx(
+        free["grad_norm_sbm"] ** 2 + free["grad_norm_rest"] ** 2, rel=1e-5)
+    # Adam's first step is lr * g / (|g| + eps): with eps far above the
+    # clipped gradients the step shrinks with the clipping factor.
+    assert free["grad_norm"] > 1e-3
+    assert clipped["max_update_rest"] < 0.2 * free["max_update_rest"]
+    assert free["max_update_rest"] <= 1e-2 * (1 + 1e-6)
 
 
 def test_load_run_rebuilds_the_trained_model(tmp_path):
@@ -77,7 +125,7 @@ def test_load_run_rebuilds_the_trained_model(tmp_path):
     model, args = load_run(out)
     assert (args["num_layers"], args["heads"], args["steps"]) == (2, 2, 2)
     assert {block.attention.conv.ste for block in model.blocks} == {"published"}
-    saved = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    saved = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
     assert not model.training
     tokens = torch.randint(1, 9, (3, 8))
@@ -95,7 +143,7 @@ def test_baselines_train(tmp_path, attention):
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["loss"] > 0 and 0 <= r["accuracy"] <= 1 for r in train)
     # Every parameter took both optimizer steps.
-    state = torch.load(out / "checkpoint.pt", weights_only=False)["optimizer"]["state"]
+    state = load_checkpoint(out / "checkpoint.pt")["optimizer"]["state"]
     assert state and all(int(s["step"]) == 2 for s in state.values())
 
 
@@ -261,3 +309,56 @@ def test_a_non_empty_out_needs_resume(tmp_path, capsys):
         run(tmp_path, "a", "--steps", "2")
     assert exit_info.value.code == 2
     assert "is not empty: pass --resume" in capsys.readouterr().err
+
+
+class _RunsCode:
+    # Unpickling this calls os.system: what a crafted checkpoint can do
+    # through a loader that allows any pickle.
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_crafted_checkpoint_runs_no_code_through_any_loader(tmp_path, capsys):
+    from sbm_pyg.experiments import load_run, train, train_arguments
+    out = run(tmp_path, "a", "--steps", "1")
+    state = load_checkpoint(out / "checkpoint.pt")
+    marker = tmp_path / "ran"
+    state["optimizer"] = _RunsCode(marker)
+    torch.save(state, out / "checkpoint.pt")
+    with pytest.raises(ValueError, match="not a checkpoint of sbm_pyg"):
+        load_run(out)
+    with pytest.raises(SystemExit) as exit_info:  # train --resume
+        run(tmp_path, "a", "--steps", "2", "--resume")
+    assert exit_info.value.code == 2
+    assert "--resume: " in capsys.readouterr().err
+    args = train_arguments(task="repeat", out=out, resume=True, steps=2,
+                           seq_len=8, channels=16, num_clusters=8, batch_size=8,
+                           no_progress=True)
+    with pytest.raises(ValueError, match="not a checkpoint of sbm_pyg"):
+        train(args)  # the Python API skips the resume-arguments check
+    assert not marker.exists()
+    # A file that is no checkpoint at all, but loads safely, is refused too.
+    torch.save(dict(weights=torch.ones(2)), out / "checkpoint.pt")
+    with pytest.raises(ValueError, match=r"holds \['weights'\]"):
+        load_run(out)
+
+
+def test_train_arguments_is_the_python_api(tmp_path):
+    from sbm_pyg.experiments import train, train_arguments
+    args = train_arguments("repeat-paper", out=tmp_path / "p", seq_len=8,
+                           batch_size=4, steps=3, num_clusters=8, no_progress=True)
+    assert (args.optimizer, args.adam_eps, args.schedule, args.warmup_steps,
+            args.preset) == ("adamw", 1e-6, "linear", 100, "repeat-paper")
+    final = train(args)
+    assert final["steps"] == 3 and final["args"]["channels"] == 32
+    with pytest.raises(TypeError, match="unknown arguments \\['sequence_length'\\]"):
+        train_arguments(task="repeat", out=tmp_path / "q", sequence_length=8)
+    with pytest.raises(ValueError, match="--adam-eps must be > 0"):
+        train_arguments(task="repeat", out=tmp_path / "q", adam_eps=0.0)
+    with pytest.raises(ValueError, match="preset must be one of"):
+        train_arguments("repeat", out=tmp_path / "q")
+    with pytest.raises(TypeError, match="out="):
+        train_arguments(task="repeat")
