@@ -362,3 +362,20 @@ def test_train_arguments_is_the_python_api(tmp_path):
         train_arguments("repeat", out=tmp_path / "q")
     with pytest.raises(TypeError, match="out="):
         train_arguments(task="repeat")
+
+
+def test_listops_paper_preset_has_the_lra_settings_and_trains(tmp_path):
+    from sbm_pyg.experiments import PRESETS, train, train_arguments
+    p = PRESETS["listops-paper"]
+    # Appendix C, Table 5 (ListOps) and the published LRA configuration.
+    assert (p["num_layers"], p["heads"], p["channels"], p["dropout"], p["batch_size"],
+            p["lr"], p["steps"], p["warmup_steps"], p["num_clusters"], p["lam"]) == (
+        2, 2, 64, 0.1, 128, 5e-4, 5000, 1000, 128, 0.0)
+    assert (p["optimizer"], p["adam_eps"], p["weight_decay"], p["schedule"]) == (
+        "adamw", 1e-6, 0.0, "linear")
+    args = train_arguments("listops-paper", out=tmp_path / "l", seq_len=64,
+                           listops_min_length=10, listops_sizes=[8, 4, 4],
+                           batch_size=4, steps=2, num_clusters=8, no_progress=True,
+                           data_dir=tmp_path / "data", eval_batches=1)
+    final = train(args)
+    assert final["steps"] == 2 and len(final["density_per_layer_head"]) == 2
