@@ -5,9 +5,11 @@ unstable one (gradient and update norms, the largest update per group).
 
 Defaults (:mod:`~sbm_pyg.experiments.arguments`) follow the paper where it
 says something (learning rate, batch, steps) and the published code where
-it is silent: AdamW with :math:`\epsilon = 10^{-6}`, no weight decay, a
-linear warm-up then linear decay to 0 (the published LRA runs' one-cycle
-schedule), no clipping."""
+it is silent: AdamW without weight decay, a linear warm-up then linear
+decay to 0 (the published LRA runs' one-cycle schedule), no clipping; but
+torch's :math:`\epsilon = 10^{-8}`, not the published :math:`10^{-6}`,
+which is larger than the SBMs' gradients at the paper's scale and all but
+stops them learning."""
 from __future__ import annotations
 
 import math
