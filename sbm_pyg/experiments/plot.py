@@ -20,18 +20,27 @@ def plot_runs(runs: Sequence[Path], out: Path) -> Path:
     # backend (a notebook's inline one) is left as it is.
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 3.6))
-    axes = fig.subplots(1, 3)
-    for run in runs:
-        records = [r for r in read_metrics(run) if r.get("split") == "train"]
-        steps = [r["step"] for r in records]
-        for ax, key in zip(axes, ("loss", "accuracy", "density")):
-            ax.plot(steps, [r[key] for r in records], label=Path(run).name)
-    for ax, title in zip(axes, ("training loss", "training accuracy",
-                                "sampled attention density")):
+    data = {run: [r for r in read_metrics(run) if r.get("split") == "train"]
+            for run in runs}
+    panels = [("loss", "training loss"), ("accuracy", "training accuracy"),
+              ("density", "sampled attention density")]
+    # Runs that log their optimizer steps get a fourth panel: the gradient
+    # norm, on a log scale, where an unstable step shows.
+    if any("grad_norm" in r for records in data.values() for r in records):
+        panels.append(("grad_norm", "gradient norm (before clipping)"))
+    fig = Figure(figsize=(4.3 * len(panels), 3.6))
+    axes = fig.subplots(1, len(panels))
+    for run, records in data.items():
+        for ax, (key, _) in zip(axes, panels):
+            kept = [r for r in records if key in r]
+            ax.plot([r["step"] for r in kept], [r[key] for r in kept],
+                    label=Path(run).name)
+    for ax, (key, title) in zip(axes, panels):
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+        if key == "grad_norm":
+            ax.set_yscale("log")
     axes[2].set_ylim(0, 1.05)
     axes[0].legend(fontsize=8)
     fig.tight_layout()

@@ -248,6 +248,17 @@ def test_plot(tmp_path):
     # Without --out, beside the runs (not in the working directory).
     main(["plot", str(a), str(b)])
     assert (tmp_path / "runs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Runs that log gradient norms get a fourth panel; older runs three.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "metrics.jsonl").write_text("".join(
+        json.dumps({k: r[k] for k in ("step", "split", "loss", "accuracy", "density")})
+        + "\n" for r in metrics(a) if r["split"] == "train"))
+    widths = []
+    for runs in ([a], [old]):
+        main(["plot", *map(str, runs), "--out", str(png)])
+        widths.append(int.from_bytes(png.read_bytes()[16:20], "big"))
+    assert widths == [round(4 * 4.3 * 120), round(3 * 4.3 * 120)]
 
 
 def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch,
