@@ -1,7 +1,7 @@
 """Replays a training run from one of its kept checkpoints, as it ran and
 with one optimizer setting changed at a time, and records every step.
 
-    python docs/runs/repeat64-legacy-s0/replay.py RUN/checkpoint-1250.pt 50 OUT.json
+    python docs/runs/repeat64-legacy-s0/replay.py RUN/checkpoint-1250.pt 50 OUT.json [VARIANT...]
 
 The run must have been trained on one thread (as this script replays it),
 so that the unchanged replay repeats its logged losses exactly."""
@@ -21,6 +21,7 @@ VARIANTS = {
     "clip 1.0": dict(clip_grad_norm=1.0),
     "eps 1e-6": dict(adam_eps=1e-6),
     "lr x 0.4 (linear decay's rate here)": dict(lr_scale=0.4),
+    "SBM frozen (its lr 0)": dict(sbm_lr_scale=0.0),
 }
 
 
@@ -42,9 +43,12 @@ def replay(checkpoint: str, steps: int, change: dict) -> list:
     args.clip_grad_norm = change.get("clip_grad_norm", args.clip_grad_norm)
     for group in optimizer.param_groups:
         group["eps"] = change.get("adam_eps", group["eps"])
-    schedule.base_lrs = [lr * change.get("lr_scale", 1.0) for lr in schedule.base_lrs]
-    for group, lr in zip(optimizer.param_groups, schedule.get_last_lr()):
-        group["lr"] = lr * change.get("lr_scale", 1.0)
+    scales = [change.get("lr_scale", 1.0) * (change.get("sbm_lr_scale", 1.0)
+                                             if group["name"] == "sbm" else 1.0)
+              for group in optimizer.param_groups]
+    schedule.base_lrs = [lr * s for lr, s in zip(schedule.base_lrs, scales)]
+    for group, lr, s in zip(optimizer.param_groups, schedule.get_last_lr(), scales):
+        group["lr"] = lr * s
     records = []
     for step in range(state["step"] + 1, state["step"] + steps + 1):
         record = _train_step(model, model, optimizer, schedule, task, args,
@@ -55,8 +59,8 @@ def replay(checkpoint: str, steps: int, change: dict) -> list:
 
 if __name__ == "__main__":
     checkpoint, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    result = {name: replay(checkpoint, steps, change)
-              for name, change in VARIANTS.items()}
+    names = sys.argv[4:] or list(VARIANTS)  # optionally, some variants only
+    result = {name: replay(checkpoint, steps, VARIANTS[name]) for name in names}
     with open(out, "w") as f:
         json.dump(result, f)
     for name, records in result.items():
