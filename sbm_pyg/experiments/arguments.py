@@ -79,8 +79,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="AdamW (decoupled weight decay), as the published code, or Adam")
     add("--adam-eps", type=float, default=1e-8,
         help="the optimizer's eps (torch's default). The published code's "
-             "1e-6 is larger than the SBMs' gradients at N = 256 (a few 1e-9 "
-             "per entry) and all but stops them learning")
+             "1e-6 is larger than the SBMs' gradients at N = 256 (2e-9 to "
+             "1e-8 per entry) and all but stops them learning")
     add("--weight-decay", type=float, default=0.0)
     add("--clip-grad-norm", type=float, default=0.0,
         help="clip the gradients to this global norm (0: off, as the "
