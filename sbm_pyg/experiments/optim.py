@@ -24,7 +24,6 @@ __all__ = ["OPTIMIZERS", "SCHEDULES", "parameter_groups", "build_optimizer",
 
 OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("linear", "cosine", "constant")
-GROUPS = ("rest", "sbm")
 
 
 def parameter_groups(model: torch.nn.Module, args) -> List[dict]:

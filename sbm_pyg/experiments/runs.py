@@ -82,7 +82,7 @@ def save_checkpoint(model, optimizer, schedule, step: int, rng: dict,
     tmp.replace(path)
 
 
-#: What a checkpoint must hold (``schedule`` too, since the schedules came).
+#: What a checkpoint must hold; ``schedule`` is optional (older checkpoints lack it).
 CHECKPOINT_KEYS = {"model", "optimizer", "step", "rng", "args"}
 
 
