@@ -18,7 +18,6 @@ from sbm_pyg.experiments.optim import (
     build_optimizer,
     build_schedule,
     clip_and_measure,
-    parameter_groups,
     parameters_before,
     update_statistics,
 )
@@ -31,7 +30,7 @@ from sbm_pyg.experiments.runs import (
 from sbm_pyg.experiments.tasks import ListOpsTask, RepeatTask, make_task
 from sbm_pyg.models import SBMTransformer
 
-__all__ = ["train", "evaluate_model", "parameter_groups"]
+__all__ = ["train", "evaluate_model"]
 
 Task = Union[RepeatTask, ListOpsTask]
 
