@@ -210,7 +210,8 @@ def sparse_attention(
     query's edges before clipping, the paper's does not.
 
     Time :math:`O(E D)`, memory :math:`O(E + N H D)`: no :obj:`[E, D]`
-    tensor is built or kept. Half precision inputs are computed in float32.
+    tensor is built or kept. Half precision inputs are computed in float32
+    (the Triton kernels read them as they are).
 
     Args:
         query (Tensor): :obj:`[N_q, H, D]`.
@@ -293,7 +294,7 @@ def sparse_attention(
     if backend in ("cpp", "triton"):
         flat, weights = _fused_attention(
             graph.csr, q, k, v, edge_prob, sbm, scale, ste,
-            return_attention_weights,
+            return_attention_weights, triton=backend == "triton",
             triton_on_cpu=backend == "triton" and query.device.type == "cpu")
         out = nodes_first(flat.to(value.dtype), H)
         if return_attention_weights:
@@ -344,11 +345,17 @@ def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -
 def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
-                     scale: float, ste: str, weights: bool,
+                     scale: float, ste: str, weights: bool, triton: bool,
                      triton_on_cpu: bool) -> Tuple[Tensor, Optional[Tensor]]:
-    # The kernel computes in float32 or float64; half precision inputs are
-    # cast (autograd casts their gradients back).
+    # The kernels compute in float32 or float64. The Triton kernels read
+    # half precision rows as they are, half the bytes of each gathered row;
+    # for the C++ kernel (and for the weights, recomputed outside the
+    # kernel) half precision inputs are cast, and autograd casts their
+    # gradients back.
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    half = (torch.float16, torch.bfloat16)
+    rows = (q.dtype if triton and not weights and q.dtype in half
+            and k.dtype == v.dtype == q.dtype else dtype)
     q_block = k_memb = None
     with full_precision(q.device):
         if sbm is not None:
@@ -358,7 +365,7 @@ def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
         if edge_prob is not None:
             edge_prob = edge_prob.to(dtype)
         return fused_attention(
-            graph, q.to(dtype).contiguous(), k.to(dtype).contiguous(),
-            v.to(dtype).contiguous(), edge_prob, q_block, k_memb,
+            graph, q.to(rows).contiguous(), k.to(rows).contiguous(),
+            v.to(rows).contiguous(), edge_prob, q_block, k_memb,
             scale=scale, ste=ste, weights=weights,
             triton_on_cpu=triton_on_cpu)

@@ -69,7 +69,8 @@ def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     Args:
         graph (CSRGraph): the edges; the op reads :obj:`rowptr`, :obj:`col`,
             :obj:`colptr` and :meth:`~sbm_pyg.ops.graph.CSRGraph.row_t`.
-        q (Tensor): :obj:`[R, D]`, float32 or float64, contiguous.
+        q (Tensor): :obj:`[R, D]`, contiguous: float32 or float64, or (the
+            Triton kernels) float16 or bfloat16, computed in float32.
         k (Tensor): :obj:`[C, D]`.
         v (Tensor): :obj:`[C, D_v]`.
         edge_prob (Tensor, optional): :obj:`[E]`.
@@ -103,7 +104,7 @@ def _triton_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
         score = sddmm(rowptr, col, q, k, scale)
         row = row_index(rowptr, col.numel())
         alpha = score.sub_(lse.to(score.dtype)[row]).exp_().to(q.dtype)
-    return out, alpha, lse.to(q.dtype)
+    return out, alpha, lse
 
 
 def _triton_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
@@ -113,14 +114,21 @@ def _triton_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
         rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out, scale,
         _STE_NAMES[ste], q_block, k_memb)
     empty = q.new_empty(0)
-    return (dq, dk, dv, empty if dprob is None else dprob.to(q.dtype),
+    return (dq, dk, dv, empty if dprob is None else dprob,
             empty if dqb is None else dqb, empty if dkm is None else dkm)
+
+
+def _accumulation(q: Tensor) -> torch.dtype:
+    # The kernels accumulate half precision inputs in float32: the row
+    # log-sum-exp and the edge gradients are kept in it.
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 def _fake_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
                   k_memb, scale, ste, weights):
-    return (q.new_empty(q.size(0), v.size(1)),
-            q.new_empty(col.size(0) if weights else 0), q.new_empty(q.size(0)))
+    return (v.new_empty(q.size(0), v.size(1)),
+            q.new_empty(col.size(0) if weights else 0),
+            q.new_empty(q.size(0), dtype=_accumulation(q)))
 
 
 def _fake_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
@@ -128,7 +136,8 @@ def _fake_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
     memb = q_block is not None
     empty = q.new_empty(0)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            q.new_empty(col.size(0) if ste and not memb else 0),
+            q.new_empty(col.size(0) if ste and not memb else 0,
+                        dtype=_accumulation(q)),
             torch.empty_like(q_block) if memb else empty,
             torch.empty_like(k_memb) if memb else empty)
 

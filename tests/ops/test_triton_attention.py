@@ -10,7 +10,7 @@ import torch
 
 from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.sampling import fastrg
-from tests.helpers import seeded
+from tests.helpers import TEST_DEVICE, seeded
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="triton not installed")
@@ -100,14 +100,17 @@ def test_triton_membership_gradients_match_the_cpp_kernel(ste):
     memb = [torch.rand(PTR[-1], 2, 3, generator=g, dtype=torch.float64),
             torch.rand(2, 3, 3, generator=g, dtype=torch.float64),
             torch.rand(PTR[-1], 2, 3, generator=g, dtype=torch.float64)]
+    grad_out = torch.randn(q.shape[0], 2, v.shape[2], generator=seeded(4),
+                           dtype=torch.float64)
     grads = {}
     for backend in ("cpp", "triton", "torch"):
-        leaves = [t.clone().requires_grad_() for t in [q, k, v, *memb]]
-        out = sparse_attention(*leaves[:3], graph, sbm=tuple(leaves[3:]),
+        # The C++ kernel runs on CPU copies.
+        device = "cpu" if backend == "cpp" else q.device
+        leaves = [t.to(device).clone().requires_grad_() for t in [q, k, v, *memb]]
+        out = sparse_attention(*leaves[:3], graph.to(device), sbm=tuple(leaves[3:]),
                                ste=ste, backend=backend)
-        out.backward(torch.randn(out.shape, generator=seeded(4),
-                                 dtype=out.dtype))
-        grads[backend] = [out] + [t.grad for t in leaves]
+        out.backward(grad_out.to(device))
+        grads[backend] = [out.cpu()] + [t.grad.cpu() for t in leaves]
     for name in ("triton", "torch"):
         for a, b in zip(grads[name], grads["cpp"]):
             assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
@@ -115,16 +118,19 @@ def test_triton_membership_gradients_match_the_cpp_kernel(ste):
 
 @needs_triton
 def test_triton_op_passes_opcheck():
-    # The twin operator (the Triton kernels on CPU tensors) has the schema,
-    # autograd registration and fake kernels of sbm_pyg::sparse_attention.
+    # The operator with its Triton kernels (on CPU tensors the twin
+    # operator, under the interpreter) passes the schema, autograd and fake
+    # kernel checks.
     from tests.ops.test_fused_attention import op_inputs
+    op = (torch.ops.sbm_pyg.sparse_attention if TEST_DEVICE.type == "cuda"
+          else torch.ops.sbm_pyg.triton_sparse_attention)
     for form in ("edge_prob", "sbm"):
         args = op_inputs(form)
         for i in range(4, 10):
             if args[i] is not None:
                 args[i] = args[i].requires_grad_()
         torch.library.opcheck(
-            torch.ops.sbm_pyg.triton_sparse_attention.default,
+            op.default,
             args + [0.5, 1, True])
 
 
