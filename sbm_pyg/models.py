@@ -173,7 +173,10 @@ class SBMTransformer(Module):
             return FullAttention(channels, heads, head_channels, attn_dropout)
         if kind == "linear":
             return LinearAttention(channels, heads, head_channels)
-        return PerformerAttention(channels, heads, head_channels)
+        # PyG draws the projection buffer on the CPU: moved to torch's
+        # default device, where every other parameter is created.
+        return PerformerAttention(channels, heads, head_channels).to(
+            torch.get_default_device())
 
     @property
     def last_backends(self) -> Optional[Dict[str, str]]:

@@ -70,4 +70,5 @@ def test_layers_under_autocast(name, dtype):
         want = torch.cat([g.flatten() for g, s in zip(ref_grads, is_sbm)
                           if s == group])
         assert want.norm() > 0
-        assert (got - want).norm() <= 0.05 * want.norm()
+        assert (got - want).norm() <= 0.05 * want.norm(), \
+            f"{'SBM' if group else 'projection'} gradients"

@@ -117,7 +117,7 @@ def test_proof_patterns_satisfy_all_conditions(n, k):
     assert check_reachability([A1, A3, A2])[0] == 3
     path = proof_hamiltonian_path(n, k)
     union = nx.compose_all([to_networkx(from_networkx(nx.DiGraph(
-        [(int(j), int(i)) for i, j in zip(*np.nonzero(m.numpy()))]))) for m in patterns])
+        [(int(j), int(i)) for i, j in zip(*np.nonzero(m.cpu().numpy()))]))) for m in patterns])
     assert is_hamiltonian_path(union, path)
     if n <= 20:
         assert report.all_hold and is_hamiltonian_path(union, report.hamiltonian_path)
@@ -148,7 +148,8 @@ def test_broken_variants_are_caught_with_witnesses():
     assert report.reachability_s is None
     assert report.unreached == list(range(4, 16))
     assert not report.strongly_connected
-    union = nx.DiGraph([(int(j), int(i)) for i, j in zip(*np.nonzero((A1 | A2 | A3).numpy()))])
+    union = nx.DiGraph([(int(j), int(i)) for i, j in
+                        zip(*np.nonzero((A1 | A2 | A3).cpu().numpy()))])
     assert is_hamiltonian_path(union, report.hamiltonian_path)
     assert check_self_loops([A1, A2, A3]) == []
     # Isolate token 5 (self-loops only): no Hamiltonian path, and a proof.

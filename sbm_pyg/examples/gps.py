@@ -56,19 +56,27 @@ def anchor_colour_graphs(num_graphs: int, min_nodes: int, max_nodes: int,
         raise ValueError(f"colors must be >= 2, got {colors}")
     g = torch.Generator().manual_seed(seed)
     graphs = []
-    for _ in range(num_graphs):  # dataset generation, once: not a hot path
-        n = int(torch.randint(min_nodes, max_nodes + 1, (), generator=g))
-        anchor = int(torch.randint(n, (), generator=g))
-        node_colour = torch.randint(colors, (n,), generator=g)
-        same = node_colour == node_colour[anchor]
-        flag = torch.zeros(n, 1)
-        flag[anchor] = 1.0
-        x = torch.cat([F.one_hot(node_colour, colors).float(), flag], dim=1)
-        i = torch.arange(n)
-        edge_index = torch.stack([torch.cat([i, (i + 1) % n]),
-                                  torch.cat([(i + 1) % n, i])])
-        graphs.append(Data(x=x, edge_index=edge_index, y=same.float()))
+    # Generated on the CPU, as a loaded dataset is, whatever torch's default
+    # device is: the loader moves batches to the model's device.
+    with torch.device("cpu"):
+        for _ in range(num_graphs):  # dataset generation, once: not a hot path
+            graphs.append(_anchor_colour_graph(min_nodes, max_nodes, colors, g))
     return graphs
+
+
+def _anchor_colour_graph(min_nodes: int, max_nodes: int, colors: int,
+                         g: torch.Generator) -> Data:
+    n = int(torch.randint(min_nodes, max_nodes + 1, (), generator=g))
+    anchor = int(torch.randint(n, (), generator=g))
+    node_colour = torch.randint(colors, (n,), generator=g)
+    same = node_colour == node_colour[anchor]
+    flag = torch.zeros(n, 1)
+    flag[anchor] = 1.0
+    x = torch.cat([F.one_hot(node_colour, colors).float(), flag], dim=1)
+    i = torch.arange(n)
+    edge_index = torch.stack([torch.cat([i, (i + 1) % n]),
+                              torch.cat([(i + 1) % n, i])])
+    return Data(x=x, edge_index=edge_index, y=same.float())
 
 
 class _LocalLayer(Module):
@@ -145,10 +153,15 @@ def run(args) -> dict:
                                 args.max_nodes, args.colors, args.seed)
     train_loader = DataLoader(data[:args.train], batch_size=args.batch_size,
                               shuffle=True,
-                              generator=torch.Generator().manual_seed(args.seed))
+                              # The sampler draws its permutation on torch's
+                              # default device, with this generator.
+                              generator=torch.Generator(
+                                  torch.get_default_device()).manual_seed(args.seed))
     test_loader = DataLoader(data[args.train:], batch_size=args.batch_size)
+    device = torch.device(getattr(args, "device", "cpu"))
     model = GPSNet(args.colors + 1, args.hidden, args.num_layers, args.heads,
-                   args.attention, args.num_clusters, args.include_input_edges)
+                   args.attention, args.num_clusters,
+                   args.include_input_edges).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     epoch_seconds = []
     for epoch in range(args.epochs):
@@ -156,6 +169,7 @@ def run(args) -> dict:
         start = time.perf_counter()
         total = count = 0
         for batch in train_loader:
+            batch = batch.to(device)
             logits = model(batch.x, batch.edge_index, batch.batch)
             loss = F.binary_cross_entropy_with_logits(logits, batch.y)
             optimizer.zero_grad()
@@ -171,6 +185,7 @@ def run(args) -> dict:
     densities = []
     with torch.no_grad():
         for batch in test_loader:
+            batch = batch.to(device)
             logits = model(batch.x, batch.edge_index, batch.batch)
             correct += int(((logits > 0) == batch.y.bool()).sum())
             nodes += batch.num_nodes
@@ -206,6 +221,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add("--batch-size", type=int, default=32)
     add("--lr", type=float, default=1e-3)
     add("--seed", type=int, default=0)
+    add("--device", default="cpu", help="where the model trains (cpu, cuda)")
     add("--json", type=Path, help="write the results here")
     add("--verbose", action="store_true", help="print each epoch's loss")
     args = parser.parse_args(argv)

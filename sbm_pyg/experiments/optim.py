@@ -72,9 +72,13 @@ def build_schedule(optimizer: torch.optim.Optimizer,
             step, args.steps, args.warmup_steps, args.schedule))
 
 
-def _norm(tensors: List[Tensor]) -> Tensor:
-    if not tensors:
-        return torch.zeros(())
+def _device(optimizer: torch.optim.Optimizer) -> torch.device:
+    return next(p.device for g in optimizer.param_groups for p in g["params"])
+
+
+def _norm(tensors: List[Tensor], device: torch.device) -> Tensor:
+    if not tensors:  # on the parameters' device, to be stacked with the rest
+        return torch.zeros((), device=device)
     return torch.nn.utils.get_total_norm(tensors)
 
 
@@ -84,7 +88,8 @@ def clip_and_measure(optimizer: torch.optim.Optimizer,
     :obj:`max_norm` > 0 the gradients are then clipped to it in total."""
     grads = {g["name"]: [p.grad for p in g["params"] if p.grad is not None]
              for g in optimizer.param_groups}
-    stats = {f"grad_norm_{name}": _norm(gs) for name, gs in grads.items()}
+    device = _device(optimizer)
+    stats = {f"grad_norm_{name}": _norm(gs, device) for name, gs in grads.items()}
     stats["grad_norm"] = torch.linalg.vector_norm(torch.stack(list(stats.values())))
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(
@@ -98,12 +103,13 @@ def update_statistics(optimizer: torch.optim.Optimizer,
     r"""Per group, the norm of the update the step made and its largest
     entry (the largest Adam step), from the parameters :obj:`before` it."""
     stats = {}
+    device = _device(optimizer)
     for g in optimizer.param_groups:
         deltas = [(p.detach() - b) for p, b in zip(g["params"], before[g["name"]])]
-        stats[f"update_norm_{g['name']}"] = _norm(deltas)
+        stats[f"update_norm_{g['name']}"] = _norm(deltas, device)
         stats[f"max_update_{g['name']}"] = (
             torch.stack([d.abs().max() for d in deltas]).max()
-            if deltas else torch.zeros(()))
+            if deltas else torch.zeros((), device=device))
     return stats
 
 

@@ -36,7 +36,9 @@ def repeat_batch(batch: int, length: int,
     """
     if batch < 1 or length < 2:
         raise ValueError(f"batch must be >= 1 and length >= 2, got {batch}, {length}")
-    tokens = torch.randint(1, length + 1, (batch, length), generator=generator)
+    # On the generator's device, whatever torch's default device is.
+    tokens = torch.randint(1, length + 1, (batch, length), generator=generator,
+                           device=None if generator is None else generator.device)
     same = tokens[:, :, None] == tokens[:, None, :]
     return tokens, (same.sum(-1) > 1).float()
 

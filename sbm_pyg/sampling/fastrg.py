@@ -111,12 +111,11 @@ def fastrg(
         >>> graph.edge_index.size(0), graph.density().shape  # [G, H]
         (2, torch.Size([2, 2]))
     """
-    device = q_memb.device if isinstance(q_memb, Tensor) else torch.device("cpu")
-    backend = resolve_backend("sampler", backend, device)
     # Both backends check the memberships' values in their own first pass.
     ptr_q, ptr_k, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
                                      mode, exploration, self_loops,
                                      check_memberships=False)
+    backend = resolve_backend("sampler", backend, q_memb.device)
     check_generator(generator, q_memb.device)
     if max_edges is not None and (not isinstance(max_edges, int)
                                   or max_edges < 0):

@@ -60,7 +60,7 @@ def hamiltonian_cycle_probability(n: int, p: Optional[float] = None,
     gen = torch.Generator().manual_seed(seed)
     hits, zero_in, counts = 0, 0.0, []
     for _ in range(trials):
-        adj = (torch.rand(n, n, generator=gen) < p).numpy()
+        adj = (torch.rand(n, n, generator=gen, device="cpu") < p).numpy()
         np.fill_diagonal(adj, False)
         zero_in += float((~adj.any(0)).mean())
         if n <= 12:

@@ -8,6 +8,7 @@ from sbm_pyg.experiments.diagnose import (
 )
 from sbm_pyg.experiments.tasks import repeat_batch
 from sbm_pyg.models import SBMTransformer
+from tests.helpers import seeded
 
 
 def test_pair_classes():
@@ -41,7 +42,7 @@ def test_sbm_probability_is_the_first_layers_sbm():
     # layer's projections and its SBM.
     torch.manual_seed(0)
     model = SBMTransformer(9, 8, channels=8, heads=2, num_clusters=4)
-    tokens, _ = repeat_batch(3, 8, torch.Generator().manual_seed(1))
+    tokens, _ = repeat_batch(3, 8, seeded(1))
     x = model.token_embedding(tokens) + model.position_embedding(torch.arange(8))
     flat = model.blocks[0].norm1(x).reshape(24, -1)
     conv = model.blocks[0].attention.conv

@@ -7,6 +7,8 @@ from sbm_pyg.experiments.optim import (
     build_optimizer,
     clip_and_measure,
     learning_rate_factor,
+    parameters_before,
+    update_statistics,
 )
 
 
@@ -52,3 +54,18 @@ def test_clip_and_measure_norms_per_group_and_clips_in_total():
     # max_norm 0: measured, not clipped.
     clip_and_measure(optimizer, max_norm=0.0)
     assert model.attention.sbm.weight.grad.item() == pytest.approx(0.8, rel=1e-5)
+
+
+def test_clip_and_measure_without_sbm_gradients_stays_on_the_parameters_device():
+    # A model without SBM parameters (full attention) has an empty group:
+    # its zero norm is made on the parameters' device, so that it stacks with
+    # the others ("meta" stands in for CUDA on a machine without one).
+    model = _model().to("meta")
+    model.attention.sbm.weight.requires_grad_(False)
+    optimizer = build_optimizer(model, _Args())
+    model.rest.weight.grad = torch.ones(1, 2, device="meta")
+    stats = clip_and_measure(optimizer, max_norm=0.0)
+    assert {t.device.type for t in stats.values()} == {"meta"}
+    before = parameters_before(optimizer)
+    stats = update_statistics(optimizer, before)
+    assert {t.device.type for t in stats.values()} == {"meta"}

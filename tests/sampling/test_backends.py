@@ -115,20 +115,23 @@ def test_triton_gives_the_cpp_graph_for_the_same_seed(mode, exploration, dtype,
     # copies with the same seed.
     monkeypatch.setattr(fastrg_op, "DENSE_ROW_THRESHOLD", threshold)
     monkeypatch.setattr(fastrg_op, "stream_seed", lambda *_: 2**61 + 12345)
+    device = torch.get_default_device()
     g = torch.Generator("cpu").manual_seed(0)
     n, H, k = 80, 2, 4
-    q = torch.rand(n, H, k, generator=g, dtype=dtype)
-    memb_k = torch.rand(n, H, k, generator=g, dtype=dtype)
-    block = torch.rand(H, k, k, generator=g, dtype=dtype) * 0.1
-    block[1] *= 12  # head 1: denser rows
-    ptr = [0, 3, 3, 80]
-    include = torch.tensor([[0, 3, 10, 70], [2, 3, 10, 79]])
-    kwargs = dict(ptr_q=ptr, ptr_k=ptr, mode=mode, exploration=exploration,
-                  self_loops=True, include_edges=include)
-    ref = sampling.fastrg(q, block, memb_k, backend="cpp", **kwargs)
-    device = torch.get_default_device()
+    with torch.device("cpu"):
+        q = torch.rand(n, H, k, generator=g, dtype=dtype)
+        memb_k = torch.rand(n, H, k, generator=g, dtype=dtype)
+        block = torch.rand(H, k, k, generator=g, dtype=dtype) * 0.1
+        block[1] *= 12  # head 1: denser rows
+        ptr = [0, 3, 3, 80]
+        include = torch.tensor([[0, 3, 10, 70], [2, 3, 10, 79]])
+        kwargs = dict(ptr_q=ptr, ptr_k=ptr, mode=mode, exploration=exploration,
+                      self_loops=True)
+        ref = sampling.fastrg(q, block, memb_k, backend="cpp",
+                              include_edges=include, **kwargs)
     out = sampling.fastrg(q.to(device), block.to(device), memb_k.to(device),
-                          backend="triton", **kwargs)
+                          backend="triton", include_edges=include.to(device),
+                          **kwargs)
     assert 500 < ref.num_edges < 0.9 * 2 * (3 * 3 + 77 * 77)
     a, b = _edge_set(ref), _edge_set(out.to("cpu"))
     assert len(a & b) >= 0.999 * max(len(a), len(b))
