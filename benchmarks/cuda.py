@@ -1,0 +1,375 @@
+r"""The CUDA suite: forward+backward of the sparse attention against SDPA,
+FlexAttention and PyG's message passing on the same edges, the kernels
+against their L2-gather bound, the fastRG sampler's distinct edges per
+second, ``SBMConv`` against ``nn.MultiheadAttention`` and a training step of
+the LRA model against full attention. Run on a GPU as
+
+    python -m benchmarks.cuda --out benchmarks/results-cuda.json
+
+Timings are medians of CUDA-event intervals after a warm-up; the methods of
+one row take turns, repeat by repeat, so their ratios come from one run.
+Memory is ``max_memory_allocated`` beyond the inputs, per method.
+
+The graphs of the attention rows are i.i.d. Bernoulli masks at the given
+density (drawn in row chunks, so that no :obj:`[H, n, n]` tensor is needed);
+the sampler rows draw from a k = 128 SBM calibrated to the density.
+``--quick`` runs tiny sizes (also on the CPU, under Triton's interpreter,
+so that the script cannot rot).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch_geometric.utils import softmax as pyg_softmax
+
+from benchmarks.cases import CLUSTERS, sbm_memberships
+from sbm_pyg.nn.functional import sparse_attention
+from sbm_pyg.sampling import SampledGraph, fastrg
+
+# H100 SXM: HBM3 and the L2 bandwidth the work model uses (docs/performance.md).
+HBM_BYTES_PER_S = 3.35e12
+L2_BYTES_PER_S = 5.5e12
+# The int32 CSR of a graph: the benchmark keeps edge counts well inside it.
+MAX_EDGES = 1_200_000_000
+
+
+def event_times(fns: Dict[str, Callable[[], object]], repeats: int,
+                device: torch.device) -> Dict[str, float]:
+    """Median seconds of each function over ``repeats`` turns, after one
+    warm-up call each; CUDA events on a GPU, the host clock elsewhere."""
+    for fn in fns.values():
+        fn()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    spans: Dict[str, list] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if cuda:
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                fn()
+                end.record()
+                spans[name].append((start, end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                spans[name].append(time.perf_counter() - t0)
+    if cuda:
+        torch.cuda.synchronize(device)
+        return {name: statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+                for name, pairs in spans.items()}
+    return {name: statistics.median(t) for name, t in spans.items()}
+
+
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> Optional[int]:
+    """Bytes the CUDA allocator holds at the peak of one call beyond what
+    was allocated before it (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def mask_keys(n: int, heads: int, density: float, device: torch.device,
+              seed: int = 0, chunk: int = 2**28) -> torch.Tensor:
+    """Sorted keys :math:`(h n + i) n + j` of an i.i.d. Bernoulli(density)
+    mask over :obj:`[heads, n, n]`, drawn ``chunk`` pairs at a time."""
+    g = torch.Generator(device).manual_seed(seed)
+    rows = max(chunk // n, 1)
+    keys = []
+    for r0 in range(0, heads * n, rows):
+        r1 = min(r0 + rows, heads * n)
+        hit = torch.rand((r1 - r0) * n, generator=g, device=device) < density
+        keys.append(hit.nonzero().view(-1) + r0 * n)
+    return torch.cat(keys)
+
+
+def attention_inputs(n: int, heads: int, dim: int, dtype: torch.dtype,
+                     device: torch.device, seed: int = 1):
+    g = torch.Generator(device).manual_seed(seed)
+    return [torch.randn(n, heads, dim, generator=g, device=device)
+            .to(dtype).requires_grad_() for _ in range(3)]
+
+
+def four_d(*ts):
+    """[n, H, D] -> contiguous [1, H, n, D] leaves, SDPA's fast layout."""
+    return [t.detach().transpose(0, 1)[None].contiguous().requires_grad_() for t in ts]
+
+
+def grad(out, inputs):
+    torch.autograd.grad(out.float().sum(), inputs)
+
+
+def pyg_attention(q, k, v, graph: SampledGraph):
+    """TransformerConv's attention on the graph's edges: gather, score,
+    ``torch_geometric.utils.softmax`` by query, weighted scatter-sum."""
+    H, n, D = graph.num_heads, graph.num_queries, q.size(-1)
+    row, col = graph.csr.row().long(), graph.csr.col.long()
+    qf, kf, vf = (t.transpose(0, 1).reshape(H * t.size(0), -1) for t in (q, k, v))
+    score = (qf[row] * kf[col]).sum(-1) / math.sqrt(D)
+    alpha = pyg_softmax(score, row, num_nodes=H * n)
+    return torch.zeros_like(qf).index_add_(0, row, vf[col] * alpha[:, None])
+
+
+def sdpa_kernel(q4, k4, v4) -> str:
+    """The kernel SDPA dispatches to for these inputs, read off the profiler."""
+    with torch.profiler.profile() as prof:
+        F.scaled_dot_product_attention(q4, k4, v4)
+    names = [e.name.removeprefix("aten::") for e in prof.events()
+             if "scaled_dot_product" in e.name
+             and e.name != "aten::scaled_dot_product_attention"]
+    return names[0] if names else "unknown"
+
+
+def flex_case(keys: torch.Tensor, n: int, heads: int):
+    """FlexAttention with the graph's mask as a BlockMask (None where it
+    cannot run)."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    dense = torch.zeros(heads * n * n, dtype=torch.bool, device=keys.device)
+    dense[keys] = True
+    dense = dense.view(heads, n, n)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dense[h, q_idx, kv_idx]
+
+    block_mask = create_block_mask(mask_mod, None, heads, n, n, device=keys.device)
+    flex = torch.compile(flex_attention, dynamic=False)
+    return lambda q4, k4, v4: flex(q4, k4, v4, block_mask=block_mask)
+
+
+def bytes_per_edge(dim: int, dtype: torch.dtype) -> int:
+    """The fused kernels' gathers per edge, forward+backward: the forward
+    and the query pass read a column index and a key and value row; the key
+    pass reads a row index, a query and output-gradient row and the row's
+    log-sum-exp and delta (4 bytes each, float32)."""
+    row = dim * torch.finfo(dtype).bits // 8
+    return 2 * (4 + 2 * row) + (4 + 2 * row + 8)
+
+
+def bench_attention(cases, densities: Sequence[float], device: torch.device,
+                    repeats: int, flex_max_n: int, log, rows: List[dict],
+                    save: Callable[[], None]) -> List[dict]:
+    """One row per (n, heads, dim, dtype) of ``cases`` and density, appended
+    to ``rows`` and saved as it comes."""
+    for n, heads, dim, dtype in cases:
+        q, k, v = attention_inputs(n, heads, dim, dtype, device)
+        q4, k4, v4 = four_d(q, k, v)
+        sdpa = sdpa_kernel(q4, k4, v4) if device.type == "cuda" else "cpu"
+        for density in densities:
+            if heads * n * n * density > MAX_EDGES:
+                continue
+            rows.append(attention_row(n, heads, dim, dtype, density, q, k, v,
+                                      q4, k4, v4, sdpa, device, repeats,
+                                      n <= flex_max_n, log))
+            save()
+    return rows
+
+
+def attention_row(n, heads, dim, dtype, density, q, k, v, q4, k4, v4, sdpa,
+                  device, repeats, with_flex, log) -> dict:
+    keys = mask_keys(n, heads, density, device)
+    graph = SampledGraph.from_keys(keys, heads, n, n)
+    E = graph.num_edges
+    graph.csr.row_t()  # cached once, as a layer's graph has it
+    fns = {
+        "sbm": lambda: grad(sparse_attention(q, k, v, graph), (q, k, v)),
+        "sdpa": lambda: grad(F.scaled_dot_product_attention(q4, k4, v4), (q4, k4, v4)),
+    }
+    if E * dim * 4 * 8 <= 40 * 2**30:  # the PyTorch paths' [E, D] buffers
+        fns["sbm_torch"] = lambda: grad(
+            sparse_attention(q, k, v, graph, backend="torch"), (q, k, v))
+        fns["pyg"] = lambda: grad(pyg_attention(q, k, v, graph), (q, k, v))
+    if with_flex and device.type == "cuda":
+        try:
+            flex = flex_case(keys, n, heads)
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            log(f"    flex unavailable: {type(e).__name__}: {e}")
+            flex = None
+        if flex is not None:
+            fns["flex"] = lambda: grad(flex(q4, k4, v4), (q4, k4, v4))
+    del keys
+    times = event_times(fns, repeats, device)
+    row = dict(n=n, heads=heads, dim=dim, dtype=str(dtype).removeprefix("torch."),
+               density=density, edges=E, sdpa_kernel=sdpa)
+    for name, t in times.items():
+        row[name] = dict(time=t, memory=peak_bytes(fns[name], device),
+                         vs_sdpa=t / times["sdpa"])
+    model = bytes_per_edge(dim, dtype) * E
+    row["sbm"].update(bytes=model, achieved_bytes_per_s=model / times["sbm"],
+                      l2_bound=model / L2_BYTES_PER_S,
+                      vs_l2_bound=times["sbm"] / (model / L2_BYTES_PER_S))
+    flops = 4 * heads * n * n * dim * 3.5  # fwd 2 matmuls, bwd 5 (as FA2 counts)
+    row["sdpa"]["tflops"] = flops / times["sdpa"] / 1e12
+    log(format_row(row))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def format_row(row: dict) -> str:
+    ms = "  ".join(f"{m} {row[m]['time'] * 1e3:8.3f}" for m in
+                   ("sbm", "sbm_torch", "pyg", "flex", "sdpa") if m in row)
+    ratios = " ".join(f"{m}/sdpa {row[m]['vs_sdpa']:.3f}" for m in
+                      ("sbm", "sbm_torch", "pyg", "flex") if m in row)
+    return (f"  n={row['n']:>6} H={row['heads']} D={row['dim']} {row['dtype']:>8} "
+            f"density={row['density']:<5} E={row['edges']:>11}  ms: {ms}  {ratios}  "
+            f"sbm/L2-bound {row['sbm']['vs_l2_bound']:.2f}")
+
+
+def bench_tuning(n: int, heads: int, dim: int, density: float, dtype,
+                 device: torch.device, repeats: int, log) -> List[dict]:
+    """The three Triton kernels at each (BLOCK_E, num_warps), timed alone on
+    one graph: forward, backward over rows, backward over columns."""
+    from sbm_pyg.ops import triton_attention as ta
+    keys = mask_keys(n, heads, density, device)
+    csr = SampledGraph.from_keys(keys, heads, n, n).csr
+    R, E = heads * n, csr.num_edges
+    g = torch.Generator(device).manual_seed(2)
+    q, k, v, go = (torch.randn(R, dim, generator=g, device=device).to(dtype)
+                   for _ in range(4))
+    out = torch.empty_like(v)
+    lse = torch.zeros(R, device=device)
+    delta = torch.zeros(R, device=device)
+    gq, gk, gv = (torch.empty_like(t) for t in (q, k, v))
+    rowptr, col, colptr, row_t = csr.rowptr, csr.col, csr.colptr, csr.row_t()
+    scale = torch.full((1,), 1 / math.sqrt(dim), device=device)
+    base = dict(D=dim, DV=dim, BLOCK_D=dim, BLOCK_DV=dim, ACC=ta.tl.float32)
+    back = dict(base, STE=0, MEMB=False, KM=1, BLOCK_K=1)
+    rows = []
+    for block in (16, 32, 64):
+        for warps in (1, 2, 4):
+            fns = {
+                "forward": lambda: ta._forward_kernel[(R,)](
+                    q, k, v, out, lse, rowptr, col, scale, BLOCK=block,
+                    num_warps=warps, **base),
+                "backward_query": lambda: ta._backward_query_kernel[(R,)](
+                    q, k, v, go, lse, delta, gq, gq, gq, gq, rowptr, col, scale,
+                    BLOCK=block, num_warps=warps, **back),
+                "backward_key": lambda: ta._backward_key_kernel[(R,)](
+                    q, k, v, go, lse, delta, gk, gv, gq, gq, colptr, row_t, scale,
+                    BLOCK=block, num_warps=warps, **back),
+            }
+            times = event_times(fns, repeats, device)
+            row = dict(block=block, num_warps=warps, edges=E,
+                       **{f"{name}_ms": t * 1e3 for name, t in times.items()})
+            rows.append(row)
+            log(f"  BLOCK_E={block:>3} num_warps={warps}: " + "  ".join(
+                f"{name} {t * 1e3:.3f} ms" for name, t in times.items()))
+    return rows
+
+
+def bench_sampler(sizes: Sequence[int], density: float, device: torch.device,
+                  repeats: int, log) -> List[dict]:
+    rows = []
+    for n in sizes:
+        q_memb, block, k_memb, _ = sbm_memberships(n, density, device)
+        for mode in ("poisson", "exact"):
+            g = torch.Generator(device).manual_seed(0)
+            fn = lambda: fastrg(q_memb, block, k_memb, mode=mode, generator=g)  # noqa: E731
+            t = event_times({"fastrg": fn}, repeats, device)["fastrg"]
+            edges = fn().num_edges
+            row = dict(n=n, heads=q_memb.size(1), clusters=CLUSTERS, mode=mode,
+                       density=edges / (q_memb.size(1) * n * n), edges=edges,
+                       time=t, edges_per_s=edges / t,
+                       memory=peak_bytes(fn, device))
+            rows.append(row)
+            log(f"  n={n} {mode:>7}: {edges} edges ({row['density']:.4f}) in "
+                f"{t * 1e3:.3f} ms, {row['edges_per_s'] / 1e9:.2f} G distinct edges/s")
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=10)
+    sections = ["attention", "tuning", "sampler", "layer", "training"]
+    parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bf16, fp32 = torch.bfloat16, torch.float32
+    if args.quick:
+        cases, densities = [(64, 2, 32, fp32)], [0.05, 1.0]
+        flex_max_n, tunings = 0, [(64, 2, 32, 0.2)]
+        sampler_sizes, layer_sizes, training_sizes = [64], [64], [64]
+    else:
+        # The targets' case first: a run cut short keeps the rows it made.
+        cases = [(16384, 2, 32, bf16), (16384, 2, 32, fp32), (4096, 2, 32, bf16),
+                 (4096, 2, 32, fp32), (65536, 2, 32, bf16), (65536, 2, 32, fp32),
+                 (16384, 8, 64, bf16), (4096, 8, 64, bf16), (16384, 8, 64, fp32)]
+        densities = [0.005, 0.01, 0.05, 0.2, 0.5, 1.0]
+        flex_max_n = 16384
+        tunings = [(16384, 2, 32, 0.01), (16384, 2, 64, 0.01)]
+        sampler_sizes, layer_sizes, training_sizes = [4096, 65536], [4096, 16384], [4096, 16384]
+    results: dict = dict(device=str(device), quick=args.quick, repeats=args.repeats,
+                         torch=torch.__version__,
+                         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+
+    def save():
+        args.out.write_text(json.dumps(results, indent=1))
+
+    if "attention" in args.sections:
+        log("[attention] forward+backward, ms")
+        results["attention"] = []
+        bench_attention(cases, densities, device, args.repeats, flex_max_n, log,
+                        results["attention"], save)
+    if "tuning" in args.sections and device.type == "cuda":
+        results["tuning"] = []
+        for n, heads, dim, density in tunings:
+            log(f"[tuning] Triton kernels alone, n={n} H={heads} D={dim} "
+                f"density {density}, bf16")
+            results["tuning"].append(dict(
+                n=n, heads=heads, dim=dim, density=density, dtype="bfloat16",
+                rows=bench_tuning(n, heads, dim, density, bf16, device,
+                                  args.repeats, log)))
+            save()
+    if "sampler" in args.sections:
+        log("[sampler] fastrg, H=2, k=128, density 1%")
+        results["sampler"] = bench_sampler(sampler_sizes, 0.01, device, args.repeats, log)
+        save()
+    if "layer" in args.sections:
+        from benchmarks.layer import bench_layer
+        results["layer"] = []
+        for n in layer_sizes:
+            for density in (0.01, 0.05):
+                log(f"[layer] SBMConv vs MultiheadAttention, n={n}, ~{density:.0%}")
+                results["layer"].append(bench_layer(n, density, device, args.repeats, log))
+                save()
+    if "training" in args.sections:
+        from benchmarks.training import training_step
+        results["training"] = []
+        for n in training_sizes:
+            steps = dict(full=training_step("full", n, 1.0, device))
+            for density in (0.01, 0.05):
+                steps[f"sbm@{density}"] = training_step("sbm", n, density, device)
+            times = event_times(steps, args.repeats, device)
+            row = dict(n=n, **{f"{k}_time": t for k, t in times.items()},
+                       **{f"{k}_density": steps[k]()["density"] for k in steps})
+            results["training"].append(row)
+            log(f"[training] n={n}: " + "  ".join(
+                f"{k} {t * 1e3:.2f} ms ({t / times['full']:.3f}x)" for k, t in times.items()))
+            save()
+    save()
+    log(f"written to {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

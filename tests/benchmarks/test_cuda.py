@@ -1,0 +1,36 @@
+"""The CUDA benchmark script runs end to end (tiny sizes; on the CPU the
+Triton kernels are not timed) and its byte model is the documented one."""
+import json
+
+import pytest
+import torch
+
+from benchmarks import cuda
+
+pytestmark = pytest.mark.host
+
+
+def test_bytes_per_edge_model():
+    # Forward and query pass: index + key + value rows; key pass: index +
+    # query + output-gradient rows + log-sum-exp and delta.
+    assert cuda.bytes_per_edge(32, torch.bfloat16) == 2 * (4 + 64 + 64) + (4 + 64 + 64 + 8)
+    assert cuda.bytes_per_edge(32, torch.float32) == 788
+
+
+def test_mask_keys_are_sorted_and_at_the_density():
+    keys = cuda.mask_keys(64, 2, 0.25, torch.device("cpu"), chunk=1000)
+    assert bool((keys[1:] > keys[:-1]).all()) and int(keys.max()) < 2 * 64 * 64
+    # 8192 pairs at 0.25: mean 2048, sd 39; far outside 6 sd fails.
+    assert abs(keys.numel() - 2048) < 6 * 39.2
+
+
+def test_quick_run_writes_every_section(tmp_path):
+    out = tmp_path / "r.json"
+    cuda.main(["--quick", "--repeats", "1", "--out", str(out),
+               "--sections", "attention", "sampler"])
+    result = json.loads(out.read_text())
+    assert {r["density"] for r in result["attention"]} == {0.05, 1.0}
+    full = next(r for r in result["attention"] if r["density"] == 1.0)
+    assert full["edges"] == 2 * 64 * 64
+    assert all(full[m]["time"] > 0 for m in ("sbm", "sdpa"))
+    assert [r["mode"] for r in result["sampler"]] == ["poisson", "exact"]
