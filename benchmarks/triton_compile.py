@@ -70,34 +70,40 @@ def _sampler_cases() -> List[dict]:
 
 
 def _attention_cases() -> List[dict]:
-    # The dtypes the operator takes (half precision is computed in float32),
-    # head sizes 32, 64 and 128, the backward kernels without and with the
-    # memberships' gradients (k = 128 clusters); int32 CSR.
+    # The dtypes the operator takes (half precision rows are read as they
+    # are and computed in float32), head sizes 32, 64 and 128, the backward
+    # kernels without and with the memberships' gradients (k = 128
+    # clusters); int32 CSR; the scale, the row statistics and the edge and
+    # membership gradients in the accumulation dtype; the launch's warps
+    # as the operator chooses them.
     import triton.language as tl
     cases = []
-    for dt in ("fp32", "fp64"):
+    for dt in ("fp32", "fp64", "bf16"):
         acc = tl.float64 if dt == "fp64" else tl.float32
+        a = "*fp64" if dt == "fp64" else "*fp32"
         for D in (32, 64, 128):
             meta = dict(D=D, DV=D, BLOCK_D=D, BLOCK_DV=D, BLOCK=attention.BLOCK_E,
                         ACC=acc)
+            warps = attention.num_warps(D, D)  # forward; backward below
             t = f"*{dt}"
-            cases.append(dict(fn=attention._forward_kernel, dtype=dt, D=D,
-                              signature=dict(Q=t, K=t, V=t, Out=t, Lse=t,
+            cases.append(dict(fn=attention._forward_kernel, dtype=dt, D=D, warps=warps,
+                              signature=dict(Q=t, K=t, V=t, Out=t, Lse=a,
                                              rowptr="*i32", col="*i32",
-                                             scale="fp32"), constexprs=meta))
+                                             Scale=a), constexprs=meta))
             for memb, K in ((False, 1), (True, 128)):
                 extra = dict(meta, STE=1, MEMB=memb, KM=K, BLOCK_K=K)
+                warps = attention.num_warps(D, D, K)
                 cases += [
                     dict(fn=attention._backward_query_kernel, dtype=dt, D=D,
-                         memb=memb, signature=dict(
-                             Q=t, K=t, V=t, GradOut=t, Lse=t, Delta=t, GradQ=t,
-                             GradProb=t, Km=t, GradQb=t, rowptr="*i32",
-                             col="*i32", scale="fp32"), constexprs=extra),
+                         memb=memb, warps=warps, signature=dict(
+                             Q=t, K=t, V=t, GradOut=t, Lse=a, Delta=a, GradQ=t,
+                             GradProb=a, Km=a, GradQb=a, rowptr="*i32",
+                             col="*i32", Scale=a), constexprs=extra),
                     dict(fn=attention._backward_key_kernel, dtype=dt, D=D,
-                         memb=memb, signature=dict(
-                             Q=t, K=t, V=t, GradOut=t, Lse=t, Delta=t, GradK=t,
-                             GradV=t, Qb=t, GradKm=t, colptr="*i32",
-                             row_t="*i32", scale="fp32"), constexprs=extra),
+                         memb=memb, warps=warps, signature=dict(
+                             Q=t, K=t, V=t, GradOut=t, Lse=a, Delta=a, GradK=t,
+                             GradV=t, Qb=a, GradKm=a, colptr="*i32",
+                             row_t="*i32", Scale=a), constexprs=extra),
                 ]
     return cases
 
@@ -129,6 +135,8 @@ def compile_all(archs=ARCHS) -> List[dict]:
                 name: "constexpr" for name in case["constexprs"]}),
                 case["constexprs"])
             options = dict(enable_fp_fusion=False) if fn.__module__ == sampler.__name__ else {}
+            if "warps" in case:
+                options["num_warps"] = case["warps"]
             kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                     options=options)
             row = dict(kernel=fn.__name__.lstrip("_"), module=fn.__module__,

@@ -189,17 +189,25 @@ if triton is not None:
                      mask=kk < KM)
 
 
+def num_warps(D: int, DV: int, K: int = 1) -> int:
+    """Warps per (head, query) row or key column. An H100 ran the three
+    kernels 2-4x faster with one warp than with four at D = 32 and D = 64
+    (n = 16384, 1% density, no memberships; the CUDA benchmark's tuning
+    section), as a row's tile is small; wider rows get more (not measured
+    beyond D = 64), and the backward kernels that sum into K membership
+    columns keep a [BLOCK_E, K] tile without spilling (four warps at
+    K = 128, as before the tuning)."""
+    block_d = triton.next_power_of_2(max(D, DV))
+    block_k = triton.next_power_of_2(K)
+    return max(1, min(8, BLOCK_E * block_d // 2048), min(8, BLOCK_E * block_k // 1024))
+
+
 def _meta(q: Tensor, v: Tensor) -> dict:
     D, DV = q.size(1), v.size(1)
-    block_d = triton.next_power_of_2(max(D, DV))
-    # One warp per row: an H100 ran the three kernels 2-4x faster with one
-    # warp than with four at D = 32 and D = 64 (n = 16384, 1% density; the
-    # benchmarks' tuning section), as a row's tile is small; wider rows get
-    # more (not measured beyond D = 64).
     return dict(D=D, DV=DV, BLOCK_D=triton.next_power_of_2(D),
                 BLOCK_DV=triton.next_power_of_2(DV), BLOCK=BLOCK_E,
                 ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
-                num_warps=max(1, min(8, BLOCK_E * block_d // 2048)))
+                num_warps=num_warps(D, DV))
 
 
 def _acc_dtype(q: Tensor) -> torch.dtype:
@@ -288,7 +296,8 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
     elif ste is not None:
         grad_prob = torch.empty(col.numel(), dtype=acc, device=q.device)
     meta = dict(_meta(q, v), STE=STE_CODES[ste], MEMB=memb, KM=K,
-                BLOCK_K=triton.next_power_of_2(K))
+                BLOCK_K=triton.next_power_of_2(K),
+                num_warps=num_warps(q.size(1), v.size(1), K if memb else 1))
     unused = grad_q  # a pointer for arguments a constexpr branch never reads
     scale_t = _scale(scale, q)
     if R:
