@@ -34,8 +34,7 @@ from benchmarks.cases import CLUSTERS, sbm_memberships
 from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.sampling import SampledGraph, fastrg
 
-# H100 SXM: HBM3 and the L2 bandwidth the work model uses (docs/performance.md).
-HBM_BYTES_PER_S = 3.35e12
+# H100: the L2 bandwidth the work model uses (docs/performance.md).
 L2_BYTES_PER_S = 5.5e12
 # The int32 CSR of a graph: the benchmark keeps edge counts well inside it.
 MAX_EDGES = 1_200_000_000

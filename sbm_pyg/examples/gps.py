@@ -158,7 +158,7 @@ def run(args) -> dict:
                               generator=torch.Generator(
                                   torch.get_default_device()).manual_seed(args.seed))
     test_loader = DataLoader(data[args.train:], batch_size=args.batch_size)
-    device = torch.device(getattr(args, "device", "cpu"))
+    device = torch.device(args.device)
     model = GPSNet(args.colors + 1, args.hidden, args.num_layers, args.heads,
                    args.attention, args.num_clusters,
                    args.include_input_edges).to(device)
