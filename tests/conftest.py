@@ -7,8 +7,12 @@ library runs its CUDA paths. Tests of host-side tools (CLI, demo, docs,
 notebooks, benchmarks) carry the ``host`` marker and stay on the CPU.
 
 Without a GPU the Triton kernels run under Triton's interpreter
-(``TRITON_INTERPRET=1``, set before anything imports them).
+(``TRITON_INTERPRET=1``, set before anything imports them), with their
+scalar arguments passed as the compiled kernels receive them
+(:mod:`tests.triton_abi`); ``SBM_PYG_TRITON_ABI=plain`` runs the plain
+interpreter instead, which passes Python floats exact.
 """
+import importlib.util
 import os
 
 import pytest
@@ -18,6 +22,10 @@ from tests.helpers import TEST_DEVICE
 
 if TEST_DEVICE.type == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    if (importlib.util.find_spec("triton") is not None
+            and os.environ.get("SBM_PYG_TRITON_ABI") != "plain"):
+        from tests import triton_abi
+        triton_abi.install()
 
 
 def pytest_configure(config):

@@ -101,7 +101,10 @@ def _triton_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
     out, lse = attention_forward(rowptr, col, q, k, v, scale)
     alpha = q.new_empty(0)
     if weights:  # recomputed from the log-sum-exp: the kernel keeps none
-        score = sddmm(rowptr, col, q, k, scale)
+        # with the scale the kernel used, rounded to the accumulation dtype,
+        # as the log-sum-exp was made with it
+        kernel_scale = float(torch.tensor(scale, dtype=lse.dtype, device="cpu"))
+        score = sddmm(rowptr, col, q, k, kernel_scale)
         row = row_index(rowptr, col.numel())
         alpha = score.sub_(lse.to(score.dtype)[row]).exp_().to(q.dtype)
     return out, alpha, lse

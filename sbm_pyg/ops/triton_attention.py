@@ -64,8 +64,12 @@ if triton is not None:
                         BLOCK: tl.constexpr, ACC: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         scale = tl.load(Scale)
-        start = tl.load(rowptr + r)
-        end = tl.load(rowptr + r + 1)
+        # int64 edge offsets: an int32 block start plus arange(BLOCK) wraps
+        # negative near 2^31 - 1 edges, which the int32 CSR admits. (The
+        # arange is widened too: the interpreter's loop variable is a
+        # Python int, which takes the arange's type.)
+        start = tl.load(rowptr + r).to(tl.int64)
+        end = tl.load(rowptr + r + 1).to(tl.int64)
         d = tl.arange(0, BLOCK_D)
         dv = tl.arange(0, BLOCK_DV)
         q = _row(Q, r, d, D, ACC)
@@ -73,7 +77,7 @@ if triton is not None:
         norm = tl.zeros([], ACC)
         acc = tl.zeros([BLOCK_DV], ACC)
         for e0 in range(start, end, BLOCK):
-            e = e0 + tl.arange(0, BLOCK)
+            e = e0 + tl.arange(0, BLOCK).to(tl.int64)
             live = e < end
             c = tl.load(col + e, mask=live, other=0)
             k = _rows(K, c, live, d, D, ACC)
@@ -111,8 +115,8 @@ if triton is not None:
                                KM: tl.constexpr, BLOCK_K: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         scale = tl.load(Scale)
-        start = tl.load(rowptr + r)
-        end = tl.load(rowptr + r + 1)
+        start = tl.load(rowptr + r).to(tl.int64)  # int64, as in the forward kernel
+        end = tl.load(rowptr + r + 1).to(tl.int64)
         d = tl.arange(0, BLOCK_D)
         dv = tl.arange(0, BLOCK_DV)
         kk = tl.arange(0, BLOCK_K)
@@ -123,7 +127,7 @@ if triton is not None:
         grad_q = tl.zeros([BLOCK_D], ACC)
         grad_qb = tl.zeros([BLOCK_K], ACC)
         for e0 in range(start, end, BLOCK):
-            e = e0 + tl.arange(0, BLOCK)
+            e = e0 + tl.arange(0, BLOCK).to(tl.int64)
             live = e < end
             c = tl.load(col + e, mask=live, other=0)
             k = _rows(K, c, live, d, D, ACC)
@@ -154,8 +158,8 @@ if triton is not None:
                              KM: tl.constexpr, BLOCK_K: tl.constexpr):
         c = tl.program_id(0).to(tl.int64)
         scale = tl.load(Scale)
-        start = tl.load(colptr + c)
-        end = tl.load(colptr + c + 1)
+        start = tl.load(colptr + c).to(tl.int64)  # int64, as in the forward kernel
+        end = tl.load(colptr + c + 1).to(tl.int64)
         d = tl.arange(0, BLOCK_D)
         dv = tl.arange(0, BLOCK_DV)
         k = _row(K, c, d, D, ACC)
@@ -165,7 +169,7 @@ if triton is not None:
         grad_v = tl.zeros([BLOCK_DV], ACC)
         grad_km = tl.zeros([BLOCK_K], ACC)
         for t0 in range(start, end, BLOCK):
-            t = t0 + tl.arange(0, BLOCK)
+            t = t0 + tl.arange(0, BLOCK).to(tl.int64)
             live = t < end
             r = tl.load(row_t + t, mask=live, other=0)
             q = _rows(Q, r, live, d, D, ACC)
@@ -189,25 +193,34 @@ if triton is not None:
                      mask=kk < KM)
 
 
-def num_warps(D: int, DV: int, K: int = 1) -> int:
+def num_warps(D: int, DV: int, K: int = 1, fp64: bool = False) -> int:
     """Warps per (head, query) row or key column. An H100 ran the three
     kernels 2-4x faster with one warp than with four at D = 32 and D = 64
     (n = 16384, 1% density, no memberships; the CUDA benchmark's tuning
     section), as a row's tile is small; wider rows get more (not measured
     beyond D = 64), and the backward kernels that sum into K membership
     columns keep a [BLOCK_E, K] tile without spilling (four warps at
-    K = 128, as before the tuning)."""
+    K = 128, as before the tuning). A float64 tile takes twice the
+    registers: one warp spilled the backward kernels at D = 32 (sm_90), so
+    float64 spreads its tiles over four times the warps (not timed)."""
     block_d = triton.next_power_of_2(max(D, DV))
     block_k = triton.next_power_of_2(K)
-    return max(1, min(8, BLOCK_E * block_d // 2048), min(8, BLOCK_E * block_k // 1024))
+    per_warp = 512 if fp64 else 2048  # tile entries one warp holds
+    return max(1, min(8, BLOCK_E * block_d // per_warp),
+               min(8, BLOCK_E * block_k // (per_warp // 2)))
 
 
 def _meta(q: Tensor, v: Tensor) -> dict:
     D, DV = q.size(1), v.size(1)
+    fp64 = q.dtype == torch.float64
+    # On a GPU, products and sums contract to FMAs (enable_fp_fusion: the
+    # default, named as Triton's default is to change) and float32's exp is
+    # ex2.approx: within the tests' float32 tolerance (1e-5) of the PyTorch
+    # path; float64 calls libdevice's exp, within 1e-12.
     return dict(D=D, DV=DV, BLOCK_D=triton.next_power_of_2(D),
                 BLOCK_DV=triton.next_power_of_2(DV), BLOCK=BLOCK_E,
-                ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
-                num_warps=num_warps(D, DV))
+                ACC=tl.float64 if fp64 else tl.float32,
+                num_warps=num_warps(D, DV, fp64=fp64), enable_fp_fusion=True)
 
 
 def _acc_dtype(q: Tensor) -> torch.dtype:
@@ -297,7 +310,8 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
         grad_prob = torch.empty(col.numel(), dtype=acc, device=q.device)
     meta = dict(_meta(q, v), STE=STE_CODES[ste], MEMB=memb, KM=K,
                 BLOCK_K=triton.next_power_of_2(K),
-                num_warps=num_warps(q.size(1), v.size(1), K if memb else 1))
+                num_warps=num_warps(q.size(1), v.size(1), K if memb else 1,
+                                    fp64=q.dtype == torch.float64))
     unused = grad_q  # a pointer for arguments a constexpr branch never reads
     scale_t = _scale(scale, q)
     if R:

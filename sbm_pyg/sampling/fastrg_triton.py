@@ -62,6 +62,13 @@ NO_FUSION = dict(enable_fp_fusion=False)
 
 if triton is not None:
 
+    # The scalar arguments' types are fixed where their values vary: a
+    # compiled kernel takes a Python float as fp32 unless it is annotated
+    # (the interpreter keeps it exact), and an int as i32 or i64 by its
+    # value. The seed, the sizes and the edge count change from call to
+    # call and are not specialised (on divisibility by 16 or a value of 1),
+    # which would compile a variant of the kernel for some calls only.
+
     @triton.jit
     def _mix64(z):
         # SplitMix64's finalizer (uint64, wrapping).
@@ -148,9 +155,10 @@ if triton is not None:
             todo = todo & ~accept
         return x
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["seed", "R", "Nq"])
     def _plan_kernel(W, Mass, MaxK, Seq, PtrK, Degree, Inflation, Mu,
-                     seed, delta, threshold, R, Nq,
+                     seed: tl.int64, delta: tl.float64, threshold: tl.float64,
+                     R, Nq,
                      H: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
                      BLOCK_R: tl.constexpr, EXACT: tl.constexpr):
         r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -196,7 +204,7 @@ if triton is not None:
         return tl.load(Z + z_base + j * z_stride, mask=j < n,
                        other=0.0).to(tl.float64) * scale
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["Nk"])
     def _alias_kernel(Z, PtrK, Prob, Alias, Nk,
                       H: tl.constexpr, K: tl.constexpr):
         # One (sequence, head, cluster) table per program: the C++ kernel's
@@ -249,9 +257,9 @@ if triton is not None:
                     else:
                         j = n
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["seed", "Nq", "Nk"])
     def _draw_kernel(W, Z, Mass, Seq, PtrK, Degree, Offset, Prob, Alias, Out,
-                     seed, delta, Nq, Nk,
+                     seed: tl.int64, delta: tl.float64, Nq, Nk,
                      H: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
                      BLOCK_D: tl.constexpr, EXACT: tl.constexpr,
                      EXPLORE: tl.constexpr):
@@ -312,9 +320,9 @@ if triton is not None:
                     key = tl.where(frac < prob.to(tl.float64), slot, alias - ks)
                     tl.store(Out + base + tt, key.to(tl.int32), mask=m)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["seed", "E", "Nq", "Nk"])
     def _thin_kernel(Key, RowStart, W, Z, Degree, Inflation, Keep,
-                     seed, delta, E, Nq, Nk,
+                     seed: tl.int64, delta: tl.float64, E, Nq, Nk,
                      H: tl.constexpr, K: tl.constexpr,
                      BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
         # Exact mode: keeps each distinct drawn key of a sparse row with

@@ -46,6 +46,8 @@ def run(backend, graph, inputs, ste="paper", grad_seed=1):
 @pytest.mark.parametrize("ste", ["paper", "published"])
 @pytest.mark.parametrize("D,DV", [(5, 6), (4, 4), (1, 3)])
 def test_triton_matches_the_torch_path(dtype, tol, ste, D, DV):
+    # float32's tolerance covers a GPU's FMA contraction and ex2.approx
+    # (the interpreter computes neither).
     graph, inputs = graph_and_inputs(dtype, D=D, DV=DV)
     rows = graph.rowptr.diff()
     assert graph.num_edges > 20 and (rows == 0).any() and (rows > 1).any()
@@ -73,6 +75,36 @@ def test_triton_rows_longer_than_a_block():
     ref, got = run("torch", graph, inputs), run("triton", graph, inputs)
     for a, b in zip([got[0], *got[2]], [ref[0], *ref[2]]):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@needs_triton
+def test_triton_edge_offsets_past_int32():
+    # One row of 40 edges stored at the end of an int32 CSR of 2^31 - 1
+    # edges gives what it gives at offset 0: block starts near 2^31 plus
+    # arange(BLOCK) must not wrap. The edge arrays are allocated, not
+    # written, so on a CPU they take 40 edges' pages (8 GiB each of address
+    # space).
+    from sbm_pyg.ops.triton_attention import attention_backward, attention_forward
+    E, n, C = 2**31 - 1, 40, 3
+    g = seeded(0)
+    q, k, v = (torch.randn(m, 4, generator=g) for m in (1, C, C))
+    grad_out = torch.randn(1, 4, generator=g)
+    c = torch.arange(n, dtype=torch.int32) % C
+    # the edges in column order: all from row 0, keys 0, 1, 2
+    colptr = torch.tensor([0, 14, 27, n], dtype=torch.int32)
+
+    def at(offset, size):
+        col = torch.empty(size, dtype=torch.int32)
+        row_t = torch.empty(size, dtype=torch.int32)
+        col[offset:] = c
+        row_t[offset:] = 0
+        rowptr = torch.tensor([offset, offset + n], dtype=torch.int32)
+        out, lse = attention_forward(rowptr, col, q, k, v, 0.5)
+        grads = attention_backward(rowptr, col, colptr + offset, row_t, q, k,
+                                   v, out, lse, grad_out, 0.5, "paper")
+        return out, lse, *grads[:3], grads[3][offset:]
+    for got, ref in zip(at(E - n, E), at(0, n)):
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
 
 
 @needs_triton
