@@ -31,7 +31,7 @@ from sbm_pyg.ops.backend_info import (
     BACKENDS,
     resolve_backend,
 )
-from sbm_pyg.ops.csr import heads_first, nodes_first
+from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
 from sbm_pyg.ops.dense_attention import (
     DenseAttention,
     dense_attention,
@@ -527,11 +527,14 @@ class SBMConv(MessagePassing):
         need_ste = (keep_output and torch.is_grad_enabled()
                     and q_memb.requires_grad)
         dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
-        q_block = torch.einsum("nhu,huv->nhv", q_memb, block)
-        if not need_ste:
-            q_block, k_memb = q_block.detach(), k_memb.detach()
-        with torch.autocast(query.device.type, enabled=False), \
+        # Q̂Ŝ feeds the mask's draws: computed in full precision, whatever
+        # autocast and the TF32 setting say.
+        with full_precision(query.device), \
                 torch.set_grad_enabled(keep_output and torch.is_grad_enabled()):
+            q_block = torch.einsum("nhu,huv->nhv", q_memb.to(dtype),
+                                   block.to(dtype))
+            if not need_ste:
+                q_block, k_memb = q_block.detach(), k_memb.detach()
             q, k, v, qb, km = (heads_first(x.to(dtype)) for x in (
                 query, key, value, q_block, k_memb))
             res = dense_attention(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -31,14 +32,33 @@ if WITH_TORCH_SCATTER:  # optional (pip install .[ext]); see _segment_max
 warnings.filterwarnings("ignore", message="Sparse CS[RC] tensor support is in beta")
 
 
-def full_precision(device: torch.device):
-    """A context that turns autocast off on :obj:`device` (where torch has
-    autocast for it): the kernels here and the sampler choose their compute
-    dtype themselves, and autocast would cast their CSR products to half
-    precision, which torch's CSR kernels do not support."""
-    if device.type in ("cpu", "cuda"):
-        return torch.autocast(device.type, enabled=False)
-    return contextlib.nullcontext()
+@contextlib.contextmanager
+def full_precision(device: torch.device) -> Iterator[None]:
+    """A context in which float32 computes in float32 on :obj:`device`:
+    autocast is off (where torch has autocast for it), and float32 matmuls
+    run in IEEE float32 whatever the global setting
+    (:func:`torch.set_float32_matmul_precision`,
+    :obj:`torch.backends.cuda.matmul.allow_tf32`: TF32 on a GPU, bfloat16
+    passes in oneDNN on a CPU). The kernels here and the sampler choose
+    their compute dtype themselves: autocast would cast their CSR products
+    to half precision, which torch's CSR kernels do not support, and TF32
+    products feeding the sampler move its probabilities by ~1e-3.
+
+    The previous precision is restored on exit, through the per-backend
+    settings, which read the same whichever of torch's two APIs set them."""
+    matmul = (torch.backends.cuda.matmul,
+              torch.backends.mkldnn.matmul)  # type: ignore[attr-defined]
+    saved = [backend.fp32_precision for backend in matmul]
+    for backend in matmul:
+        backend.fp32_precision = "ieee"
+    autocast = (torch.autocast(device.type, enabled=False)
+                if device.type in ("cpu", "cuda") else contextlib.nullcontext())
+    try:
+        with autocast:
+            yield
+    finally:
+        for backend, value in zip(matmul, saved):
+            backend.fp32_precision = value
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -11,6 +11,7 @@ Triton one run by the interpreter.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, Dict, Optional, Tuple
 
@@ -18,7 +19,7 @@ import torch
 
 from sbm_pyg.ops.backend_info import WITH_TRITON
 
-__all__ = ["LIBRARY", "TWIN", "define_ops"]
+__all__ = ["LIBRARY", "TWIN", "define_ops", "device_guard"]
 
 LIBRARY = torch.library.Library("sbm_pyg", "FRAGMENT")
 # The twin operators' prefix, or None where they are not defined.
@@ -27,6 +28,22 @@ TWIN: Optional[str] = ("triton_" if WITH_TRITON
 
 # name -> (schema after the name, fake kernel, Triton kernel or None)
 OpSpec = Dict[str, Tuple[str, Callable, Optional[Callable]]]
+
+
+def device_guard(kernel: Callable) -> Callable:
+    r""":obj:`kernel` run with its first tensor argument's CUDA device as
+    the current device. A Triton launch, and every allocation without a
+    device, goes to the current device, not to the inputs': tensors on
+    :obj:`cuda:1` while device 0 is current would be read at addresses of
+    the wrong device. (The compiled extension's CUDA kernels would get
+    this guard from ``TORCH_LIBRARY_IMPL``; :class:`torch.library.Library`
+    gives none.)"""
+    @functools.wraps(kernel)
+    def guarded(*args, **kwargs):
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        with torch.cuda.device(device):
+            return kernel(*args, **kwargs)
+    return guarded
 
 
 def define_ops(ops: OpSpec, prefix: str = "") -> None:
@@ -43,4 +60,4 @@ def define_ops(ops: OpSpec, prefix: str = "") -> None:
         if prefix:
             LIBRARY.impl(prefix + name, triton_kernel, "CPU")
         elif WITH_TRITON:
-            LIBRARY.impl(name, triton_kernel, "CUDA")
+            LIBRARY.impl(name, device_guard(triton_kernel), "CUDA")

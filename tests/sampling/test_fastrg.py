@@ -354,3 +354,44 @@ def test_marginals_few_draws_over_many_keys(sample, mode):
     assert 2 < float(p.sum(1).max()) < 8  # a few draws per query
     z = (counts - size * prob) / (size * prob * (1 - prob)).sqrt()
     assert float(z.abs().max()) < z_bound(z.numel())
+
+
+@pytest.fixture
+def fast_matmul():
+    """Float32 matmuls allowed below IEEE precision (TF32 on a GPU, bfloat16
+    passes on a CPU), as a user's training script may set them."""
+    torch.set_float32_matmul_precision("medium")
+    yield
+    torch.set_float32_matmul_precision("highest")
+
+
+def test_the_sampler_multiplies_in_ieee_float32(sample, fast_matmul,
+                                                monkeypatch):
+    # Every product that feeds the draws runs with TF32 and bfloat16 passes
+    # off, and the setting is the user's again afterwards.
+    seen = []
+    bmm, einsum = torch.bmm, torch.einsum
+
+    def spy(fn):
+        def call(*args, **kwargs):
+            seen.append((torch.backends.cuda.matmul.fp32_precision,
+                         torch.backends.mkldnn.matmul.fp32_precision))
+            return fn(*args, **kwargs)
+        return call
+    monkeypatch.setattr(torch, "bmm", spy(bmm))
+    monkeypatch.setattr(torch, "einsum", spy(einsum))
+    q, b, k = small_sbm(torch.float32)
+    sample(q, b, k, mode="exact", generator=seeded(1))
+    assert seen and set(seen) == {("ieee", "ieee")}
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+def test_the_graph_does_not_depend_on_the_matmul_precision(sample):
+    q, b, k = small_sbm(torch.float32)
+    before = sample(q, b, k, generator=seeded(2))
+    torch.set_float32_matmul_precision("medium")
+    try:
+        after = sample(q, b, k, generator=seeded(2))
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert torch.equal(before.edge_index, after.edge_index)
