@@ -1,120 +1,183 @@
 r"""Every Triton kernel compiled ahead of time for NVIDIA GPUs, on a machine
-without one: ``python -m benchmarks.triton_compile``.
+without one, with the signatures the JIT builds: ``python -m
+benchmarks.triton_compile``.
 
-Triton's interpreter checks what a kernel computes, not that it compiles:
-this lowers each kernel to PTX for sm_80 and sm_90 (``triton.compile`` with
-a :class:`GPUTarget`; Triton assembles it with the ``ptxas`` its wheel
-ships), and records registers and stack (spill) bytes per kernel, dtype
-and head size, as ``cuobjdump`` reads them off the binary, in
-``benchmarks/results-triton-compile.json``. It exits non-zero if any kernel
-fails to compile. CI runs it.
+Triton's interpreter checks what a kernel computes, not what the compiled
+kernel is given. So the launches are first recorded (a subprocess runs the
+Triton tests and launches at the model's sizes under the interpreter, with
+:mod:`tests.triton_abi` writing each launch's arguments: tensors' dtypes and
+alignments, scalars' values, constexprs, warps); then each launch is bound
+by the JIT's own binder for a CUDA target, as :meth:`JITFunction.run` does
+on a GPU (``mangle_type``, annotations, specialisation on divisibility and
+on 1, ``do_not_specialize``), and compiled to PTX and a cubin for sm_80 and
+sm_90.
+
+The check fails (exit 1) if
+
+* a kernel with a float64 pointer takes a float32 scalar (a Python float
+  given no ``tl.float64`` annotation arrives rounded to fp32),
+* a kernel uses local memory (spills: stack bytes or ``ld.local`` /
+  ``st.local`` in the PTX) where the baseline's compile of the same
+  signature did not, or a signature the baseline lacks spills,
+* a kernel calls ``tl.dot`` without an explicit ``input_precision`` (its
+  default follows the TF32 setting),
+* a kernel does not compile.
+
+Registers and stack bytes per kernel, signature and architecture land in
+``benchmarks/results-triton-compile.json``, the baseline (``--update``
+rewrites it). CI runs the check.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List
-
-os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
-
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-from sbm_pyg.ops import triton_attention as attention  # noqa: E402
-from sbm_pyg.sampling import fastrg_triton as sampler  # noqa: E402
+from typing import Dict, Iterable, List
 
 ARCHS = (80, 90)
 OUT = Path(__file__).with_name("results-triton-compile.json")
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+ROOT = Path(__file__).resolve().parents[1]
+# The tests that launch Triton kernels (selected by "triton" in their names
+# or parameters).
+TESTS = ["tests/ops/test_triton_attention.py", "tests/sampling/test_fastrg_op.py",
+         "tests/sampling/test_backends.py", "tests/sampling/test_fastrg.py",
+         "tests/nn/test_conv.py"]
 
 
-def _sampler_cases() -> List[dict]:
-    # The sampler computes in the memberships' float32 or float64; k up to
-    # 128 clusters (the paper's) and 256.
-    cases = []
-    for dt in ("fp32", "fp64"):
+def record(directory: Path) -> None:
+    """Runs the launches under the interpreter in a subprocess, which writes
+    them to :obj:`directory`."""
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               SBM_PYG_TRITON_SIGNATURES=str(directory), SBM_PYG_TEST_DEVICE="cpu")
+    env.pop("SBM_PYG_TRITON_ABI", None)
+    subprocess.run([sys.executable, "-m", "benchmarks.triton_compile", "--record",
+                    str(directory)], cwd=ROOT, env=env, check=True)
+
+
+def _launch_all() -> int:
+    # In the recording subprocess: the tests, then the model's sizes.
+    import pytest
+
+    from tests import triton_abi
+    triton_abi.install()
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "-k", "triton", *TESTS])
+    _model_sizes()
+    return int(code)
+
+
+def _model_sizes() -> None:
+    # The paper's and the benchmarks' sizes: k = 128 and 256 clusters, head
+    # sizes 32, 64 and 128, float32, float64 and bfloat16 rows, both sampler
+    # modes with and without exploration, attention with edge
+    # probabilities and with memberships; few rows, as the interpreter runs
+    # them.
+    import torch
+
+    from sbm_pyg.nn.functional import sparse_attention
+    from sbm_pyg.sampling import fastrg
+    g = torch.Generator().manual_seed(0)
+    N, H = 24, 2
+    for dtype in (torch.float32, torch.float64):
         for k in (128, 256):
-            common = dict(H=2, K=k, BLOCK_K=k)
-            cases += [
-                dict(fn=sampler._plan_kernel, dtype=dt, k=k, signature=dict(
-                    W=f"*{dt}", Mass="*fp64", MaxK="*fp64", Seq="*i64",
-                    PtrK="*i64", Degree="*i64", Inflation="*fp64", Mu="*fp64",
-                    seed="i64", delta="fp64", threshold="fp64", R="i64",
-                    Nq="i64"), constexprs=dict(common, BLOCK_R=sampler.BLOCK_ROWS,
-                                               EXACT=True)),
-                dict(fn=sampler._draw_kernel, dtype=dt, k=k, signature=dict(
-                    W=f"*{dt}", Z=f"*{dt}", Mass="*fp64", Seq="*i64",
-                    PtrK="*i64", Degree="*i64", Offset="*i64", Prob="*fp32",
-                    Alias="*i32", Out="*i32", seed="i64", delta="fp64",
-                    Nq="i64", Nk="i64"), constexprs=dict(
-                        common, BLOCK_D=sampler.BLOCK_DRAWS, EXACT=True,
-                        EXPLORE=True)),
-                dict(fn=sampler._thin_kernel, dtype=dt, k=k, signature=dict(
-                    Key="*i64", RowStart="*i64", W=f"*{dt}", Z=f"*{dt}",
-                    Degree="*i64", Inflation="*fp64", Keep="*i8", seed="i64",
-                    delta="fp64", E="i64", Nq="i64", Nk="i64"),
-                    constexprs=dict(common, BLOCK_E=sampler.BLOCK_EDGES)),
-            ]
-            cases.append(dict(fn=sampler._alias_kernel, dtype=dt, k=k, signature=dict(
-                Z=f"*{dt}", PtrK="*i64", Prob="*fp32", Alias="*i32", Nk="i64"),
-                constexprs=dict(H=2, K=k)))
-    return cases
-
-
-def _attention_cases() -> List[dict]:
-    # The dtypes the operator takes (half precision rows are read as they
-    # are and computed in float32), head sizes 32, 64 and 128, the backward
-    # kernels without and with the memberships' gradients (k = 128
-    # clusters); int32 CSR; the scale, the row statistics and the edge and
-    # membership gradients in the accumulation dtype; the launch's warps
-    # as the operator chooses them.
-    import triton.language as tl
-    cases = []
-    for dt in ("fp32", "fp64", "bf16"):
-        acc = tl.float64 if dt == "fp64" else tl.float32
-        a = "*fp64" if dt == "fp64" else "*fp32"
+            memb = torch.rand(N, H, k, generator=g, dtype=dtype)
+            block = torch.rand(H, k, k, generator=g, dtype=dtype) * 4 / k**2
+            for mode in ("poisson", "exact"):
+                for delta in (0.0, 0.01):
+                    fastrg(memb, block, memb, mode=mode, exploration=delta,
+                           generator=g, backend="triton")
+    k = 128
+    memb = torch.rand(N, H, k, generator=g)
+    block = torch.rand(H, k, k, generator=g) * 8 / k**2
+    graph = fastrg(memb, block, memb, generator=g, backend="triton")
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
         for D in (32, 64, 128):
-            meta = dict(D=D, DV=D, BLOCK_D=D, BLOCK_DV=D, BLOCK=attention.BLOCK_E,
-                        ACC=acc)
-            warps = attention.num_warps(D, D)  # forward; backward below
-            t = f"*{dt}"
-            cases.append(dict(fn=attention._forward_kernel, dtype=dt, D=D, warps=warps,
-                              signature=dict(Q=t, K=t, V=t, Out=t, Lse=a,
-                                             rowptr="*i32", col="*i32",
-                                             Scale=a), constexprs=meta))
-            for memb, K in ((False, 1), (True, 128)):
-                extra = dict(meta, STE=1, MEMB=memb, KM=K, BLOCK_K=K)
-                warps = attention.num_warps(D, D, K)
-                cases += [
-                    dict(fn=attention._backward_query_kernel, dtype=dt, D=D,
-                         memb=memb, warps=warps, signature=dict(
-                             Q=t, K=t, V=t, GradOut=t, Lse=a, Delta=a, GradQ=t,
-                             GradProb=a, Km=a, GradQb=a, rowptr="*i32",
-                             col="*i32", Scale=a), constexprs=extra),
-                    dict(fn=attention._backward_key_kernel, dtype=dt, D=D,
-                         memb=memb, warps=warps, signature=dict(
-                             Q=t, K=t, V=t, GradOut=t, Lse=a, Delta=a, GradK=t,
-                             GradV=t, Qb=a, GradKm=a, colptr="*i32",
-                             row_t="*i32", Scale=a), constexprs=extra),
-                ]
-    return cases
+            q, kk, v = (torch.randn(N, H, D, generator=g).to(dtype).requires_grad_()
+                        for _ in range(3))
+            prob = torch.rand(graph.num_edges, generator=g).requires_grad_()
+            sparse_attention(q, kk, v, graph, prob, backend="triton").sum().backward()
+            sbm = tuple(t.to(dtype).requires_grad_() for t in (memb, block, memb))
+            sparse_attention(q, kk, v, graph, sbm=sbm,
+                             backend="triton").sum().backward()
+
+
+def load(directory: Path) -> List[dict]:
+    """The recorded launches, one per kernel and specialisation."""
+    seen, launches = set(), []
+    for path in sorted(directory.glob("launches-*.json")):
+        for launch in json.loads(path.read_text()):
+            key = json.dumps(launch, sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
+                launches.append(launch)
+    return launches
+
+
+def f32_params(ptx: str) -> List[str]:
+    """The fp32 scalar parameters of a PTX kernel entry."""
+    return re.findall(r"\.param \.f32 (\w+)", ptx)
+
+
+def local_memory(ptx: str) -> int:
+    """Local-memory loads and stores in PTX (register spills, local
+    arrays)."""
+    return len(re.findall(r"\b(?:ld|st)\.local\b", ptx))
+
+
+def dots_without_precision(source: str) -> List[int]:
+    """Lines of ``tl.dot`` calls that leave ``input_precision`` to the
+    global setting."""
+    lines = []
+    for node in ast.walk(ast.parse(textwrap.dedent(source))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "dot"
+                and not any(kw.arg == "input_precision" for kw in node.keywords)):
+            lines.append(node.lineno)
+    return lines
+
+
+def _key(row: dict) -> str:
+    return json.dumps([row["kernel"], row["arch"], row["signature"],
+                       row["constexprs"], row["num_warps"]], sort_keys=True)
+
+
+def problems(rows: Iterable[dict], baseline: Iterable[dict]) -> List[str]:
+    """What fails the check in compiled :obj:`rows` against the
+    :obj:`baseline`'s rows."""
+    before = {_key(r): r for r in baseline}
+    found = []
+    for row in rows:
+        name = f"{row['kernel']} ({row['arch']}, {row['signature']}, {row['constexprs']})"
+        if row["f32_params"] and any(t == "*fp64" for t in row["signature"].values()):
+            found.append(f"{name}: float64 kernel takes fp32 scalars {row['f32_params']}")
+        spills = row["stack_bytes"] > 0 or row["local_memory"] > 0
+        old = before.get(_key(row))
+        if spills and (old is None or (old["stack_bytes"] == 0
+                                       and old["local_memory"] == 0)):
+            found.append(f"{name}: spills ({row['stack_bytes']} stack bytes, "
+                         f"{row['local_memory']} local loads/stores) where "
+                         + ("the baseline has no such signature" if old is None
+                            else "the baseline did not"))
+    return found
 
 
 def _resources(cubin: bytes) -> Dict[str, int]:
-    # Registers and spill bytes of the compiled kernel, as cuobjdump (which
-    # the triton wheel ships beside ptxas) reports them.
+    # Registers and stack bytes, as cuobjdump (which the triton wheel ships
+    # beside ptxas) reads them off the binary.
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        out = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", str(path)],
+        out = subprocess.run([str(tool), "--dump-resource-usage", str(path)],
                              capture_output=True, text=True, check=True).stdout
     regs = re.search(r"REG:(\d+)", out)
     stack = re.search(r"STACK:(\d+)", out)
@@ -122,45 +185,91 @@ def _resources(cubin: bytes) -> Dict[str, int]:
                 stack_bytes=int(stack.group(1)) if stack else -1)
 
 
-def compile_all(archs=ARCHS) -> List[dict]:
-    """Compiles every case for every architecture; raises on the first
-    kernel that does not compile."""
+def compile_all(launches: List[dict], archs=ARCHS) -> List[dict]:
+    """Each launch bound by the JIT's binder and compiled for each
+    architecture; raises on the first kernel that does not compile."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from tests.triton_abi import mock_args
     rows = []
-    cases = _sampler_cases() + _attention_cases()
-    for case in cases:
+    for launch in launches:
+        module, name = launch["kernel"].rsplit(".", 1)
+        jit = getattr(importlib.import_module(module), name)
+        kwargs = dict(mock_args(launch["args"]), **launch["options"])
         for arch in archs:
             start = time.perf_counter()
-            fn = case["fn"]
-            src = ASTSource(fn, dict(case["signature"], **{
-                name: "constexpr" for name in case["constexprs"]}),
-                case["constexprs"])
-            options = dict(enable_fp_fusion=False) if fn.__module__ == sampler.__name__ else {}
-            if "warps" in case:
-                options["num_warps"] = case["warps"]
-            kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                    options=options)
-            row = dict(kernel=fn.__name__.lstrip("_"), module=fn.__module__,
-                       arch=f"sm_{arch}", dtype=case["dtype"],
-                       **{k: case[k] for k in ("k", "D", "memb") if k in case},
-                       **_resources(kernel.asm["cubin"]),
-                       seconds=round(time.perf_counter() - start, 1))
-            print(json.dumps(row), flush=True)
+            target = GPUTarget("cuda", arch, 32)
+            backend = make_backend(target)
+            binder = create_function_from_signature(jit.signature, jit.params, backend)
+            bound, specialization, options = binder(**kwargs)
+            options, signature, constexprs, attrs = jit._pack_args(
+                backend, kwargs, bound, specialization, options)
+            kernel = triton.compile(ASTSource(jit, signature, constexprs, attrs),
+                                    target=target, options=options.__dict__)
+            ptx = kernel.asm["ptx"]
+            row = dict(
+                kernel=name.lstrip("_"), module=module, arch=f"sm_{arch}",
+                signature={k: v for k, v in signature.items() if v != "constexpr"},
+                constexprs={jit.arg_names[path[0]]: str(value)
+                            for path, value in constexprs.items()},
+                num_warps=options.num_warps, **_resources(kernel.asm["cubin"]),
+                local_memory=local_memory(ptx), f32_params=f32_params(ptx),
+                seconds=round(time.perf_counter() - start, 2))
             rows.append(row)
     return rows
+
+
+def kernels() -> list:
+    """Every Triton kernel function of the package, helpers included."""
+    from triton.runtime.jit import JITFunction
+
+    from sbm_pyg.ops import triton_attention
+    from sbm_pyg.sampling import fastrg_triton
+    return [fn for module in (triton_attention, fastrg_triton)
+            for fn in vars(module).values() if isinstance(fn, JITFunction)]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=list(ARCHS))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--baseline", type=Path, default=OUT)
+    parser.add_argument("--update", action="store_true",
+                        help="accept new spills (rewrite the baseline)")
+    parser.add_argument("--record", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    rows = compile_all(args.arch)
+    if args.record is not None:  # the recording subprocess
+        return _launch_all()
+    os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
+    found = [f"{fn.fn.__name__} line {line}: tl.dot without input_precision"
+             for fn in kernels() for line in dots_without_precision(
+                 inspect.getsource(fn.fn))]
+    with tempfile.TemporaryDirectory() as tmp:
+        record(Path(tmp))
+        launches = load(Path(tmp))
+    start = time.perf_counter()
+    rows = compile_all(launches, args.arch)
+    baseline = (json.loads(args.baseline.read_text())["kernels"]
+                if args.baseline.exists() else [])
+    found += problems(rows, [] if args.update else baseline)
+    if args.update:
+        found = [f for f in found if "spills" not in f]
+    import triton
     args.out.write_text(json.dumps(dict(triton=triton.__version__, kernels=rows),
                                    indent=1) + "\n")
-    spilled = [r for r in rows if r["stack_bytes"] > 0]
-    print(f"{len(rows)} kernels compiled; {len(spilled)} use stack (spills): "
-          + ", ".join(f"{r['kernel']}/{r['arch']}/{r['dtype']}" for r in spilled))
-    return 0
+    spilled = sorted({f"{r['kernel']}/{r['arch']}" for r in rows
+                      if r["stack_bytes"] > 0})
+    print(f"{len(launches)} launches, {len(rows)} compiles in "
+          f"{time.perf_counter() - start:.0f} s; with stack (spills): "
+          + (", ".join(spilled) or "none"))
+    for problem in found:
+        print("FAIL:", problem)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,70 @@
+"""The ahead-of-time check's rules (benchmarks/triton_compile.py), on made-up
+PTX, sources and compile rows; CI runs the check on the real kernels."""
+import pytest
+
+from benchmarks.triton_compile import (
+    dots_without_precision,
+    f32_params,
+    local_memory,
+    problems,
+)
+
+pytestmark = pytest.mark.host
+
+PTX = """
+.visible .entry _forward_kernel(
+	.param .u64 .ptr .global .align 1 _forward_kernel_param_0,
+	.param .f32 _forward_kernel_param_7,
+	.param .u32 _forward_kernel_param_8
+)
+{
+	ld.param.f32 	%f1, [_forward_kernel_param_7];
+	cvt.f64.f32 	%fd1, %f1;
+	st.local.f64 	[%rd9], %fd1;
+	ld.local.f64 	%fd2, [%rd9];
+"""
+
+
+def test_ptx_readers():
+    assert f32_params(PTX) == ["_forward_kernel_param_7"]
+    assert local_memory(PTX) == 2
+    assert f32_params(PTX.replace(".param .f32", ".param .f64")) == []
+
+
+def test_dots_must_name_their_input_precision():
+    source = """
+    @triton.jit
+    def kernel(A, B):
+        a = tl.dot(x, y)
+        b = tl.dot(x, y, input_precision="ieee")
+        c = tl.sum(x)
+    """
+    assert dots_without_precision(source) == [4]
+
+
+def _row(**changes):
+    row = dict(kernel="forward_kernel", arch="sm_90", num_warps=1,
+               signature={"Q": "*fp64", "Scale": "*fp64"}, constexprs={"D": "8"},
+               registers=40, stack_bytes=0, local_memory=0, f32_params=[])
+    row.update(changes)
+    return row
+
+
+def test_an_fp64_kernel_with_an_fp32_scalar_fails():
+    bad = _row(signature={"Q": "*fp64", "scale": "fp32"},
+               f32_params=["_forward_kernel_param_7"])
+    assert "fp32 scalars" in problems([bad], [bad])[0]
+    # an fp32 kernel may take fp32 scalars
+    fine = _row(signature={"Q": "*fp32", "scale": "fp32"}, f32_params=["p"])
+    assert problems([fine], []) == []
+
+
+def test_spills_fail_where_the_baseline_had_none():
+    assert problems([_row()], []) == []
+    spilling = _row(stack_bytes=48)
+    assert "baseline did not" in problems([spilling], [_row()])[0]
+    assert "no such signature" in problems([spilling], [])[0]
+    assert problems([spilling], [_row(stack_bytes=16)]) == []
+    # another signature's baseline does not excuse it
+    other = _row(constexprs={"D": "16"}, stack_bytes=48)
+    assert problems([spilling], [other]) != []
