@@ -11,6 +11,7 @@ from tests.helpers import seeded
 
 BATCH = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])
 MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]).bool()
+DRAWS = 9
 
 
 def dtypes():
@@ -41,34 +42,46 @@ def layers():
     }
 
 
+def _relative_error(got, want):
+    return float((got - want).norm() / want.norm())
+
+
 @pytest.mark.parametrize("name", ["SBMConv", "SBMMultiheadAttention",
                                   "SBMGPSConv", "SBMTransformer"])
 @pytest.mark.parametrize("dtype", dtypes())
 def test_layers_under_autocast(name, dtype):
     module, forward = layers()[name]
     device = torch.get_default_device().type
-    ref = forward(module, seeded(2))  # float32, same sampled graph
     # The SBM attention's parameters: the rest of each model is torch's own
     # autocast behaviour (e.g. ReLUs that flip with bf16 rounding).
     conv = next(m for m in module.modules() if isinstance(m, SBMConv))
     params = list(conv.parameters())
-    ref_grads = torch.autograd.grad(ref.sum(), params)
-    with torch.autocast(device, dtype=dtype):
-        out = forward(module, seeded(2))
-    # The attention layers end in a Linear, which autocast casts; GPS ends
-    # in a residual sum with its float32 input, which promotes.
-    assert out.dtype == (torch.float32 if name == "SBMGPSConv" else dtype)
-    grads = torch.autograd.grad(out.float().sum(), params)
-    assert torch.allclose(out.float(), ref, atol=0.1, rtol=0.1)
-    assert all(g.dtype == torch.float32 and torch.isfinite(g).all()
-               for g in grads)
-    # Relative errors of the projections' and of the SBM's gradients (the
-    # latter through the straight-through estimator, far smaller).
     is_sbm = [any(p is q for q in conv.sbm.parameters()) for p in params]
-    for group in (False, True):
-        got = torch.cat([g.flatten() for g, s in zip(grads, is_sbm) if s == group])
-        want = torch.cat([g.flatten() for g, s in zip(ref_grads, is_sbm)
-                          if s == group])
-        assert want.norm() > 0
-        assert (got - want).norm() <= 0.05 * want.norm(), \
-            f"{'SBM' if group else 'projection'} gradients"
+    errors = []
+    for draw in range(DRAWS):
+        ref = forward(module, seeded(2 + draw))  # float32, same seed
+        ref_grads = torch.autograd.grad(ref.sum(), params)
+        with torch.autocast(device, dtype=dtype):
+            out = forward(module, seeded(2 + draw))
+        # The attention layers end in a Linear, which autocast casts; GPS
+        # ends in a residual sum with its float32 input, which promotes.
+        assert out.dtype == (torch.float32 if name == "SBMGPSConv" else dtype)
+        grads = torch.autograd.grad(out.float().sum(), params)
+        assert all(g.dtype == torch.float32 and torch.isfinite(g).all()
+                   for g in grads)
+        # Relative errors of the output, the projections' and the SBM's
+        # gradients (the latter through the straight-through estimator).
+        errors.append([_relative_error(out.float(), ref)] + [
+            _relative_error(*(torch.cat([g.flatten() for g, s in zip(gs, is_sbm)
+                                         if s == group]) for gs in (grads, ref_grads)))
+            for group in (False, True)])
+    # Half precision memberships move the sampled probabilities, so for the
+    # same seed an edge near its threshold can flip and take one draw's
+    # error to 40%: over 40 seeds, 0-3 draws per layer and measure were
+    # above 10% (median 0.2-1.3%). The median of DRAWS = 9 draws exceeds
+    # 10% only if 5 do: P ~ 2e-4 at 3 in 40; a systematic error (the
+    # sampler or the kernels in half precision) moves them all.
+    medians = torch.tensor(errors).median(0).values
+    for what, median in zip(("output", "projection gradients", "SBM gradients"),
+                            medians.tolist()):
+        assert median <= 0.1, f"{what}: median relative error {median:.3f}"
