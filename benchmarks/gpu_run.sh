@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One command for a GPU machine that has its own Python, torch, triton,
 # torch_geometric and pytest-xdist: the stages named on the command line, in
-# order, each logged to $OUT (default /tmp/gpu-out). Run from the repository
-# root:
+# order (by default env build suite bench profile), each logged to $OUT
+# (default /tmp/gpu-out). Run from the repository root:
 #
-#   bash benchmarks/gpu_run.sh env build suite bench
+#   bash benchmarks/gpu_run.sh
 #
 # Stages:
 #   env      the GPU, driver and package versions
@@ -12,7 +12,11 @@
 #   suite    the CUDA test suite (SBM_PYG_TEST_DEVICE=cuda, -m "not host")
 #   repeat   the paper's repeated-token task at N=256, seeds 0 1 2, side by
 #            side on the one GPU, into runs/ (resumed from runs/ if there)
-#   bench    python -m benchmarks.cuda -> $OUT/results-cuda.json
+#   bench    python -m benchmarks.cuda -> $OUT/results-cuda.json, and the
+#            benchmark suite, python -m benchmarks --device cuda ->
+#            $OUT/results-suite-cuda.json
+#   profile  each Triton kernel under Nsight Compute (ncu) ->
+#            $OUT/ncu-attention.log
 #   listops  ListOps at the LRA length, SBM then full attention (or
 #            LISTOPS_ATTENTION), each for
 #            LISTOPS_SECONDS (default 120), into runs/
@@ -20,7 +24,8 @@
 #
 # SUITE_ARGS adds pytest arguments (e.g. a test selection); BENCH_ARGS adds
 # benchmark arguments. Every stage runs under a time limit, so that the
-# command ends with its logs written.
+# command ends with its logs written. Without a CUDA device the stages that
+# need one are skipped, each with a line saying so, and the others run.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" runs
@@ -29,15 +34,27 @@ export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 log() { echo "[gpu_run $(date +%T)] $*" | tee -a "$OUT/gpu_run.log"; }
 
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(env build suite bench profile)
+gpu=$($PY -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
 repeat_pids=()
-for stage in "$@"; do
+for stage in "${stages[@]}"; do
+  case $stage in
+    suite|repeat|wait-repeat|bench|profile|listops)
+      if [ "$gpu" != 1 ]; then
+        log "stage $stage: skipped, no CUDA device (torch.cuda.is_available() is False)"
+        continue
+      fi ;;
+  esac
   log "stage $stage"
   case $stage in
     env)
-      { nvidia-smi; $PY -c 'import torch, triton, torch_geometric, sys
+      { command -v nvidia-smi > /dev/null && nvidia-smi
+        $PY -c 'import torch, triton, torch_geometric, sys
 print(sys.version); print("torch", torch.__version__, "triton", triton.__version__,
 "pyg", torch_geometric.__version__, "cuda", torch.version.cuda)
-print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))'
+if torch.cuda.is_available():
+    print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))'
         command -v ncu; } 2>&1 | tee -a "$OUT/gpu_run.log" ;;
     build)
       MAX_JOBS=16 timeout 300 $PY setup.py build_ext --inplace > runs/build.log 2>&1
@@ -63,7 +80,18 @@ print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))'
     bench)
       timeout "${BENCH_SECONDS:-420}" $PY -m benchmarks.cuda \
         --out "$OUT/results-cuda.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
-      log "bench exit ${PIPESTATUS[0]}" ;;
+      log "bench exit ${PIPESTATUS[0]}"
+      timeout "${BENCH_SECONDS:-420}" $PY -m benchmarks --device cuda \
+        --out "$OUT/results-suite-cuda.json" 2>&1 | tee "$OUT/bench-suite.log"
+      log "bench suite exit ${PIPESTATUS[0]}" ;;
+    profile)
+      if command -v ncu > /dev/null; then
+        timeout 300 ncu -k regex:_kernel --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          $PY -m benchmarks.ncu_attention > "$OUT/ncu-attention.log" 2>&1
+        log "profile exit $?"
+      else
+        log "stage profile: skipped, ncu (Nsight Compute) not on PATH"
+      fi ;;
     listops)
       for att in ${LISTOPS_ATTENTION:-sbm full}; do
         timeout -s INT "${LISTOPS_SECONDS:-120}" $PY -m sbm_pyg train \

@@ -34,3 +34,20 @@ def test_quick_run_writes_every_section(tmp_path):
     assert full["edges"] == 2 * 64 * 64
     assert all(full[m]["time"] > 0 for m in ("sbm", "sdpa"))
     assert [r["mode"] for r in result["sampler"]] == ["poisson", "exact"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's behaviour")
+def test_gpu_run_skips_the_cuda_stages_on_a_cpu(tmp_path):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    env = dict(os.environ, OUT=str(tmp_path), PY=sys.executable)
+    done = subprocess.run(["bash", "benchmarks/gpu_run.sh", "env", "suite", "bench",
+                           "profile"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "gpu_run.log").read_text()
+    for stage in ("suite", "bench", "profile"):
+        assert f"stage {stage}: skipped, no CUDA device" in log
+    assert "torch " + torch.__version__ in log

@@ -1,6 +1,8 @@
 """The sampler operators sbm_pyg::fastrg_plan and fastrg_sample: one schema
 with a kernel per device, as torch.library's checker sees them, and the C++
 and Triton kernels' plans and graphs against each other."""
+import os
+
 import pytest
 import torch
 
@@ -115,3 +117,33 @@ def test_triton_kernels_give_the_cpp_outputs(mode, exploration):
     for a, b in zip(graph, graph_ref):
         assert a.dtype == b.dtype == torch.int32
         assert torch.equal(a, b)
+
+
+@needs_triton
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="reads the kernels' interpreted form")
+def test_triton_kernels_compile_once_whatever_the_seed_and_sizes():
+    # The JIT specialises an int on divisibility by 16 and on the value 1,
+    # and types it by its value: a seed, a size or an edge count that
+    # changed that would compile another variant of the kernel for some
+    # calls. Their types are fixed and they are not specialised.
+    import inspect
+
+    from sbm_pyg.sampling import fastrg_triton
+    from tests.triton_abi import jit_binding
+    scalars = {"seed", "delta", "threshold", "R", "Nq", "Nk", "E"}
+    for kernel in (fastrg_triton._plan_kernel, fastrg_triton._alias_kernel,
+                   fastrg_triton._draw_kernel, fastrg_triton._thin_kernel):
+        params = inspect.signature(kernel.fn).parameters
+        tensor = torch.empty(4, dtype=torch.float64, device="cpu")
+
+        def launch(value, seed):
+            return {name: (1 if "constexpr" in str(p.annotation) else
+                           (seed if name == "seed" else value) if name in scalars
+                           else tensor) for name, p in params.items()}
+        specs = [jit_binding(kernel, (), launch(v, s))[3]
+                 for v, s in ((16, 16), (17, 3), (1, 2**61 + 1))]
+        assert specs[0] == specs[1] == specs[2], kernel.fn.__name__
+        types = dict(zip(params, (t for t, _ in specs[0])))
+        assert types.get("seed", "i64") == "i64"
+        assert types.get("delta", "fp64") == types.get("threshold", "fp64") == "fp64"
