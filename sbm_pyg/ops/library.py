@@ -35,9 +35,8 @@ def device_guard(kernel: Callable) -> Callable:
     the current device. A Triton launch, and every allocation without a
     device, goes to the current device, not to the inputs': tensors on
     :obj:`cuda:1` while device 0 is current would be read at addresses of
-    the wrong device. (The compiled extension's CUDA kernels would get
-    this guard from ``TORCH_LIBRARY_IMPL``; :class:`torch.library.Library`
-    gives none.)"""
+    the wrong device. :class:`torch.library.Library` adds no such guard
+    to the kernels registered through it."""
     @functools.wraps(kernel)
     def guarded(*args, **kwargs):
         device = next(a.device for a in args if isinstance(a, torch.Tensor))

@@ -210,7 +210,8 @@ def num_warps(D: int, DV: int, K: int = 1, fp64: bool = False) -> int:
                min(8, BLOCK_E * block_k // (per_warp // 2)))
 
 
-def _meta(q: Tensor, v: Tensor) -> dict:
+def _meta(q: Tensor, v: Tensor, K: int = 1) -> dict:
+    # K: the membership columns a backward kernel sums into (1 for none).
     D, DV = q.size(1), v.size(1)
     fp64 = q.dtype == torch.float64
     # On a GPU, products and sums contract to FMAs (enable_fp_fusion: the
@@ -220,7 +221,7 @@ def _meta(q: Tensor, v: Tensor) -> dict:
     return dict(D=D, DV=DV, BLOCK_D=triton.next_power_of_2(D),
                 BLOCK_DV=triton.next_power_of_2(DV), BLOCK=BLOCK_E,
                 ACC=tl.float64 if fp64 else tl.float32,
-                num_warps=num_warps(D, DV, fp64=fp64), enable_fp_fusion=True)
+                num_warps=num_warps(D, DV, K, fp64), enable_fp_fusion=True)
 
 
 def _acc_dtype(q: Tensor) -> torch.dtype:
@@ -308,10 +309,8 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
         grad_qb, grad_km = torch.empty_like(q_block), torch.empty_like(k_memb)
     elif ste is not None:
         grad_prob = torch.empty(col.numel(), dtype=acc, device=q.device)
-    meta = dict(_meta(q, v), STE=STE_CODES[ste], MEMB=memb, KM=K,
-                BLOCK_K=triton.next_power_of_2(K),
-                num_warps=num_warps(q.size(1), v.size(1), K if memb else 1,
-                                    fp64=q.dtype == torch.float64))
+    meta = dict(_meta(q, v, K), STE=STE_CODES[ste], MEMB=memb,
+                KM=K, BLOCK_K=triton.next_power_of_2(K))
     unused = grad_q  # a pointer for arguments a constexpr branch never reads
     scale_t = _scale(scale, q)
     if R:
