@@ -229,9 +229,10 @@ def kernels() -> list:
     from triton.runtime.jit import JITFunction
 
     from sbm_pyg.ops import triton_attention
-    from sbm_pyg.sampling import fastrg_triton
-    return [fn for module in (triton_attention, fastrg_triton)
-            for fn in vars(module).values() if isinstance(fn, JITFunction)]
+    from sbm_pyg.sampling import fastrg_triton, triton_streams
+    return [fn for module in (triton_attention, fastrg_triton, triton_streams)
+            for fn in vars(module).values() if isinstance(fn, JITFunction)
+            and fn.fn.__module__ == module.__name__]
 
 
 def main(argv=None) -> int:

@@ -47,6 +47,13 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
 
 from sbm_pyg.sampling.edges import csr_from_keys, sorted_unique
 from sbm_pyg.sampling.fastrg_torch import sequence_max, with_forced_keys
+from sbm_pyg.sampling.triton_streams import (
+    bits,
+    one_minus_exp,
+    poisson,
+    stream,
+    uniform,
+)
 
 __all__ = ["plan", "sample"]
 
@@ -68,92 +75,6 @@ if triton is not None:
     # value. The seed, the sizes and the edge count change from call to
     # call and are not specialised (on divisibility by 16 or a value of 1),
     # which would compile a variant of the kernel for some calls only.
-
-    @triton.jit
-    def _mix64(z):
-        # SplitMix64's finalizer (uint64, wrapping).
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-        return z ^ (z >> 31)
-
-    @triton.jit
-    def _stream(seed, row, purpose: tl.constexpr):
-        # The initial state of row's stream (the C++ Rng(seed, row, purpose)).
-        return _mix64(seed.to(tl.uint64) ^ _mix64(row.to(tl.uint64) * 4 + purpose
-                                    + 0x632BE59BD9B4E019))
-
-    @triton.jit
-    def _bits(state, n):
-        # The n-th (1-based) 64-bit output of the stream: counter-based.
-        return _mix64(state + n.to(tl.uint64) * 0x9E3779B97F4A7C15)
-
-    @triton.jit
-    def _uniform(state, n):
-        # Uniform in [0, 1) with 53 random bits.
-        return (_bits(state, n) >> 11).to(tl.float64) * 1.1102230246251565e-16
-
-    @triton.jit
-    def _one_minus_exp(x):
-        # 1 - exp(-x) for x >= 0, accurate for small x (expm1).
-        series = x * (1.0 - x * (0.5 - x * (1.0 / 6.0 - x / 24.0)))
-        return tl.where(x < 1e-3, series, 1.0 - tl.exp(-x))
-
-    @triton.jit
-    def _log_factorial(k):
-        # log(k!) for k >= 0: Stirling's series at k + 9 >= 9 (error below
-        # 1e-14), shifted down by the product of k + 1 .. k + 8.
-        y = k + 9.0
-        yi = 1.0 / y
-        yi2 = yi * yi
-        s = ((y - 0.5) * tl.log(y) - y + 0.91893853320467274
-             + yi * (1.0 / 12.0 - yi2 * (1.0 / 360.0 - yi2 * (
-                 1.0 / 1260.0 - yi2 / 1680.0))))
-        prod = ((k + 1.0) * (k + 2.0) * (k + 3.0) * (k + 4.0)
-                * (k + 5.0) * (k + 6.0) * (k + 7.0) * (k + 8.0))
-        return s - tl.log(prod)
-
-    @triton.jit
-    def _poisson(state, mu, live):
-        # Poisson(mu) per lane where live (else 0), reading the stream from
-        # counter 1: inversion below 10, PTRS (Hoermann 1993) above.
-        zero = tl.zeros_like(mu).to(tl.int64)
-        one = zero + 1
-        small = live & (mu < 10.0)
-        u = _uniform(state, one)
-        p = tl.exp(-tl.where(small, mu, 0.0))
-        F = p
-        x = zero
-        active = small & (u > F)
-        while tl.max(active.to(tl.int32), 0) > 0:
-            x = tl.where(active, x + 1, x)
-            p = tl.where(active, p * (mu / tl.maximum(x, 1).to(tl.float64)), p)
-            F = tl.where(active, F + p, F)
-            active = active & (u > F) & (p > 0.0) & (x < 1000)
-        large = live & (mu >= 10.0)
-        m = tl.where(large, mu, 10.0)
-        slam = tl.sqrt(m)
-        loglam = tl.log(m)
-        b = 0.931 + 2.53 * slam
-        a = -0.059 + 0.02483 * b
-        inv_alpha = 1.1239 + 1.1328 / (b - 3.4)
-        vr = 0.9277 - 3.6224 / (b - 2.0)
-        n = one
-        todo = large
-        while tl.max(todo.to(tl.int32), 0) > 0:
-            U = _uniform(state, n) - 0.5
-            V = _uniform(state, n + 1)
-            n = n + 2
-            us = 0.5 - tl.abs(U)
-            kf = tl.floor((2.0 * a / us + b) * U + m + 0.43)
-            quick = (us >= 0.07) & (V <= vr)
-            skip = (kf < 0.0) | ((us < 0.013) & (V > us))
-            kk = tl.maximum(kf, 0.0)
-            slow = (tl.log(V) + tl.log(inv_alpha) - tl.log(a / (us * us) + b)
-                    <= -m + kk * loglam - _log_factorial(kk))
-            accept = todo & (quick | (~skip & slow))
-            x = tl.where(accept, kf.to(tl.int64), x)
-            todo = todo & ~accept
-        return x
 
     @triton.jit(do_not_specialize=["seed", "R", "Nq"])
     def _plan_kernel(W, Mass, MaxK, Seq, PtrK, Degree, Inflation, Mu,
@@ -191,8 +112,8 @@ if triton is not None:
         mu = c * lam
         ok = live & (mu >= 0.0) & (mu < 1e300) & (nk > 0)
         dense = ok & (mu > 0.0) & (mu >= threshold * nk.to(tl.float64))
-        state = _stream(seed, r, 0)
-        d = _poisson(state, mu, ok & ~dense)
+        state = stream(seed, r, 0)
+        d = poisson(state, mu, ok & ~dense)
         d = tl.where(dense, -1, tl.where(ok, d, 0))
         tl.store(Degree + r, d, mask=live)
         tl.store(Inflation + r, c, mask=live)
@@ -275,7 +196,7 @@ if triton is not None:
             ks = tl.load(PtrK + g)
             nk = tl.load(PtrK + g + 1) - ks
             base = tl.load(Offset + r)
-            state = _stream(seed, r, 1)
+            state = stream(seed, r, 1)
             v = tl.arange(0, BLOCK_K)
             w = tl.load(W + r * K + v, mask=v < K, other=0.0)
             t = tl.arange(0, BLOCK_D).to(tl.int64)
@@ -289,8 +210,8 @@ if triton is not None:
                     if EXACT:
                         prob = tl.minimum(p, 1.0)
                     else:
-                        prob = _one_minus_exp(p)
-                    u = _uniform(state, j + 1)
+                        prob = one_minus_exp(p)
+                    u = uniform(state, j + 1)
                     tl.store(Out + base + j, tl.where(u < prob, j, -1).to(tl.int32),
                              mask=m)
             else:
@@ -306,13 +227,13 @@ if triton is not None:
                 for t0 in range(0, d, BLOCK_D):
                     tt = t0 + t
                     m = tt < d
-                    u = _uniform(state, 2 * tt + 1)
+                    u = uniform(state, 2 * tt + 1)
                     below = (cum[None, :] <= (u * total)[:, None]) & (v[None, :] < K)
                     c = tl.minimum(tl.sum(below.to(tl.int64), 1), last)
-                    bits = _bits(state, 2 * tt + 2)
+                    word = bits(state, 2 * tt + 2)
                     nk64 = nk.to(tl.uint64)
-                    slot = tl.umulhi(bits, nk64).to(tl.int64)
-                    frac = ((bits * nk64) >> 11).to(tl.float64) * 1.1102230246251565e-16
+                    slot = tl.umulhi(word, nk64).to(tl.int64)
+                    frac = ((word * nk64) >> 11).to(tl.float64) * 1.1102230246251565e-16
                     drawn = m & (c < K)
                     entry = table + c * Nk + slot
                     prob = tl.load(Prob + entry, mask=drawn, other=1.0)
@@ -338,7 +259,7 @@ if triton is not None:
         sparse = live & (d > 0)
         rank = e - tl.load(RowStart + r, mask=live, other=0)
         c = tl.load(Inflation + r, mask=sparse, other=1.0)
-        u = _uniform(_stream(seed, r, 1), 2 * d + 1 + rank)
+        u = uniform(stream(seed, r, 1), 2 * d + 1 + rank)
         squeezed = u < 1.0 / c
         test = sparse & ~squeezed
         h = r // Nq
@@ -349,7 +270,7 @@ if triton is not None:
                     other=0.0)
         p = tl.sum(w * z, 1).to(tl.float64) + delta
         cp = tl.where(test, c * p, 1.0)
-        accept = (p > 0.0) & (u < tl.minimum(p, 1.0) / _one_minus_exp(cp))
+        accept = (p > 0.0) & (u < tl.minimum(p, 1.0) / one_minus_exp(cp))
         keep = ~sparse | squeezed | accept
         tl.store(Keep + e, keep.to(tl.int8), mask=live)
 
