@@ -30,7 +30,7 @@ from sbm_pyg.experiments.runs import (
 from sbm_pyg.experiments.tasks import ListOpsTask, RepeatTask, make_task
 from sbm_pyg.models import SBMTransformer
 
-__all__ = ["train", "evaluate_model"]
+__all__ = ["train", "train_step", "evaluate_model"]
 
 Task = Union[RepeatTask, ListOpsTask]
 
@@ -63,7 +63,7 @@ def train(args) -> dict:
     progress = _progress(args, step) if rank == 0 else None
     start_time = time.perf_counter()
     while step < args.steps:
-        record = _train_step(net, model, optimizer, schedule, task, args,
+        record = train_step(net, model, optimizer, schedule, task, args,
                              device, graph_generator)
         step += 1
         if rank == 0:
@@ -104,11 +104,28 @@ def train(args) -> dict:
     return final
 
 
-def _train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
-                args, device: torch.device, generator: torch.Generator) -> dict:
-    # One optimizer step on a fresh batch; the training record of it, with
-    # what shows an unstable step: the learning rate, the gradient norms
-    # (before clipping) and the update's norm and largest entry, per group.
+def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
+               args, device: torch.device, generator: torch.Generator) -> dict:
+    r"""One optimizer step on a fresh batch of :obj:`task`, as :func:`train`
+    takes it.
+
+    Args:
+        net: :obj:`model`, or its :class:`~torch.nn.parallel.DistributedDataParallel`
+            wrapper.
+        model (SBMTransformer): the model.
+        optimizer, schedule: from
+            :func:`~sbm_pyg.experiments.optim.build_optimizer` and
+            :func:`~sbm_pyg.experiments.optim.build_schedule`.
+        task (Task): the batches and the loss.
+        args: the training arguments (:obj:`lam`, :obj:`clip_grad_norm`).
+        device (torch.device): where the batch goes.
+        generator (torch.Generator): the attention's sampling generator.
+
+    Returns:
+        The step's training record: loss, accuracy, density and what shows
+        an unstable step (the learning rate, the gradient norms before
+        clipping, the update's norm and largest entry, per group).
+    """
     model.train()
     tokens, mask, labels = task.batch()
     out = net(tokens.to(device), mask.to(device), generator=generator,

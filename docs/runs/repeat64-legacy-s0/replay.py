@@ -14,7 +14,7 @@ import torch
 from sbm_pyg.experiments.optim import build_optimizer, build_schedule
 from sbm_pyg.experiments.runs import build_model, load_checkpoint
 from sbm_pyg.experiments.tasks import make_task
-from sbm_pyg.experiments.train import _train_step
+from sbm_pyg.experiments.train import train_step
 
 VARIANTS = {
     "as run": {},
@@ -51,7 +51,7 @@ def replay(checkpoint: str, steps: int, change: dict) -> list:
         group["lr"] = lr * s
     records = []
     for step in range(state["step"] + 1, state["step"] + steps + 1):
-        record = _train_step(model, model, optimizer, schedule, task, args,
+        record = train_step(model, model, optimizer, schedule, task, args,
                              torch.device("cpu"), generator)
         records.append(dict(step=step, **record))
     return records
