@@ -44,11 +44,13 @@ def test_every_exported_name_is_defined(sub):
 
 def test_no_private_name_is_imported_across_packages():
     # "from sbm_pyg.x import _name" between sbm_pyg's subpackages couples them
-    # to each other's internals.
+    # to each other's internals; so would a script of the docs importing one.
     root = Path(sbm_pyg.__file__).parent
+    docs = root.parent / "docs"
     found = []
-    for path in root.rglob("*.py"):
-        package = path.relative_to(root).parts[0]
+    for path in [*root.rglob("*.py"), *docs.rglob("*.py")]:
+        package = ("docs" if docs in path.parents
+                   else path.relative_to(root).parts[0])
         text = path.read_text()
         for source, names in re.findall(
                 r"^from sbm_pyg\.?([\w.]*) import (\([^)]*\)|[^\n]*)", text, re.M):
@@ -56,9 +58,20 @@ def test_no_private_name_is_imported_across_packages():
                 continue
             imported = [n.split(" as ")[0].strip(" ()\n")
                         for n in names.split(",")]
-            found += [f"{path.relative_to(root)}: {source}.{n}"
+            found += [f"{path.name}: {source}.{n}"
                       for n in imported if n.startswith("_")]
     assert not found, found
+
+
+def test_the_package_imports_without_triton():
+    # triton is optional: without it the package runs its C++ and PyTorch
+    # paths (the README's install line does not install it).
+    code = ("import sys; sys.modules['triton'] = None; import sbm_pyg; "
+            "from sbm_pyg.ops import backends; print(backends()['sampler'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("cpp", "torch")
 
 
 def test_import_loads_neither_networkx_nor_the_training_code():

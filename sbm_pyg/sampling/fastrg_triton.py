@@ -47,13 +47,6 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
 
 from sbm_pyg.sampling.edges import csr_from_keys, sorted_unique
 from sbm_pyg.sampling.fastrg_torch import sequence_max, with_forced_keys
-from sbm_pyg.sampling.triton_streams import (
-    bits,
-    one_minus_exp,
-    poisson,
-    stream,
-    uniform,
-)
 
 __all__ = ["plan", "sample"]
 
@@ -68,6 +61,13 @@ NO_FUSION = dict(enable_fp_fusion=False)
 
 
 if triton is not None:
+    from sbm_pyg.sampling.triton_streams import (
+        bits,
+        one_minus_exp,
+        poisson,
+        stream,
+        uniform,
+    )
 
     # The scalar arguments' types are fixed where their values vary: a
     # compiled kernel takes a Python float as fp32 unless it is annotated
