@@ -192,21 +192,19 @@ def compile_all(launches: List[dict], archs=ARCHS) -> List[dict]:
 
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
+    from triton.compiler import ASTSource
 
-    from tests.triton_abi import mock_args
+    from tests.triton_abi import jit_binding, mock_args
     rows = []
     for launch in launches:
         module, name = launch["kernel"].rsplit(".", 1)
-        jit = getattr(importlib.import_module(module), name)
+        launched = getattr(importlib.import_module(module), name)
         kwargs = dict(mock_args(launch["args"]), **launch["options"])
         for arch in archs:
             start = time.perf_counter()
             target = GPUTarget("cuda", arch, 32)
-            backend = make_backend(target)
-            binder = create_function_from_signature(jit.signature, jit.params, backend)
-            bound, specialization, options = binder(**kwargs)
+            jit, backend, bound, specialization, options = jit_binding(
+                launched, (), kwargs, target)
             options, signature, constexprs, attrs = jit._pack_args(
                 backend, kwargs, bound, specialization, options)
             kernel = triton.compile(ASTSource(jit, signature, constexprs, attrs),

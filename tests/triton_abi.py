@@ -54,18 +54,22 @@ _JIT: Dict[Any, Tuple[JITFunction, Any]] = {}
 _SEEN: Dict[str, dict] = {}
 
 
-def jit_binding(fn, args: tuple, kwargs: dict):
-    r"""The JIT's binding of a launch of the kernel function :obj:`fn` (the
-    undecorated Python function, with the decorator's
-    :obj:`do_not_specialize`): :obj:`(jit, backend, bound, specialization,
-    options)` as :meth:`JITFunction.run` computes them."""
-    key = fn.fn if hasattr(fn, "fn") else fn
+def jit_binding(fn, args: tuple, kwargs: dict, target: GPUTarget = TARGET):
+    r"""The JIT's binding of a launch of the kernel :obj:`fn` (a
+    :class:`JITFunction`, or an interpreted kernel, whose Python function
+    and :obj:`do_not_specialize` make one) for :obj:`target`:
+    :obj:`(jit, backend, bound, specialization, options)` as
+    :meth:`JITFunction.run` computes them."""
+    key = (fn.fn if hasattr(fn, "fn") else fn, target)
     if key not in _JIT:
-        extra = getattr(fn, "kwargs", {})
-        jit = JITFunction(key, do_not_specialize=extra.get("do_not_specialize"),
-                          do_not_specialize_on_alignment=extra.get(
-                              "do_not_specialize_on_alignment"))
-        backend = make_backend(TARGET)
+        if isinstance(fn, JITFunction):
+            jit = fn
+        else:
+            extra = getattr(fn, "kwargs", {})
+            jit = JITFunction(key[0], do_not_specialize=extra.get("do_not_specialize"),
+                              do_not_specialize_on_alignment=extra.get(
+                                  "do_not_specialize_on_alignment"))
+        backend = make_backend(target)
         _JIT[key] = (jit, backend, create_function_from_signature(
             jit.signature, jit.params, backend))
     jit, backend, binder = _JIT[key]
@@ -144,7 +148,7 @@ _original_run = interpreter.InterpretedFunction.run
 def _run(self, *args, grid, warmup, **kwargs):
     if warmup:
         return _original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
-    jit, _, bound, specialization, options = jit_binding(self, args, kwargs)
+    _, _, bound, specialization, options = jit_binding(self, args, kwargs)
     if RECORD is not None:
         _record(self, bound, specialization, options)
     typed = {name: _typed(value, ty) for (name, value), (ty, _) in
@@ -159,9 +163,3 @@ def install() -> None:
         interpreter.InterpretedFunction.run = _run
         if RECORD is not None:
             atexit.register(_write_records)
-
-
-def uninstall() -> None:
-    r"""The interpreter's own argument passing again."""
-    interpreter.InterpretedFunction.run = _original_run
-
