@@ -1,6 +1,7 @@
-"""Neural network modules: the SBM, the SBMConv layer, padded-batch attention
-and the GPS layer."""
+"""Neural network modules: the SBM, the SBM attention function and its
+SBMConv layer, padded-batch attention and the GPS layer."""
 from sbm_pyg.nn import functional
+from sbm_pyg.nn._sbm_attention import SBMAttention, sbm_attention
 from sbm_pyg.nn.attention import SBMMultiheadAttention
 from sbm_pyg.nn.baselines import FullAttention, LinearAttention
 from sbm_pyg.nn.block_model import StochasticBlockModel
@@ -11,4 +12,5 @@ from sbm_pyg.nn.recorder import GraphRecorder
 
 __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "SBMGPSConv", "GraphRecorder", "FullAttention",
-           "LinearAttention", "density_loss", "functional"]
+           "LinearAttention", "density_loss", "functional", "sbm_attention",
+           "SBMAttention"]

@@ -3,7 +3,7 @@ sparse) and the sequences of a batch, as a sorted batch vector or CSR
 pointers."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -11,9 +11,14 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_sparse
 
+from sbm_pyg.nn.block_model import INITS
+from sbm_pyg.nn.functional import STE_MODES
+from sbm_pyg.ops.backend_info import ATTENTION_BACKENDS, BACKENDS
+from sbm_pyg.sampling import MODES
 from sbm_pyg.validation import invalid_values, require_tensor, sync
 
 __all__ = ["project", "batch_to_ptr", "check_not_edges", "sequence_pointers",
+           "check_options",
            "raise_for_features"]
 
 
@@ -103,3 +108,38 @@ def raise_for_features(err: ValueError) -> None:
             raise ValueError(
                 f"SBMConv: {source} or the layer's weights contain NaN or "
                 f"inf, so its SBM memberships are not finite") from err
+
+
+def check_options(kwargs: Dict[str, Any], *, dropout: float, mode: str,
+                  ste: str, sbm_init: str, sampler_backend: str,
+                  attention_backend: str, exploration: float,
+                  eval_seed: Optional[int]) -> None:
+    r"""Checks an SBM attention layer's options (:class:`SBMConv`'s) when it
+    is built, naming the argument; sets :obj:`aggr` and :obj:`flow` of the
+    :class:`MessagePassing` :obj:`kwargs`."""
+    # The softmax over a query's edges is the aggregation, from keys to
+    # queries: no kernel has other aggregations or flows.
+    if kwargs.setdefault("aggr", "add") != "add":
+        raise ValueError(f"aggr must be 'add' (attention sums its "
+                         f"softmax-weighted values), got {kwargs['aggr']!r}")
+    if kwargs.setdefault("flow", "source_to_target") != "source_to_target":
+        raise ValueError(f"flow must be 'source_to_target' (keys are "
+                         f"sources, queries targets), got {kwargs['flow']!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    # The layer's attention also has PyG's gather/scatter message() path.
+    layer_backends = ATTENTION_BACKENDS + ("message_passing",)
+    for name, value, choices in (
+            ("mode", mode, MODES), ("ste", ste, STE_MODES),
+            ("sbm_init", sbm_init, INITS),
+            ("sampler_backend", sampler_backend, BACKENDS),
+            ("attention_backend", attention_backend, layer_backends)):
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {choices}, got "
+                             f"{value!r}")
+    if not (isinstance(exploration, (int, float)) and exploration >= 0):
+        raise ValueError(f"exploration must be >= 0, got {exploration!r}")
+    if eval_seed is not None and (not isinstance(eval_seed, int)
+                                  or isinstance(eval_seed, bool)):
+        raise TypeError(f"eval_seed must be an int or None, got "
+                        f"{eval_seed!r}")

@@ -23,7 +23,7 @@ import torch
 
 __all__ = ["WITH_EXTENSION", "WITH_TRITON", "WITH_TORCH_SCATTER",
            "extension", "BACKENDS", "ATTENTION_BACKENDS", "DENSE_CROSSOVER",
-           "resolve_backend", "backends", "triton_runs"]
+           "resolve_backend", "backends", "triton_runs", "dense_runs"]
 
 # The compiled module sbm_pyg._C, whose import registers the CPU kernels of
 # torch.ops.sbm_pyg (sampler and attention), or None. Loaded here only.
@@ -67,10 +67,11 @@ BACKENDS = ("auto", "cpp", "triton", "torch")
 ATTENTION_BACKENDS = BACKENDS + ("dense",)
 OPS = ("sampler", "attention")
 # The expected density (edges per query-key pair) from which "auto" runs
-# the dense-regime attention on the CPU: where an SBMConv forward+backward
-# costs less on the dense kernel than on the sparse one. Measured with
+# the dense-regime attention: where an SBMConv forward+backward costs less
+# on the dense kernel than on the sparse one. Measured on the CPU with
 # python -m benchmarks --sections crossover (n = 2048, H = 2, k = 128,
-# 2 threads): dense / sparse 1.34 at 20%, 1.03 at 30%, 0.55 at 50%.
+# 2 threads): dense / sparse 1.34 at 20%, 1.03 at 30%, 0.55 at 50%. CUDA
+# uses the same value, not yet measured there.
 DENSE_CROSSOVER = 0.3
 
 
@@ -84,6 +85,14 @@ def triton_runs(device: torch.device) -> bool:
         return True
     import triton
     return device.type == "cpu" and bool(triton.knobs.runtime.interpret)
+
+
+def dense_runs(device: torch.device) -> bool:
+    """Whether the dense-regime kernel runs on :obj:`device`: the compiled
+    extension's on the CPU, the Triton one on CUDA."""
+    if device.type == "cpu":
+        return WITH_EXTENSION
+    return device.type == "cuda" and WITH_TRITON
 
 
 def resolve_backend(op: str, backend: Optional[str],
@@ -106,9 +115,9 @@ def resolve_backend(op: str, backend: Optional[str],
     * :obj:`"triton"`: the Triton kernels (CUDA tensors, or CPU tensors
       under ``TRITON_INTERPRET=1``).
     * :obj:`"torch"`: pure PyTorch, any device: the reference.
-    * :obj:`"dense"` (attention only): the dense-regime kernel of the
-      compiled extension, which samples the mask itself (CPU tensors, no
-      attention dropout).
+    * :obj:`"dense"` (attention only): the dense-regime kernel, which
+      samples the mask itself: the compiled extension's on CPU tensors, the
+      Triton one on CUDA (no attention dropout).
 
     Args:
         op (str): :obj:`"sampler"` or :obj:`"attention"`.
@@ -142,23 +151,27 @@ def resolve_backend(op: str, backend: Optional[str],
     if backend is None or backend == "auto":
         if op == "attention" and dropout > 0:
             return "torch"
+        if op == "attention" and density is not None and \
+                density >= DENSE_CROSSOVER and dense_runs(device):
+            return "dense"
         if device.type == "cpu" and WITH_EXTENSION:
-            if op == "attention" and density is not None and \
-                    density >= DENSE_CROSSOVER:
-                return "dense"
             return "cpp"
         if device.type == "cuda" and WITH_TRITON:
             return "triton"
         return "torch"
-    if backend in ("cpp", "dense"):
+    if backend == "dense" and device.type == "cuda":
+        if not WITH_TRITON:
+            raise ValueError(f"{op} backend 'dense' needs triton on CUDA")
+    elif backend in ("cpp", "dense"):
         if not WITH_EXTENSION:
             raise ValueError(f"{op} backend {backend!r} needs the compiled "
                              f"extension (sbm_pyg._C), which is not built; "
                              f"reinstall with a C++ compiler: pip install "
                              f"--no-build-isolation .")
         if device.type != "cpu":
-            raise ValueError(f"{op} backend {backend!r} runs on the CPU; "
-                             f"the tensors are on {device}")
+            raise ValueError(f"{op} backend {backend!r} runs on the CPU"
+                             + (" and CUDA" if backend == "dense" else "")
+                             + f"; the tensors are on {device}")
     if backend == "triton" and not triton_runs(device):
         raise ValueError(f"{op} backend 'triton' needs triton and CUDA "
                          f"tensors (or TRITON_INTERPRET=1 on the CPU); the "

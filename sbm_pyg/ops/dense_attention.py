@@ -26,8 +26,12 @@ straight-through gradients to :math:`\hat{\mathbf{Q}}\hat{\mathbf{S}}` and
 (:math:`\mathbf{G}\hat{\mathbf{K}}` and
 :math:`\mathbf{G}^{\top}\hat{\mathbf{Q}}\hat{\mathbf{S}}`).
 
-The CPU kernel is the compiled extension's (``csrc/attention/dense.cpp``);
-there is no CUDA kernel yet.
+The CPU kernels are the compiled extension's (``csrc/attention/dense.cpp``),
+the CUDA kernels the Triton twins of :mod:`sbm_pyg.ops.triton_dense`: the
+same schema, the same row streams, so the same mask for the same seed.
+Under ``TRITON_INTERPRET=1`` (tests without a GPU) the Triton kernels are
+also registered for CPU tensors as the twin operators
+``sbm_pyg::triton_dense_attention`` and ``_backward``.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from sbm_pyg.ops.library import LIBRARY, OpSpec, define_ops
+from sbm_pyg.ops.library import OpSpec, define_autograd_ops
 from sbm_pyg.ops.torch_attention import STE_CODES
 
 __all__ = ["DenseAttention", "dense_attention", "mask_bytes", "mask_keys"]
@@ -97,7 +101,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
                     heads: int, scale: float, seed: int, mode: str = "exact",
                     exploration: float = 0.0, self_loops: bool = False,
                     included: Optional[Tuple[Tensor, Tensor]] = None,
-                    ste: Optional[str] = "paper") -> DenseAttention:
+                    ste: Optional[str] = "paper",
+                    triton_on_cpu: bool = False) -> DenseAttention:
     r"""Samples the SBM's mask of every (sequence, head) and computes the
     masked softmax attention over it, differentiable in :obj:`q`, :obj:`k`,
     :obj:`v` and, through the straight-through estimator :obj:`ste`, in
@@ -128,6 +133,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
             the included keys (global indices) of each query.
         ste (str, optional): :obj:`"paper"`, :obj:`"published"` or
             :obj:`None` (no gradient to the memberships).
+        triton_on_cpu (bool): run the Triton kernels on CPU tensors (the
+            twin operator, only under ``TRITON_INTERPRET=1``).
 
     Returns:
         :class:`DenseAttention`.
@@ -144,7 +151,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
     """
     inc_ptr, inc_col = included if included is not None else (
         ptr_q.new_empty(0), ptr_q.new_empty(0))
-    out, _, mask, edges = torch.ops.sbm_pyg.dense_attention(
+    op = (torch.ops.sbm_pyg.triton_dense_attention if triton_on_cpu
+          else torch.ops.sbm_pyg.dense_attention)
+    out, _, mask, edges = op(
         ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb, heads,
         float(exploration), mode == "exact", self_loops, seed, float(scale),
         STE_CODES[ste])
@@ -167,6 +176,43 @@ def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
             *memb)
 
 
+def _triton_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
+                    k_memb, heads, delta, exact, self_loops, seed, scale, ste):
+    from sbm_pyg.ops.triton_dense import dense_forward
+    _check("sbm_pyg::dense_attention", q, k, v, q_block, k_memb, heads)
+    return dense_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
+                         k_memb, heads, delta, exact, self_loops, seed, scale)
+
+
+def _triton_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
+                     grad_out, heads, scale, ste):
+    from sbm_pyg.ops.triton_dense import dense_backward
+    _check("sbm_pyg::dense_attention_backward", q, k, v, q_block, k_memb,
+           heads)
+    return dense_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
+                          lse, grad_out, heads, scale, ste)
+
+
+def _check(op: str, q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
+           k_memb: Tensor, heads: int) -> None:
+    # The CPU kernel's argument checks (csrc/attention/dense.cpp), for the
+    # Triton kernels.
+    xs = (q, k, v, q_block, k_memb)
+    if not all(x.dim() == 2 and x.is_contiguous() and x.dtype == q.dtype
+               for x in xs) or q.dtype not in (torch.float32, torch.float64):
+        raise RuntimeError(f"{op}: q, k, v, q_block, k_memb must be "
+                           f"contiguous 2-D float32 or float64 tensors of "
+                           f"one dtype")
+    if heads < 1 or q.size(0) % heads or k.size(0) % heads or not (
+            k.size(0) == v.size(0) and q.size(1) == k.size(1)
+            and q_block.size(0) == q.size(0)
+            and k_memb.size(0) == k.size(0)
+            and q_block.size(1) == k_memb.size(1)):
+        raise RuntimeError(f"{op}: q [R, D], k [C, D], v [C, Dv], q_block "
+                           f"[R, K], k_memb [C, K] expected, R and C "
+                           f"multiples of heads")
+
+
 def _setup_context(ctx, inputs, output) -> None:
     (ptr_q, ptr_k, _, _, q, k, v, q_block, k_memb, heads, _, _, _, _, scale,
      ste) = inputs
@@ -177,27 +223,31 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out: Optional[Tensor], *_):
-    if grad_out is None:  # the output took no part in the loss
-        return (None,) * 16
-    ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    ste = ctx.ste if need[7] or need[8] else 0
-    dq, dk, dv, dqb, dkm = torch.ops.sbm_pyg.dense_attention_backward(
-        ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
-        grad_out.contiguous(), ctx.heads, ctx.scale, ste)
-    return (None, None, None, None, dq if need[4] else None,
-            dk if need[5] else None, dv if need[6] else None,
-            dqb if need[7] and ste else None,
-            dkm if need[8] and ste else None) + (None,) * 7
+def _autograd(backward_op):
+    def backward(ctx, grad_out: Optional[Tensor], *_):
+        if grad_out is None:  # the output took no part in the loss
+            return (None,) * 16
+        (ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
+         lse) = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        ste = ctx.ste if need[7] or need[8] else 0
+        dq, dk, dv, dqb, dkm = backward_op(
+            ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
+            grad_out.contiguous(), ctx.heads, ctx.scale, ste)
+        return (None, None, None, None, dq if need[4] else None,
+                dk if need[5] else None, dv if need[6] else None,
+                dqb if need[7] and ste else None,
+                dkm if need[8] and ste else None) + (None,) * 7
+    return backward
 
 
 # The CPU kernels come from the extension (TORCH_LIBRARY_IMPL in
-# csrc/bindings.cpp); no CUDA kernel.
+# csrc/bindings.cpp), the CUDA ones from sbm_pyg/ops/triton_dense.py.
 _OPS: OpSpec = {
-    "dense_attention": (_SCHEMA, _fake_forward, None),
-    "dense_attention_backward": (_BACKWARD_SCHEMA, _fake_backward, None),
+    "dense_attention": (_SCHEMA, _fake_forward, _triton_forward),
+    "dense_attention_backward": (_BACKWARD_SCHEMA, _fake_backward,
+                                 _triton_backward),
 }
-define_ops(_OPS)
-torch.library.register_autograd("sbm_pyg::dense_attention", _backward,
-                                setup_context=_setup_context, lib=LIBRARY)
+
+
+define_autograd_ops(_OPS, "dense_attention", _autograd, _setup_context)

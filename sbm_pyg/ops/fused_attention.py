@@ -32,7 +32,7 @@ from torch import Tensor
 
 from sbm_pyg.ops.csr import row_index, sddmm
 from sbm_pyg.ops.graph import CSRGraph
-from sbm_pyg.ops.library import LIBRARY, TWIN, OpSpec, define_ops
+from sbm_pyg.ops.library import OpSpec, define_autograd_ops
 from sbm_pyg.ops.torch_attention import STE_CODES
 
 __all__ = ["fused_attention"]
@@ -184,16 +184,4 @@ _OPS: OpSpec = {
 }
 
 
-def _define(prefix: str) -> None:
-    # The operator pair, and its autograd formula.
-    define_ops(_OPS, prefix)
-    name = f"{prefix}sparse_attention"
-    torch.library.register_autograd(
-        f"sbm_pyg::{name}", _autograd(getattr(torch.ops.sbm_pyg,
-                                              name + "_backward")),
-        setup_context=_setup_context, lib=LIBRARY)
-
-
-_define("")
-if TWIN:
-    _define(TWIN)
+define_autograd_ops(_OPS, "sparse_attention", _autograd, _setup_context)

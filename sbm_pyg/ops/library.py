@@ -19,7 +19,7 @@ import torch
 
 from sbm_pyg.ops.backend_info import WITH_TRITON
 
-__all__ = ["LIBRARY", "TWIN", "define_ops", "device_guard"]
+__all__ = ["LIBRARY", "TWIN", "define_ops", "define_autograd_ops", "device_guard"]
 
 LIBRARY = torch.library.Library("sbm_pyg", "FRAGMENT")
 # The twin operators' prefix, or None where they are not defined.
@@ -60,3 +60,18 @@ def define_ops(ops: OpSpec, prefix: str = "") -> None:
             LIBRARY.impl(prefix + name, triton_kernel, "CPU")
         elif WITH_TRITON:
             LIBRARY.impl(name, device_guard(triton_kernel), "CUDA")
+
+
+def define_autograd_ops(ops: OpSpec, name: str,
+                        backward: Callable[[Callable], Callable],
+                        setup_context: Callable) -> None:
+    r"""Defines :obj:`ops`, an operator :obj:`name` and its
+    :obj:`name_backward` (and their twins where :data:`TWIN` is set), with
+    the autograd formula :obj:`backward(backward_op)` of each."""
+    for prefix in ("",) + ((TWIN,) if TWIN else ()):
+        define_ops(ops, prefix)
+        op = prefix + name
+        torch.library.register_autograd(
+            f"sbm_pyg::{op}", backward(getattr(torch.ops.sbm_pyg,
+                                               op + "_backward")),
+            setup_context=setup_context, lib=LIBRARY)

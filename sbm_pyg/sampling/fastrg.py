@@ -14,7 +14,7 @@ from sbm_pyg.sampling.checks import MODES, PtrLike, check_sbm, included_pairs
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator
 
-__all__ = ["fastrg", "MODES", "BACKENDS"]
+__all__ = ["fastrg", "check_options", "MODES", "BACKENDS"]
 
 
 @torch.compiler.disable  # data-dependent edge count: runs eagerly
@@ -116,16 +116,11 @@ def fastrg(
                                      mode, exploration, self_loops,
                                      check_memberships=False)
     backend = resolve_backend("sampler", backend, q_memb.device)
-    check_generator(generator, q_memb.device)
-    if max_edges is not None and (not isinstance(max_edges, int)
-                                  or max_edges < 0):
-        raise ValueError(f"max_edges must be a non-negative int or None, got "
-                         f"{max_edges!r}")
-    Nq, H, _ = q_memb.shape
-    Nk = k_memb.size(0)
+    check_options(max_edges, generator, q_memb.device)
     included = None
     if include_edges is not None:
-        *included, check = included_pairs(include_edges, ptr_q, ptr_k, Nq, Nk)
+        *included, check = included_pairs(include_edges, ptr_q, ptr_k,
+                                          q_memb.size(0), k_memb.size(0))
         checks.append(check)
     args = (q_memb, block, k_memb, ptr_q, ptr_k, checks, mode, exploration,
             self_loops, included, max_edges, generator)
@@ -136,5 +131,18 @@ def fastrg(
             edges = fastrg_torch.sample(*args)
         else:  # the operators sbm_pyg::fastrg_plan and fastrg_sample
             edges = fastrg_op.sample(*args, backend=backend)
-    return SampledGraph(edges.csr, Nq, Nk, H, ptr_q, ptr_k, edges.num_draws,
+    return SampledGraph(edges.csr, q_memb.size(0), k_memb.size(0),
+                        q_memb.size(1), ptr_q, ptr_k, edges.num_draws,
                         edges.expected_draws)
+
+
+def check_options(max_edges: Optional[int],
+                  generator: Optional[torch.Generator],
+                  device: torch.device) -> None:
+    r"""Checks the sampler's :obj:`max_edges` and :obj:`generator`."""
+    check_generator(generator, device)
+    if max_edges is not None and (not isinstance(max_edges, int)
+                                  or isinstance(max_edges, bool)
+                                  or max_edges < 0):
+        raise ValueError(f"max_edges must be a non-negative int or None, got "
+                         f"{max_edges!r}")

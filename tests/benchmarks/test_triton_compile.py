@@ -68,3 +68,12 @@ def test_spills_fail_where_the_baseline_had_none():
     # another signature's baseline does not excuse it
     other = _row(constexprs={"D": "16"}, stack_bytes=48)
     assert problems([spilling], [other]) != []
+
+
+def test_the_dense_kernels_never_spill_at_the_model_sizes():
+    dense = dict(module="sbm_pyg.ops.triton_dense_kernels", stack_bytes=16)
+    small = _row(constexprs={"D": "64", "KC": "128"}, **dense)
+    assert "head size <= 64" in problems([small], [small])[0]
+    # larger sizes follow the baseline
+    large = _row(constexprs={"D": "128", "KC": "128"}, **dense)
+    assert problems([large], [large]) == []

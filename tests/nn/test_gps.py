@@ -4,7 +4,7 @@ from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 from torch_geometric.nn import GINConv
 
-import sbm_pyg.nn.conv as conv_module
+import sbm_pyg.nn._sbm_attention as attention_module
 from sbm_pyg.nn import SBMGPSConv
 from sbm_pyg.ops import backend_info
 from sbm_pyg.sampling import SampledGraph
@@ -91,7 +91,8 @@ def test_batched_equals_per_graph(include_input_edges, monkeypatch):
     sampled = iter([restrict(graph, int(a), int(b))
                     for a, b in zip(data.ptr[:-1], data.ptr[1:])])
     # Each graph alone, given the edges the batched forward sampled for it.
-    monkeypatch.setattr(conv_module, "fastrg", lambda *args, **kw: next(sampled))
+    monkeypatch.setattr(attention_module, "fastrg",
+                        lambda *args, **kw: next(sampled))
     for g, item in enumerate(data.to_data_list()):
         alone = layer(item.x, item.edge_index)
         assert torch.allclose(batched[data.batch == g], alone, atol=1e-6)

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from sbm_pyg.ops import backend_info, backends
 
@@ -71,3 +72,25 @@ def test_a_missing_extension_is_announced(silenced):
                          capture_output=True, text=True, check=True,
                          env={**os.environ, **env}).stdout
     assert ("pure-PyTorch path" in out) != silenced
+
+
+def test_the_dense_kernel_runs_on_the_cpu_and_cuda(monkeypatch):
+    resolve = backend_info.resolve_backend
+    monkeypatch.setattr(backend_info, "WITH_EXTENSION", True)
+    monkeypatch.setattr(backend_info, "WITH_TRITON", True)
+    for device in ("cpu", "cuda"):
+        assert backend_info.dense_runs(torch.device(device))
+        assert resolve("attention", "dense", device) == "dense"
+        assert resolve("attention", "auto", device, density=0.5) == "dense"
+        assert resolve("attention", "auto", device, density=0.1) != "dense"
+        with pytest.raises(ValueError, match="dropout"):
+            resolve("attention", "dense", device, dropout=0.1)
+    monkeypatch.setattr(backend_info, "WITH_TRITON", False)
+    assert not backend_info.dense_runs(torch.device("cuda"))
+    assert resolve("attention", "auto", "cuda", density=0.5) == "torch"
+    with pytest.raises(ValueError, match="'dense' needs triton"):
+        resolve("attention", "dense", "cuda")
+    monkeypatch.setattr(backend_info, "WITH_EXTENSION", False)
+    assert not backend_info.dense_runs(torch.device("cpu"))
+    with pytest.raises(ValueError, match="not built"):
+        resolve("attention", "dense", "cpu")

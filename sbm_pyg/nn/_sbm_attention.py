@@ -1,0 +1,400 @@
+r"""The whole SBM attention of a layer as one function: the sequences
+checked, a regime chosen per sequence, the graph sampled and attended (or
+the dense-regime kernel run), the density statistics computed."""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from sbm_pyg.nn.block_model import expected_densities, mean_densities
+from sbm_pyg.nn.functional import STE_MODES, sparse_attention
+from sbm_pyg.ops import backend_info
+from sbm_pyg.ops.backend_info import (
+    ATTENTION_BACKENDS,
+    dense_runs,
+    resolve_backend,
+)
+from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
+from sbm_pyg.ops.dense_attention import dense_attention, mask_bytes, mask_keys
+from sbm_pyg.sampling.checks import (
+    PtrLike,
+    check_draws,
+    check_pointers,
+    check_sbm,
+    included_pairs,
+)
+from sbm_pyg.sampling.fastrg import check_options, fastrg
+from sbm_pyg.sampling.fastrg_op import included_csr, stream_seed
+from sbm_pyg.sampling.graph import SampledGraph
+from sbm_pyg.validation import sync
+
+__all__ = ["sbm_attention", "SBMAttention"]
+
+# attend(graph, need_weights) -> (out [N_q, H, D_v], weights [E] or None):
+# an attention over the sampled graph in place of the kernels (a layer's
+# MessagePassing path).
+Attend = Callable[[SampledGraph, bool], Tuple[Tensor, Optional[Tensor]]]
+
+
+class SBMAttention(NamedTuple):
+    r"""What :func:`sbm_attention` returns.
+
+    Attributes:
+        out (Tensor): :obj:`[N_q, H, D_v]`.
+        graph (SampledGraph, optional): the sampled graph, when asked for.
+        alpha (Tensor, optional): the attention weights :obj:`[E]` in the
+            graph's edge order, when asked for.
+        expected_density (Tensor): :obj:`[H]`, differentiable: the paper's
+            sparsity regularizer, averaged over non-empty sequences.
+        sampled_density (Tensor): :obj:`[H]`, the fraction of pairs sampled.
+        backends (dict): the kernels that ran, e.g. :obj:`{'sampler':
+            'cpp', 'attention': 'cpp'}`; :obj:`'dense'` for both where the
+            dense-regime kernel ran, and :obj:`'dense_sequences': 'd/n'`
+            where it ran for :math:`d` of the :math:`n` non-empty sequences
+            only.
+    """
+
+    out: Tensor
+    graph: Optional[SampledGraph]
+    alpha: Optional[Tensor]
+    expected_density: Tensor
+    sampled_density: Tensor
+    backends: Dict[str, str]
+
+
+class _Part(NamedTuple):
+    # One regime's share of a call, with the edges of each (sequence, head).
+    out: Tensor
+    graph: Optional[SampledGraph]
+    alpha: Optional[Tensor]
+    edges: Tensor
+
+
+def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
+                  block: Tensor, k_memb: Tensor, *, ptr_q: PtrLike = None,
+                  ptr_k: PtrLike = None, mode: str = "exact",
+                  exploration: float = 0.0, self_loops: bool = False,
+                  include_edges: Optional[Tensor] = None,
+                  max_edges: Optional[int] = None, ste: str = "paper",
+                  dropout: float = 0.0, training: bool = False,
+                  sampler_backend: str = "auto",
+                  attention_backend: str = "auto",
+                  return_graph: bool = False,
+                  return_attention_weights: bool = False,
+                  attend: Optional[Attend] = None,
+                  generator: Optional[torch.Generator] = None
+                  ) -> SBMAttention:
+    r"""The SBM-Transformer's attention over a ragged batch, all heads at
+    once: samples each (sequence, head)'s graph from the SBM
+    :math:`p_{ij} = \hat{\mathbf{Q}}_i \hat{\mathbf{S}}_h
+    \hat{\mathbf{K}}_j^{\top}` (plus :obj:`exploration`) and attends over
+    it, with the straight-through gradient to the SBM (:obj:`ste`).
+
+    Two regimes compute it, chosen per sequence before anything is sampled:
+    the sampler and the sparse kernels (cost linear in the edges), or the
+    dense-regime kernel (:func:`~sbm_pyg.ops.dense_attention`), which draws
+    one Bernoulli per pair and attends with matrix products. With
+    :obj:`attention_backend="auto"` a sequence takes the dense regime where
+    its expected density, averaged over heads, reaches
+    :data:`~sbm_pyg.ops.backend_info.DENSE_CROSSOVER` and the kernel runs on
+    the device (no attention dropout); a batch of both kinds runs each
+    regime on its own sequences. :obj:`"dense"` runs it for all, any other
+    backend the sparse path with that kernel.
+
+    Args:
+        query (Tensor): :obj:`[N_q, H, D]`.
+        key (Tensor): :obj:`[N_k, H, D]`.
+        value (Tensor): :obj:`[N_k, H, D_v]`.
+        q_memb (Tensor): :math:`\hat{\mathbf{Q}}` :obj:`[N_q, H, k]`.
+        block (Tensor): :math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`.
+        k_memb (Tensor): :math:`\hat{\mathbf{K}}` :obj:`[N_k, H, k]`.
+        ptr_q, ptr_k (LongTensor, optional): :obj:`[G + 1]` sequences of
+            the queries and keys (:obj:`None`: one sequence).
+        mode, exploration, self_loops, include_edges, max_edges: as for
+            :func:`~sbm_pyg.sampling.fastrg`.
+        ste (str): :obj:`"paper"` or :obj:`"published"`, see
+            :func:`~sbm_pyg.nn.functional.sparse_attention`.
+        dropout (float): attention dropout (the :obj:`"torch"` kernel).
+        training (bool): apply the dropout.
+        sampler_backend (str): see :func:`~sbm_pyg.sampling.fastrg`.
+        attention_backend (str): one of
+            :data:`~sbm_pyg.ops.backend_info.ATTENTION_BACKENDS`.
+        return_graph (bool): also return the sampled graph (the dense
+            regime's is read off its mask); with
+            :obj:`return_attention_weights`, the weights too (the dense
+            regime's graph then goes through the sparse kernel: the same
+            sample and output, more cost).
+        return_attention_weights (bool): see :obj:`return_graph`.
+        attend (callable, optional): :obj:`attend(graph, need_weights)`
+            computes the attention over the sampled graph in place of the
+            kernels (a layer's :class:`MessagePassing` path).
+        generator (torch.Generator, optional): randomness of the sampler,
+            the dense kernel's draws and the dropout.
+
+    Returns:
+        :class:`SBMAttention`.
+
+    Example:
+        >>> N, H, D, k = 10, 2, 4, 3
+        >>> q, kk, v = torch.randn(3, N, H, D).unbind(0)
+        >>> memb = torch.rand(N, H, k)
+        >>> block = torch.softmax(torch.randn(H, k * k), -1).view(H, k, k)
+        >>> res = sbm_attention(q, kk, v, memb, block, memb,
+        ...                     ptr_q=torch.tensor([0, 4, 10]),
+        ...                     ptr_k=torch.tensor([0, 4, 10]))
+        >>> res.out.shape, res.sampled_density.shape
+        (torch.Size([10, 2, 4]), torch.Size([2]))
+    """
+    if ste not in STE_MODES:
+        raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
+    if attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of "
+                         f"{ATTENTION_BACKENDS}, got {attention_backend!r}")
+    device = query.device
+    check_options(max_edges, generator, device)
+    seq_q, seq_k, dense = _regimes(
+        query, q_memb, block, k_memb, ptr_q, ptr_k, key.size(0), exploration,
+        dropout, attention_backend, attend is not None)
+    need_graph = return_graph or return_attention_weights
+    args = (query, key, value, q_memb, block, k_memb, seq_q, seq_k,
+            include_edges)
+    opts = dict(mode=mode, exploration=exploration, self_loops=self_loops,
+                ste=ste, dropout=dropout, training=training,
+                need_graph=need_graph, need_alpha=return_attention_weights,
+                attend=attend, generator=generator)
+    G = seq_q.numel() - 1
+    num_dense = 0 if dense is None else int(dense.sum())
+    sampler = resolve_backend("sampler", sampler_backend, device)
+    # The sparse kernel: the one asked for, or where the dense regime runs
+    # (asked for or chosen) the one "auto" takes, for weights or graphs.
+    attention = ("message_passing" if attend is not None else resolve_backend(
+        "attention", "auto" if attention_backend == "dense"
+        else attention_backend, device, dropout=dropout))
+    if attend is None and (attention_backend == "dense"
+                           or (G > 0 and num_dense == G)):
+        part = _dense(*args, max_edges=max_edges, **opts)
+        backends = dict(sampler="dense",
+                        attention=attention if need_graph else "dense")
+    elif num_dense == 0:
+        part = _sparse(*args, max_edges=max_edges, sampler=sampler,
+                       attention=attention, **opts)
+        backends = dict(sampler=sampler, attention=attention)
+    else:
+        assert dense is not None  # some sequences are dense
+        part = _mixed(*args, dense, max_edges=max_edges, sampler=sampler,
+                      attention=attention, **opts)
+        # Counted over the sequences with pairs: the empty ones join either.
+        busy = seq_q.diff() * seq_k.diff() > 0
+        backends = dict(sampler=sampler, attention=attention,
+                        dense_sequences=f"{int((dense & busy).sum())}/"
+                                        f"{int(busy.sum())}")
+    expected, sampled = mean_densities(seq_q, seq_k, part.edges, q_memb,
+                                       block, k_memb)
+    return SBMAttention(part.out.to(query.dtype), part.graph, part.alpha,
+                        expected, sampled, backends)
+
+
+@torch.compiler.disable  # data-dependent: the pointers' checks and the choice
+def _regimes(query: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
+             ptr_q: PtrLike, ptr_k: PtrLike, Nk: int, exploration: float,
+             dropout: float, backend: str, custom: bool
+             ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    # The pointers, and which sequences take the dense regime ([G] bool),
+    # or None where the choice is not the expected density's.
+    Nq, device = query.size(0), query.device
+    ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, Nk, device)
+    auto = (backend == "auto" and dropout == 0 and not custom
+            and dense_runs(device))
+    if not auto:
+        if backend == "dense":
+            resolve_backend("attention", "dense", device, dropout=dropout)
+        return ptr_q, ptr_k, None
+    # Checked here (one sync): the expected density reads the pointers.
+    sync(checks)
+    with torch.no_grad():
+        per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
+        density = per.double().mean(1) + exploration
+    pairs = ptr_q.diff() * ptr_k.diff()
+    dense = density >= backend_info.DENSE_CROSSOVER
+    # Empty sequences join the other regime: no split for them.
+    return ptr_q, ptr_k, dense | ((pairs == 0) & dense.any())
+
+
+def _sparse(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
+            include_edges, *, mode, exploration, self_loops, ste, dropout,
+            training, need_graph, need_alpha, attend, generator, max_edges,
+            sampler, attention) -> _Part:
+    graph = _sample(q_memb.detach(), block.detach(), k_memb.detach(), ptr_q,
+                    ptr_k, include_edges, mode, exploration, self_loops,
+                    max_edges, generator, sampler)
+    out, alpha = _attend(query, key, value, q_memb, block, k_memb, graph,
+                         ste, dropout, training, need_alpha, attend,
+                         generator, attention)
+    return _Part(out, graph, alpha, graph.edge_counts())
+
+
+# Data-dependent edge count: the sampler runs eagerly under torch.compile,
+# which compiles the code around it, the attention operator included.
+@torch.compiler.disable
+def _sample(q_memb, block, k_memb, ptr_q, ptr_k, include_edges, mode,
+            exploration, self_loops, max_edges, generator, sampler
+            ) -> SampledGraph:
+    return fastrg(q_memb, block, k_memb, ptr_q=ptr_q, ptr_k=ptr_k, mode=mode,
+                  exploration=exploration, self_loops=self_loops,
+                  include_edges=include_edges, max_edges=max_edges,
+                  generator=generator, backend=sampler)
+
+
+def _attend(query, key, value, q_memb, block, k_memb, graph, ste, dropout,
+            training, need_alpha, attend, generator, attention
+            ) -> Tuple[Tensor, Optional[Tensor]]:
+    # The attention over a sampled graph: the kernels or `attend`.
+    if attend is not None:
+        return attend(graph, need_alpha)
+    # The straight-through estimator uses the edge probabilities' gradient
+    # only: their values are never computed.
+    need_ste = torch.is_grad_enabled() and q_memb.requires_grad
+    sbm = (q_memb, block, k_memb) if need_ste else None
+    res = sparse_attention(query, key, value, graph, None, dropout, training,
+                           ste=ste, generator=generator, backend=attention,
+                           sbm=sbm, return_attention_weights=need_alpha)
+    return res if need_alpha else (res, None)
+
+
+@torch.compiler.disable  # data-dependent mask size: runs eagerly
+def _dense(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
+           include_edges, *, mode, exploration, self_loops, ste, dropout,
+           training, need_graph, need_alpha, attend, generator,
+           max_edges) -> _Part:
+    # The dense-regime kernel samples the mask and attends over it, after
+    # the sampler's argument checks and memory guard. Where the graph is
+    # asked for, only the mask is wanted of it (no autograd graph): the
+    # graph read off the mask goes through the sparse kernel.
+    Nq, H, C = query.shape
+    Nk = key.size(0)
+    qm, b, km = q_memb.detach(), block.detach(), k_memb.detach()
+    ptr_q, ptr_k, checks = check_sbm(qm, b, km, ptr_q, ptr_k, mode,
+                                     exploration, self_loops)
+    if include_edges is not None:
+        i, j, check = included_pairs(include_edges, ptr_q, ptr_k, Nq, Nk)
+        checks.append(check)
+    num_pairs, num_bytes = sync(checks, H * (ptr_q.diff() * ptr_k.diff()).sum(),
+                                mask_bytes(ptr_q, ptr_k, H).sum())
+    check_draws(num_pairs, num_pairs, num_bytes, max_edges, query.device,
+                ptr_q.numel() - 1, H, Nq, Nk)
+    included = None if include_edges is None else included_csr(i, j, Nq, Nk)
+    grad = torch.is_grad_enabled() and not need_graph
+    need_ste = grad and q_memb.requires_grad
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    # Q̂Ŝ feeds the mask's draws: computed in full precision, whatever
+    # autocast and the TF32 setting say.
+    with full_precision(query.device), torch.set_grad_enabled(grad):
+        q_block = torch.einsum("nhu,huv->nhv", q_memb.to(dtype),
+                               block.to(dtype))
+        k_memb_d = k_memb if need_ste else k_memb.detach()
+        q_block = q_block if need_ste else q_block.detach()
+        q, k, v, qb, kmd = (heads_first(x.to(dtype)) for x in (
+            query, key, value, q_block, k_memb_d))
+        res = dense_attention(
+            q, k, v, qb, kmd, ptr_q, ptr_k, heads=H, scale=1.0 / math.sqrt(C),
+            seed=stream_seed(generator, query.device), mode=mode,
+            exploration=exploration, self_loops=self_loops, included=included,
+            ste=ste if need_ste else None)
+    if not need_graph:
+        return _Part(nodes_first(res.out, H), None, None, res.edges)
+    graph = SampledGraph.from_keys(mask_keys(res.mask, ptr_q, ptr_k, H), H, Nq,
+                                   Nk, ptr_q=ptr_q, ptr_k=ptr_k)
+    attention = resolve_backend("attention", "auto", query.device,
+                                dropout=dropout)
+    out, alpha = _attend(query, key, value, q_memb, block, k_memb, graph, ste,
+                         dropout, training, need_alpha, attend, generator,
+                         attention)
+    return _Part(out, graph, alpha, res.edges)
+
+
+@torch.compiler.disable  # data-dependent row selections: runs eagerly
+def _mixed(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
+           include_edges, dense: Tensor, *, max_edges, sampler, attention,
+           **opts) -> _Part:
+    # Each regime on its own sequences: their rows gathered into a batch of
+    # their own, run, and the outputs (and graphs) put back in place.
+    Nq, H, _ = query.shape
+    Nk = key.size(0)
+    parts: List[Tuple[_Part, Tensor, Tensor]] = []
+    pairs_left = max_edges
+    pairs = None
+    if include_edges is not None:
+        i, j, check = included_pairs(include_edges, ptr_q, ptr_k, Nq, Nk)
+        sync([check])
+        pairs = torch.stack([j, i])
+    for is_dense in (True, False):
+        chosen = dense == is_dense
+        rows_q, sub_q = _rows(ptr_q, chosen)
+        rows_k, sub_k = _rows(ptr_k, chosen)
+        sub = [t[rows_q] for t in (query, q_memb)]
+        sub_kv = [t[rows_k] for t in (key, value, k_memb)]
+        inc = None if pairs is None else _remap(pairs, rows_q, rows_k, Nq, Nk)
+        args = (sub[0], sub_kv[0], sub_kv[1], sub[1], block, sub_kv[2], sub_q,
+                sub_k, inc)
+        if is_dense:
+            part = _dense(*args, max_edges=pairs_left, **opts)
+            if pairs_left is not None:
+                pairs_left = max(pairs_left - int(part.edges.sum()), 0)
+        else:
+            part = _sparse(*args, max_edges=pairs_left, sampler=sampler,
+                           attention=attention, **opts)
+        parts.append((part, rows_q, rows_k))
+    out = query.new_empty(Nq, H, parts[0][0].out.size(-1),
+                          dtype=parts[0][0].out.dtype)
+    edges = torch.empty(ptr_q.numel() - 1, H, dtype=torch.long,
+                        device=query.device)
+    for part, rows_q, _ in parts:
+        out = out.index_copy(0, rows_q, part.out.to(out.dtype))
+    edges[dense] = parts[0][0].edges
+    edges[~dense] = parts[1][0].edges
+    graph = alpha = None
+    if opts["need_graph"]:
+        graph, alpha = _merge(parts, H, Nq, Nk, ptr_q, ptr_k)
+    return _Part(out, graph, alpha, edges)
+
+
+def _rows(ptr: Tensor, chosen: Tensor) -> Tuple[Tensor, Tensor]:
+    # The rows of the chosen sequences, in order, and their pointer.
+    sizes = ptr.diff() * chosen
+    sub = torch.cat([sizes.new_zeros(1), sizes[chosen].cumsum(0)])
+    seq = torch.repeat_interleave(torch.arange(ptr.numel() - 1,
+                                               device=ptr.device), ptr.diff())
+    return chosen[seq].nonzero().flatten(), sub
+
+
+def _remap(pairs: Tensor, rows_q: Tensor, rows_k: Tensor, Nq: int, Nk: int
+           ) -> Tensor:
+    # The included pairs (key, query) within the chosen rows, renumbered.
+    new_q, new_k = (torch.full((n,), -1, device=pairs.device) for n in (Nq, Nk))
+    new_q[rows_q] = torch.arange(rows_q.numel(), device=pairs.device)
+    new_k[rows_k] = torch.arange(rows_k.numel(), device=pairs.device)
+    j, i = new_k[pairs[0]], new_q[pairs[1]]
+    keep = (i >= 0) & (j >= 0)
+    return torch.stack([j[keep], i[keep]])
+
+
+def _merge(parts, H: int, Nq: int, Nk: int, ptr_q: Tensor, ptr_k: Tensor
+           ) -> Tuple[SampledGraph, Optional[Tensor]]:
+    # The parts' graphs as one graph of the whole batch, and their weights
+    # in its edge order.
+    keys, alphas = [], []
+    for part, rows_q, rows_k in parts:
+        g = part.graph
+        row = g.csr.row().long()
+        h = row // max(g.num_queries, 1)
+        i = rows_q[row - h * g.num_queries]
+        j = rows_k[g.csr.col.long() - h * g.num_keys]
+        keys.append((h * Nq + i) * Nk + j)
+        if part.alpha is not None:
+            alphas.append(part.alpha)
+    key, order = torch.sort(torch.cat(keys))
+    graph = SampledGraph.from_keys(key, H, Nq, Nk, ptr_q=ptr_q, ptr_k=ptr_k)
+    return graph, torch.cat(alphas)[order] if alphas else None

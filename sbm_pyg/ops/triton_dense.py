@@ -1,0 +1,203 @@
+r"""The dense-regime SBM attention in Triton: the CUDA kernels of
+``sbm_pyg::dense_attention`` and its backward, twins of the CPU kernels of
+``csrc/attention/dense.cpp``.
+
+Work is cut into tiles of :obj:`BLOCK_M` query rows of one (sequence,
+head) pair, walking the pair's keys in tiles of :obj:`BLOCK_N`, as
+FlashAttention does; no :obj:`[n_q, n_k]` matrix exists. Four kernels:
+
+* **mask**: :math:`\mathbf{P} = (\hat{\mathbf{Q}}\hat{\mathbf{S}})
+  \hat{\mathbf{K}}^{\top}` per tile by :func:`tl.dot` (full precision: the
+  probabilities feed the draws), one Bernoulli trial per pair read from the
+  row's SplitMix64 stream at the counters the CPU kernel reads
+  (:mod:`~sbm_pyg.sampling.triton_streams`), self-loops added, the bits
+  packed eight keys to a byte in the CPU kernel's layout. Same seed, same
+  uniforms: the mask is the CPU kernel's wherever the two round
+  :math:`p_{ij}` alike (always, but for a uniform within rounding of
+  :math:`p_{ij}`). The included pairs are then set with one
+  :func:`torch.Tensor.index_add_` of distinct bits per byte.
+* **forward**: the scores by :func:`tl.dot`, an online softmax over the
+  mask's pairs, the output and each row's log-sum-exp and edge count.
+* **backward over query tiles**: :math:`\partial L/\partial\mathbf{q}` and
+  the straight-through gradient's sum :math:`\mathbf{G}\hat{\mathbf{K}}`
+  into :math:`\hat{\mathbf{Q}}\hat{\mathbf{S}}`.
+* **backward over key tiles**: :math:`\partial L/\partial\mathbf{k}`,
+  :math:`\partial L/\partial\mathbf{v}` and
+  :math:`\mathbf{G}^{\top}\hat{\mathbf{Q}}\hat{\mathbf{S}}` into
+  :math:`\hat{\mathbf{K}}`, without atomics.
+
+Both backward kernels recompute the scores and weights from the mask and
+the log-sum-exp. Products accumulate in the inputs' dtype (float32 or
+float64) with :obj:`input_precision="ieee"`, so that float64 matches the CPU
+kernel to rounding and float32's probabilities are not TF32's.
+
+Each kernel finds its (sequence, tile) in a table built on the device with
+a host-known size (:math:`\lfloor N / B \rfloor + G` tiles bound the
+tiles of every batch): the only host sync is the mask's size, for its
+allocation.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+except ImportError:  # triton is optional: the PyTorch path is the fallback
+    triton = None
+
+if triton is not None:
+    from sbm_pyg.ops.triton_dense_kernels import (
+        backward_key_kernel,
+        backward_query_kernel,
+        forward_kernel,
+        mask_kernel,
+    )
+
+__all__ = ["dense_forward", "dense_backward"]
+
+
+def _tiles(ptr: Tensor, num_rows: int, block: int) -> Tuple[Tensor, Tensor]:
+    # (sequence, first row) of every tile of `block` rows of each sequence,
+    # built on the device with a host-known length: sum ceil(n_g / B) <=
+    # floor(N / B) + G. Padding tiles get sequence G (no work).
+    G = ptr.numel() - 1
+    per = (ptr.diff() + block - 1) // block
+    end = per.cumsum(0)
+    t = torch.arange(G + num_rows // block, device=ptr.device)
+    g = torch.searchsorted(end, t, right=True)
+    row = (t - (end - per)[g.clamp(max=G - 1)]) * block
+    return g, row
+
+
+def _mask_base(ptr_q: Tensor, ptr_k: Tensor, heads: int) -> Tensor:
+    # The first byte of each sequence's mask rows, [G + 1] (the CPU
+    # kernel's layout: (g, h, i) at base[g] + (h n_q + i) ceil(n_k / 8)).
+    size = heads * ptr_q.diff() * ((ptr_k.diff() + 7) // 8)
+    return torch.cat([size.new_zeros(1), size.cumsum(0)])
+
+
+def _meta(q: Tensor, v: Tensor, K: int) -> dict:
+    D, DV = q.size(1), v.size(1)
+    fp64 = q.dtype == torch.float64
+    # Tiles and warps chosen by the ahead-of-time compile's registers and
+    # stack (benchmarks/triton_compile.py): the products run on FMAs
+    # (input_precision="ieee"), whose operands each thread holds; with 64
+    # rows (32 in float64) and 4 warps every kernel spilled at D = 64,
+    # k = 128. float64 tiles are half as wide: twice the registers per
+    # element. 4 warps for narrow float32 rows, where 8 left a register
+    # kept on the stack across the key loop.
+    block = 16 if fp64 else 32
+    widths = [max(16, triton.next_power_of_2(n)) for n in (D, DV, K)]
+    return dict(D=D, DV=DV, KC=K, BLOCK_D=widths[0], BLOCK_DV=widths[1],
+                BLOCK_KC=widths[2], BLOCK_M=block, BLOCK_N=block,
+                num_warps=8 if fp64 or max(widths) >= 32 else 4,
+                enable_fp_fusion=True)
+
+
+def _scalar(x: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    # A one-element tensor, not a Python float: a compiled kernel takes a
+    # float argument as fp32 (the interpreter would keep it exact).
+    return torch.full((1,), x, dtype=dtype, device=device)
+
+
+def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
+                  inc_col: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                  q_block: Tensor, k_memb: Tensor, heads: int, delta: float,
+                  exact: bool, self_loops: bool, seed: int, scale: float
+                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""The forward of ``sbm_pyg::dense_attention`` (arguments as there):
+    :obj:`(out [R, D_v], lse [R], mask, edges [G, H])`."""
+    H, G = heads, ptr_q.numel() - 1
+    Nq, Nk = q.size(0) // H, k.size(0) // H
+    base = _mask_base(ptr_q, ptr_k, H)
+    # The one host sync: the mask's size, to allocate it.
+    mask = torch.zeros(int(base[-1]), dtype=torch.uint8, device=q.device)
+    out = torch.zeros(q.size(0), v.size(1), dtype=q.dtype, device=q.device)
+    lse = torch.full((q.size(0),), float("-inf"), dtype=q.dtype,
+                     device=q.device)
+    count = torch.zeros(q.size(0), dtype=torch.int32, device=q.device)
+    if G > 0 and Nq > 0:
+        meta = _meta(q, v, q_block.size(1))
+        tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
+        grid = (tile_seq.numel(), H)
+        seed_t = torch.full((1,), seed, dtype=torch.int64, device=q.device)
+        mask_kernel[grid](
+            q_block, k_memb, ptr_q, ptr_k, base, tile_seq, tile_row, mask,
+            seed_t, _scalar(delta, torch.float64, q.device), Nq, Nk, G,
+            KC=meta["KC"], BLOCK_KC=meta["BLOCK_KC"],
+            BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], EXACT=exact,
+            SELF_LOOPS=self_loops, num_warps=meta["num_warps"],
+            enable_fp_fusion=True)
+        if inc_ptr.numel() > 0:
+            _include(mask, base, ptr_q, ptr_k, inc_ptr, inc_col, H)
+        meta.pop("KC"), meta.pop("BLOCK_KC")
+        forward_kernel[grid](
+            q, k, v, mask, ptr_q, ptr_k, base, tile_seq, tile_row,
+            _scalar(scale, q.dtype, q.device), out, lse, count, Nq, Nk, G,
+            **meta)
+    # The edges of each (sequence, head): the rows' counts summed per
+    # sequence, by prefix sums (no sync).
+    csum = torch.cat([count.new_zeros(H, 1, dtype=torch.long),
+                      count.view(H, Nq).long().cumsum(1)], 1)
+    edges = (csum[:, ptr_q[1:]] - csum[:, ptr_q[:-1]]).t().contiguous()
+    return out, lse, mask, edges
+
+
+def _include(mask: Tensor, base: Tensor, ptr_q: Tensor, ptr_k: Tensor,
+             inc_ptr: Tensor, inc_col: Tensor, H: int) -> None:
+    # Sets the included pairs' bits in every head. The pairs of a query are
+    # distinct, so the bits added to a byte are distinct and their sum is
+    # their OR.
+    i = torch.repeat_interleave(
+        torch.arange(inc_ptr.numel() - 1, device=mask.device), inc_ptr.diff(),
+        output_size=inc_col.numel())
+    g = torch.searchsorted(ptr_q, i, right=True) - 1
+    nq, rb = ptr_q.diff()[g], (ptr_k.diff()[g] + 7) // 8
+    j = inc_col - ptr_k[g]
+    h = torch.arange(H, device=mask.device)[:, None]
+    byte = base[g] + (h * nq + i - ptr_q[g]) * rb + (j >> 3)
+    bit = (1 << (j & 7)).to(torch.uint8).expand(H, -1)
+    added = torch.zeros_like(mask).index_add_(0, byte.flatten(),
+                                              bit.flatten())
+    mask.bitwise_or_(added)
+
+
+def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
+                   v: Tensor, q_block: Tensor, k_memb: Tensor, mask: Tensor,
+                   out: Tensor, lse: Tensor, grad_out: Tensor, heads: int,
+                   scale: float, ste: int
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    r"""The backward of ``sbm_pyg::dense_attention`` (arguments as
+    ``sbm_pyg::dense_attention_backward``): :obj:`(dq, dk, dv, d_q_block,
+    d_k_memb)`, the last two empty for :obj:`ste = 0`."""
+    H, G = heads, ptr_q.numel() - 1
+    Nq, Nk = q.size(0) // H, k.size(0) // H
+    memb = ste != 0
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    dqb = torch.zeros_like(q_block) if memb else q.new_empty(0)
+    dkm = torch.zeros_like(k_memb) if memb else q.new_empty(0)
+    if G == 0 or Nq == 0 or Nk == 0:
+        return dq, dk, dv, dqb, dkm
+    base = _mask_base(ptr_q, ptr_k, H)
+    delta = (grad_out * out).sum(1)
+    meta = dict(_meta(q, v, q_block.size(1)), STE=ste)
+    scale_t = _scalar(scale, q.dtype, q.device)
+    # With no estimator the membership arguments are never read.
+    args = (q, k, v, q_block, k_memb, grad_out, lse, delta, mask, ptr_q,
+            ptr_k, base)
+    # The backward kernels hold two and three accumulators across their
+    # loops (dq and the memberships'; dk, dv and the memberships'): their
+    # inner tiles are narrower than the forward's, and the key kernel's
+    # tiles too, so that neither spills at D <= 64, k <= 128.
+    meta["BLOCK_N"] = 16
+    tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
+    backward_query_kernel[(tile_seq.numel(), H)](
+        *args, tile_seq, tile_row, scale_t, dq, dqb, Nq, Nk, G, **meta)
+    meta["BLOCK_M"] = 16
+    tile_seq, tile_row = _tiles(ptr_k, Nk, meta["BLOCK_N"])
+    backward_key_kernel[(tile_seq.numel(), H)](
+        *args, tile_seq, tile_row, scale_t, dk, dv, dkm, Nq, Nk, G, **meta)
+    return dq, dk, dv, dqb, dkm

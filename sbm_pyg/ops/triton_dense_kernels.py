@@ -1,0 +1,251 @@
+r"""The Triton kernels of the dense-regime SBM attention
+(:mod:`sbm_pyg.ops.triton_dense` launches them and describes the work).
+One program per tile of query rows (or of keys, for the key gradients) of
+one (sequence, head), walking the other side in tiles."""
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # triton is optional: the PyTorch path is the fallback
+    triton = None
+
+__all__ = ["mask_kernel", "forward_kernel", "backward_query_kernel",
+           "backward_key_kernel"]
+
+if triton is not None:
+    from sbm_pyg.sampling.triton_streams import one_minus_exp, stream, uniform
+
+    @triton.jit
+    def _pair(TileSeq, TileRow, PtrA, PtrB):
+        # The sequence of this program's tile, its first row, and the
+        # sequence's bounds along the tiled side (A) and the other side (B).
+        t = tl.program_id(0)
+        g = tl.load(TileSeq + t)
+        r0 = tl.load(TileRow + t)
+        a0 = tl.load(PtrA + g)
+        b0 = tl.load(PtrB + g)
+        return (g, r0, a0, tl.load(PtrA + g + 1) - a0, b0,
+                tl.load(PtrB + g + 1) - b0)
+
+    @triton.jit
+    def _load(Ptr, rows, live, cols, WIDTH: tl.constexpr):
+        # Rows of a contiguous [*, WIDTH] matrix, zeros where not live.
+        return tl.load(Ptr + rows[:, None] * WIDTH + cols[None, :],
+                       mask=live[:, None] & (cols[None, :] < WIDTH), other=0.0)
+
+    @triton.jit
+    def _bits(Mask, row_byte, j, live):
+        # The mask's bits of rows (their first bytes row_byte) and keys j.
+        byte = tl.load(Mask + row_byte[:, None] + (j >> 3)[None, :],
+                       mask=live, other=0)
+        shift = (j & 7).to(tl.int32)[None, :]
+        return ((byte.to(tl.int32) >> shift) & 1) != 0
+
+    # The sizes vary with every batch: not specialised on, so that one
+    # compiled kernel serves them all.
+    SIZES = ["Nq", "Nk", "G"]
+
+    @triton.jit(do_not_specialize=SIZES)
+    def mask_kernel(QB, KM, PtrQ, PtrK, Base, TileSeq, TileRow, Mask, Seed,
+                     Delta, Nq, Nk, G, KC: tl.constexpr,
+                     BLOCK_KC: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, EXACT: tl.constexpr,
+                     SELF_LOOPS: tl.constexpr):
+        g, i0, qs, nq, ks, nk = _pair(TileSeq, TileRow, PtrQ, PtrK)
+        if g < G:
+            h = tl.program_id(1).to(tl.int64)
+            il = i0 + tl.arange(0, BLOCK_M).to(tl.int64)
+            live_q = il < nq
+            r = h * Nq + qs + il  # the row's stream, as the CPU kernel's
+            c = tl.arange(0, BLOCK_KC)
+            qb = _load(QB, r, live_q, c, KC)
+            state = stream(tl.load(Seed), r, 1)
+            delta = tl.load(Delta)
+            rb = (nk + 7) // 8
+            row_byte = tl.load(Base + g) + (h * nq + il) * rb
+            for j0 in range(0, nk, BLOCK_N):
+                j = j0 + tl.arange(0, BLOCK_N).to(tl.int64)
+                live_k = j < nk
+                km = _load(KM, h * Nk + ks + j, live_k, c, KC)
+                p = tl.dot(qb, tl.trans(km), input_precision="ieee")
+                pj = p.to(tl.float64) + delta
+                if EXACT:
+                    prob = tl.minimum(pj, 1.0)
+                else:
+                    prob = one_minus_exp(pj)
+                u = uniform(state[:, None], (j + 1)[None, :])
+                on = (u < prob) & live_k[None, :]
+                if SELF_LOOPS:
+                    on = on | (((qs + il)[:, None] == (ks + j)[None, :])
+                               & live_k[None, :])
+                bit = on.to(tl.int32) << (j & 7).to(tl.int32)[None, :]
+                byte = tl.sum(tl.reshape(bit, [BLOCK_M, BLOCK_N // 8, 8]), 2)
+                jb = j0 // 8 + tl.arange(0, BLOCK_N // 8)
+                tl.store(Mask + row_byte[:, None] + jb[None, :],
+                         byte.to(tl.uint8),
+                         mask=live_q[:, None] & (jb[None, :] < rb))
+
+    @triton.jit(do_not_specialize=SIZES)
+    def forward_kernel(Q, K, V, Mask, PtrQ, PtrK, Base, TileSeq, TileRow,
+                        Scale, Out, Lse, Count, Nq, Nk, G, D: tl.constexpr,
+                        DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+        g, i0, qs, nq, ks, nk = _pair(TileSeq, TileRow, PtrQ, PtrK)
+        if g < G:
+            h = tl.program_id(1).to(tl.int64)
+            il = i0 + tl.arange(0, BLOCK_M).to(tl.int64)
+            live_q = il < nq
+            r = h * Nq + qs + il
+            d = tl.arange(0, BLOCK_D)
+            dv = tl.arange(0, BLOCK_DV)
+            q = _load(Q, r, live_q, d, D)
+            scale = tl.load(Scale)
+            row_byte = tl.load(Base + g) + (h * nq + il) * ((nk + 7) // 8)
+            m = tl.full([BLOCK_M], float("-inf"), q.dtype)
+            norm = tl.zeros([BLOCK_M], q.dtype)
+            acc = tl.zeros([BLOCK_M, BLOCK_DV], q.dtype)
+            count = tl.zeros([BLOCK_M], tl.int32)
+            for j0 in range(0, nk, BLOCK_N):
+                j = j0 + tl.arange(0, BLOCK_N).to(tl.int64)
+                live_k = j < nk
+                cols = h * Nk + ks + j
+                k = _load(K, cols, live_k, d, D)
+                on = _bits(Mask, row_byte, j, live_q[:, None] & live_k[None, :])
+                count += tl.sum(on.to(tl.int32), 1)
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                s = tl.where(on, s, float("-inf"))
+                m_new = tl.maximum(m, tl.max(s, 1))
+                # A row without an edge so far keeps m = -inf: shift by 0.
+                shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp(s - shift[:, None])
+                rescale = tl.exp(m - shift)
+                v = _load(V, cols, live_k, dv, DV)
+                acc = acc * rescale[:, None] + tl.dot(p, v,
+                                                      input_precision="ieee")
+                norm = norm * rescale + tl.sum(p, 1)
+                m = m_new
+            has = norm > 0
+            safe = tl.where(has, norm, 1.0)
+            out = tl.where(has[:, None], acc / safe[:, None], 0.0)
+            tl.store(Out + r[:, None] * DV + dv[None, :], out,
+                     mask=live_q[:, None] & (dv[None, :] < DV))
+            tl.store(Lse + r, tl.where(has, m + tl.log(safe), float("-inf")),
+                     mask=live_q)
+            tl.store(Count + r, count, mask=live_q)
+
+    @triton.jit
+    def _query_rows(Q, GradOut, Lse, Delta, r, live, d, dv, D: tl.constexpr,
+                    DV: tl.constexpr):
+        # What backward reads of query rows r: q, the output's gradient, the
+        # log-sum-exp and rowsum(dOut * out).
+        return (_load(Q, r, live, d, D), _load(GradOut, r, live, dv, DV),
+                tl.load(Lse + r, mask=live, other=0.0),
+                tl.load(Delta + r, mask=live, other=0.0))
+
+    @triton.jit
+    def _grad_tile(q, k, v, do, lse, delta, on, scale, STE: tl.constexpr):
+        # The weights, their score gradients and the straight-through
+        # gradient of one [rows, keys] tile, recomputed from the mask and the
+        # rows' log-sum-exp (the CPU kernel's formulas).
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        a = tl.where(on, tl.exp(tl.minimum(s - lse[:, None], 0.0)), 0.0)
+        da = tl.dot(do, tl.trans(v), input_precision="ieee")
+        ds = a * (da - delta[:, None])
+        if STE == 1:
+            gr = ds * s
+        else:
+            gr = tl.minimum(tl.maximum(ds, -1.0), 1.0)
+        return a, ds, tl.where(on, gr, 0.0)
+
+    @triton.jit(do_not_specialize=SIZES)
+    def backward_query_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
+                               PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
+                               GradQ, GradQB, Nq, Nk, G, D: tl.constexpr,
+                               DV: tl.constexpr, KC: tl.constexpr,
+                               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                               BLOCK_KC: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, STE: tl.constexpr):
+        g, i0, qs, nq, ks, nk = _pair(TileSeq, TileRow, PtrQ, PtrK)
+        if g < G:
+            h = tl.program_id(1).to(tl.int64)
+            il = i0 + tl.arange(0, BLOCK_M).to(tl.int64)
+            live_q = il < nq
+            r = h * Nq + qs + il
+            d = tl.arange(0, BLOCK_D)
+            dv = tl.arange(0, BLOCK_DV)
+            c = tl.arange(0, BLOCK_KC)
+            q, do, lse, delta = _query_rows(Q, GradOut, Lse, Delta, r, live_q, d,
+                                              dv, D, DV)
+            scale = tl.load(Scale)
+            row_byte = tl.load(Base + g) + (h * nq + il) * ((nk + 7) // 8)
+            dq = tl.zeros([BLOCK_M, BLOCK_D], q.dtype)
+            dqb = tl.zeros([BLOCK_M, BLOCK_KC], q.dtype)
+            for j0 in range(0, nk, BLOCK_N):
+                j = j0 + tl.arange(0, BLOCK_N).to(tl.int64)
+                live_k = j < nk
+                cols = h * Nk + ks + j
+                on = _bits(Mask, row_byte, j, live_q[:, None] & live_k[None, :])
+                k = _load(K, cols, live_k, d, D)
+                a, ds, gr = _grad_tile(q, k, _load(V, cols, live_k, dv, DV),
+                                       do, lse, delta, on, scale, STE)
+                dq += tl.dot(ds, k, input_precision="ieee")
+                if STE != 0:
+                    dqb += tl.dot(gr, _load(KM, cols, live_k, c, KC),
+                                  input_precision="ieee")
+            tl.store(GradQ + r[:, None] * D + d[None, :], dq * scale,
+                     mask=live_q[:, None] & (d[None, :] < D))
+            if STE != 0:
+                tl.store(GradQB + r[:, None] * KC + c[None, :], dqb,
+                         mask=live_q[:, None] & (c[None, :] < KC))
+
+    @triton.jit(do_not_specialize=SIZES)
+    def backward_key_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
+                             PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
+                             GradK, GradV, GradKM, Nq, Nk, G, D: tl.constexpr,
+                             DV: tl.constexpr, KC: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                             BLOCK_KC: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, STE: tl.constexpr):
+        # Tiles of keys (PtrK first), walking the sequence's query tiles.
+        g, j0, ks, nk, qs, nq = _pair(TileSeq, TileRow, PtrK, PtrQ)
+        if g < G:
+            h = tl.program_id(1).to(tl.int64)
+            j = j0 + tl.arange(0, BLOCK_N).to(tl.int64)
+            live_k = j < nk
+            cols = h * Nk + ks + j
+            d = tl.arange(0, BLOCK_D)
+            dv = tl.arange(0, BLOCK_DV)
+            c = tl.arange(0, BLOCK_KC)
+            k = _load(K, cols, live_k, d, D)
+            v = _load(V, cols, live_k, dv, DV)
+            scale = tl.load(Scale)
+            rb = (nk + 7) // 8
+            base = tl.load(Base + g) + h * nq * rb
+            dk = tl.zeros([BLOCK_N, BLOCK_D], k.dtype)
+            dvv = tl.zeros([BLOCK_N, BLOCK_DV], k.dtype)
+            dkm = tl.zeros([BLOCK_N, BLOCK_KC], k.dtype)
+            for i0 in range(0, nq, BLOCK_M):
+                il = i0 + tl.arange(0, BLOCK_M).to(tl.int64)
+                live_q = il < nq
+                r = h * Nq + qs + il
+                q, do, lse, delta = _query_rows(Q, GradOut, Lse, Delta, r, live_q, d,
+                                                  dv, D, DV)
+                on = _bits(Mask, base + il * rb, j,
+                           live_q[:, None] & live_k[None, :])
+                a, ds, gr = _grad_tile(q, k, v, do, lse, delta, on, scale,
+                                       STE)
+                dvv += tl.dot(tl.trans(a), do, input_precision="ieee")
+                dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
+                if STE != 0:
+                    dkm += tl.dot(tl.trans(gr), _load(QB, r, live_q, c, KC),
+                                  input_precision="ieee")
+            live = live_k[:, None]
+            tl.store(GradK + cols[:, None] * D + d[None, :], dk * scale,
+                     mask=live & (d[None, :] < D))
+            tl.store(GradV + cols[:, None] * DV + dv[None, :], dvv,
+                     mask=live & (dv[None, :] < DV))
+            if STE != 0:
+                tl.store(GradKM + cols[:, None] * KC + c[None, :], dkm,
+                         mask=live & (c[None, :] < KC))

@@ -1,0 +1,141 @@
+"""The Triton dense-regime kernels against the CPU operator: the same mask
+for the same seed, the same output and gradients.
+
+Without a GPU the Triton kernels run under the interpreter on CPU tensors
+(the twin operators sbm_pyg::triton_dense_attention(_backward)); on CUDA
+the operator's own kernels run and the CPU operator is given copies."""
+import importlib.util
+
+import pytest
+import torch
+
+from sbm_pyg.ops import backend_info, dense_attention
+from sbm_pyg.ops.csr import heads_first
+from sbm_pyg.sampling.fastrg_op import included_csr
+from tests.helpers import TEST_DEVICE, seeded
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                       reason="triton not installed"),
+    pytest.mark.skipif(not backend_info.WITH_EXTENSION,
+                       reason="the CPU operator (sbm_pyg._C) is not built")]
+
+H, D, DV, K = 2, 8, 6, 5
+# A ragged batch: a sequence without queries or keys, one longer than
+# every tile (32 rows at most).
+SIZES = (5, 0, 37, 70)
+
+
+def inputs(dtype, sizes=SIZES, scale=0.25):
+    g = seeded(0)
+    ptr = torch.tensor([0, *sizes]).cumsum(0)
+    N = int(ptr[-1])
+    memb = [torch.rand(N, H, K, generator=g, dtype=dtype) for _ in "qk"]
+    block = torch.rand(H, K, K, generator=g, dtype=dtype) * scale
+    x = [torch.randn(H * N, d, generator=g, dtype=dtype) for d in (D, D, DV)]
+    return ptr, memb[0], block, memb[1], x
+
+
+def run(device, ptr, q_memb, block, k_memb, x, ste="paper", **kwargs):
+    # The operator on `device` ("twin": the Triton kernels on CPU tensors),
+    # its output, mask, edges and the gradients of a fixed loss.
+    twin = device == "twin"
+    device = "cpu" if twin else device
+    leaves = [t.detach().to(device).requires_grad_()
+              for t in (*x, q_memb, block, k_memb)]
+    q, k, v, qm, b, km = leaves
+    q_block = heads_first(torch.einsum("nhu,huv->nhv", qm, b))
+    if "included" in kwargs:
+        kwargs["included"] = tuple(t.to(device) for t in kwargs["included"])
+    res = dense_attention(q, k, v, q_block, heads_first(km), ptr.to(device),
+                          ptr.to(device), heads=H, scale=0.3, seed=12345,
+                          ste=ste, triton_on_cpu=twin, **kwargs)
+    w = torch.randn(res.out.shape, generator=torch.Generator("cpu").manual_seed(3),
+                    dtype=res.out.dtype, device="cpu").to(device)
+    params = leaves if ste else leaves[:3]
+    grads = torch.autograd.grad((res.out * w).sum(), params)
+    return [t.cpu() for t in (res.out, res.mask, res.edges, *grads)]
+
+
+def unpack(mask):
+    return (mask[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1
+
+
+def triton_device():
+    return "twin" if TEST_DEVICE.type == "cpu" else TEST_DEVICE
+
+
+@pytest.mark.parametrize("ste", ["paper", "published", None])
+@pytest.mark.parametrize("mode", ["exact", "poisson"])
+def test_same_mask_output_and_gradients_as_the_cpu_kernel(mode, ste):
+    # float64: the masks bit for bit, outputs and every gradient to 1e-9,
+    # with exploration, self-loops and included pairs (one a self-loop, one
+    # already likely drawn).
+    ptr, *args = inputs(torch.float64)
+    inc = included_csr(torch.tensor([3, 10, 10, 50, 50]),
+                       torch.tensor([1, 12, 40, 100, 50]), int(ptr[-1]),
+                       int(ptr[-1]))
+    kwargs = dict(mode=mode, exploration=0.01, self_loops=True, included=inc)
+    ref = run("cpu", ptr, *args, ste=ste, **kwargs)
+    got = run(triton_device(), ptr, *args, ste=ste, **kwargs)
+    assert torch.equal(got[1], ref[1]), "mask"
+    assert torch.equal(got[2], ref[2]), "edges"
+    pairs = float((ptr.diff() ** 2).sum() * H)
+    assert 0.15 < float(ref[2].sum()) / pairs < 0.85
+    names = ["out", "q", "k", "v", "q_memb", "block", "k_memb"]
+    for name, a, b in zip(names, [got[0], *got[3:]], [ref[0], *ref[3:]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9, msg=name)
+        assert b.abs().max() > 0, name
+
+
+def test_float32():
+    # float32 draws from the same uniforms; P's rounding differs between a
+    # tl.dot and a BLAS product by ~1e-7, so at most a pair whose uniform
+    # falls that close to p may differ. Outputs to float32's tolerance.
+    ptr, *args = inputs(torch.float32)
+    ref = run("cpu", ptr, *args, mode="exact")
+    got = run(triton_device(), ptr, *args, mode="exact")
+    assert (unpack(got[1]) != unpack(ref[1])).sum() <= 2
+    if torch.equal(got[1], ref[1]):
+        for a, b in zip([got[0], *got[3:]], [ref[0], *ref[3:]]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_dense_heads_and_empty_rows():
+    # p >= 1 everywhere (every pair sampled) in head-sized blocks, and
+    # zero memberships (no pair but the included ones): rows without an
+    # edge output zeros and pass no gradient.
+    ptr = torch.tensor([0, 40, 43])
+    N = 43
+    x = [torch.randn(H * N, D, generator=seeded(2), dtype=torch.float64)
+         for _ in range(3)]
+    ones = torch.ones(N, H, K, dtype=torch.float64)
+    block = torch.ones(H, K, K, dtype=torch.float64)
+    got = run(triton_device(), ptr, ones, block, ones, x)
+    assert got[2].tolist() == [[1600, 1600], [9, 9]]
+    zeros = torch.zeros(N, H, K, dtype=torch.float64)
+    inc = included_csr(torch.tensor([0]), torch.tensor([2]), N, N)
+    got = run(triton_device(), ptr, zeros, block, zeros, x, ste=None,
+              included=inc)
+    assert got[2].tolist() == [[1, 1], [0, 0]]
+    out = got[0].view(H, N, D)
+    torch.testing.assert_close(out[:, 0], x[2].view(H, N, D)[:, 2])
+    assert torch.equal(out[:, 1:], torch.zeros_like(out[:, 1:]))
+    # The query gradient of a row whose softmax has one key is zero (up to
+    # rounding in its one weight), as of rows without an edge.
+    torch.testing.assert_close(got[3], torch.zeros_like(got[3]), rtol=0,
+                               atol=1e-12)
+
+
+def test_bad_arguments_raise():
+    ptr, q_memb, block, k_memb, x = inputs(torch.float64, sizes=(3,))
+    q_block = heads_first(torch.einsum("nhu,huv->nhv", q_memb, block))
+    op = (torch.ops.sbm_pyg.triton_dense_attention
+          if TEST_DEVICE.type == "cpu" else torch.ops.sbm_pyg.dense_attention)
+    empty = ptr.new_empty(0)
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        op(ptr, ptr, empty, empty, *[t.half() for t in x], q_block.half(),
+           heads_first(k_memb).half(), H, 0.0, True, False, 1, 0.5, 1)
+    with pytest.raises(RuntimeError, match="multiples of heads"):
+        op(ptr, ptr, empty, empty, *x, q_block, heads_first(k_memb), 4, 0.0,
+           True, False, 1, 0.5, 1)
