@@ -28,7 +28,10 @@ if os.environ.get("SBM_PYG_NO_EXT", "0") != "1":
                            "csrc/attention/attention.cpp",
                            "csrc/attention/dense.cpp"],
             include_dirs=["csrc"],
-            extra_compile_args=["-O3"] + openmp,
+            # -fno-trapping-math: floating-point operations raise no traps
+            # the kernels rely on, so GCC may if-convert the row loops'
+            # selects (masked scores, clamps) and vectorize them.
+            extra_compile_args=["-O3", "-fno-trapping-math"] + openmp,
             extra_link_args=openmp,
             optional=True))
 

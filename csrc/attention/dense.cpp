@@ -21,7 +21,10 @@
 //   d(Q̂Ŝ) = g K̂,  dK̂ += gᵀ (Q̂Ŝ).
 //
 // Every product is a BLAS call on a [rows, keys] tile; the elementwise work
-// (trials, masking, softmax, estimator) is one fused pass over the tile.
+// (trials, masking, softmax, estimator) is a few passes over each row,
+// written to vectorize and compiled for AVX2 with FMA beside the baseline
+// (the trials read the stream by counter, the mask as a byte per key before
+// it is packed; at n = 2048 this halved the forward and backward's time).
 // Many (sequence, head) pairs run in parallel, each on one thread in a
 // fixed order; few run one after the other with parallel products and row
 // passes. Every output row is written by one thread: no atomics.
@@ -61,16 +64,6 @@ std::vector<int64_t> mask_base(const int64_t* ptr_q, const int64_t* ptr_k,
   return base;
 }
 
-inline bool bit(const uint8_t* bits, int64_t j) {
-  return (bits[j >> 3] >> (j & 7)) & 1;
-}
-
-template <typename T>
-SBM_INLINE T ste_grad(int64_t ste, T ds, T s) {
-  if (ste == sbm_pyg::kStePaper) return ds * s;
-  return std::min(T(1), std::max(T(-1), ds));
-}
-
 struct Shape {
   const int64_t* ptr_q;
   const int64_t* ptr_k;
@@ -97,61 +90,193 @@ void for_each_pair(const Shape& sh, const Fn& fn) {
   });
 }
 
-// Samples row il of pair (g, h) into its mask bits from the tile row p
-// (P without δ) and returns its edge count.
-template <typename T>
-int64_t sample_row(const T* p, int64_t nk, int64_t ks, int64_t i, int64_t r,
-                   double delta, bool exact, uint64_t seed, bool self_loops,
-                   const int64_t* inc_ptr, const int64_t* inc_col,
-                   uint8_t* bits) {
-  std::memset(bits, 0, row_bytes(nk));
-  sbm_pyg::Rng rng(seed, r, sbm_pyg::kStreamDraws);
-  // Branch-free: at densities near 1/2 a branch per pair mispredicts half
-  // the time.
-  for (int64_t j = 0; j < nk; ++j) {
-    const double pj = (double)p[j] + delta;
-    const double prob =
-        exact ? std::min(pj, 1.0) : 1.0 - sbm_pyg::exp_shifted(-pj);
-    bits[j >> 3] |= (uint8_t)((rng.uniform() < prob) << (j & 7));
-  }
-  if (self_loops && i >= ks && i < ks + nk)
-    bits[(i - ks) >> 3] |= (uint8_t)(1u << ((i - ks) & 7));
-  if (inc_ptr)
-    for (int64_t e = inc_ptr[i]; e < inc_ptr[i + 1]; ++e) {
-      const int64_t j = inc_col[e] - ks;
-      bits[j >> 3] |= (uint8_t)(1u << (j & 7));
-    }
-  int64_t n = 0;
-  for (int64_t b = 0; b < row_bytes(nk); ++b) n += __builtin_popcount(bits[b]);
-  return n;
+// (double)x exactly for x < 2^53, by operations that vectorize without
+// AVX-512 (the only x86 extension that converts 64-bit integers): x is
+// 2 (x >> 1) + (x & 1), and a part below 2^52 is the mantissa of 2^52 + it.
+SBM_INLINE double exact_double(uint64_t x) {
+  constexpr uint64_t kTwo52 = 0x4330000000000000ULL;  // the bits of 2^52
+  const double hi = __builtin_bit_cast(double, (x >> 1) | kTwo52) - 0x1p52;
+  const double lo = __builtin_bit_cast(double, (x & 1) | kTwo52) - 0x1p52;
+  return 2.0 * hi + lo;
 }
 
-// Softmax of the row's sampled scores in place: s becomes A, and the row's
-// log-sum-exp is returned (-inf for a row without an edge, then A = 0).
-template <typename T>
-T softmax_row(T* s, const uint8_t* bits, int64_t nk, T scale) {
-  const T neg = -std::numeric_limits<T>::infinity();
-  // -inf added where the pair is not sampled: a lookup, not a branch (at
-  // densities near 1/2 a branch per pair mispredicts half the time).
-  const T masked[2] = {neg, T(0)};
-  T m = neg;
-  for (int64_t j = 0; j < nk; ++j) {
-    s[j] = s[j] * scale + masked[bit(bits, j)];
-    m = std::max(m, s[j]);
-  }
-  if (m == neg) {
-    std::fill(s, s + nk, T(0));
-    return neg;
-  }
-  T sum = 0;
-  for (int64_t j = 0; j < nk; ++j) {
-    s[j] = sbm_pyg::exp_shifted(s[j] - m);
-    sum += s[j];
-  }
-  const T inv = T(1) / sum;
-  for (int64_t j = 0; j < nk; ++j) s[j] *= inv;
-  return m + std::log(sum);
+// The t-th (1-based) uniform of a row's stream, Rng::uniform() at counter t
+// (SplitMix64, stream.h), computed from the counter so that a row's trials
+// vectorize.
+SBM_INLINE double uniform_at(uint64_t state, uint64_t t) {
+  return exact_double(sbm_pyg::mix64(state + t * 0x9E3779B97F4A7C15ULL) >>
+                      11) * 0x1p-53;
 }
+
+// A tile's forward row work: the trials, the mask bits and the masked
+// softmax of rows t0..t1 of a [rows, n_k] tile.
+template <typename T>
+struct ForwardTile {
+  const T* p;    // P = (Q̂Ŝ) K̂ᵀ without δ
+  T* s;          // the scores, becoming the weights
+  uint8_t* bits;  // the tile's first row of mask bytes
+  T* lse;
+  int64_t* count;
+  int64_t nk, ks, qs, i0, r0;  // keys, first key, first query, rows
+  double delta;
+  bool exact, self_loops;
+  uint64_t seed;
+  const int64_t* inc_ptr;
+  const int64_t* inc_col;
+  T scale;
+};
+
+template <typename T>
+SBM_INLINE void forward_rows_impl(const ForwardTile<T>& a, int64_t t0,
+                                  int64_t t1) {
+  // Locals, not the struct's fields: stores through the row pointers could
+  // alias those, which kept the loops from vectorizing.
+  const int64_t nk = a.nk, rb = row_bytes(nk);
+  const double delta = a.delta;
+  const T scale = a.scale;
+  // One byte per trial (the tail past n_k stays 0), packed into bits after:
+  // a loop setting bits in place would not vectorize.
+  std::vector<uint8_t> on_(rb * 8, 0);
+  uint8_t* __restrict on = on_.data();
+  const T neg = -std::numeric_limits<T>::infinity();
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* __restrict p = a.p + t * nk;
+    const uint64_t state =
+        sbm_pyg::Rng(a.seed, a.r0 + t, sbm_pyg::kStreamDraws).state;
+    // (omp simd: GCC would not if-convert the loops' selects and
+    // reductions itself without -ffast-math.)
+    if (a.exact) {
+#pragma omp simd
+      for (int64_t j = 0; j < nk; ++j)
+        on[j] = uniform_at(state, j + 1) < std::min((double)p[j] + delta, 1.0);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < nk; ++j)
+        on[j] = uniform_at(state, j + 1) <
+                1.0 - sbm_pyg::exp_shifted(-((double)p[j] + delta));
+    }
+    const int64_t i = a.qs + a.i0 + t;
+    if (a.self_loops && i >= a.ks && i < a.ks + nk) on[i - a.ks] = 1;
+    if (a.inc_ptr)
+      for (int64_t e = a.inc_ptr[i]; e < a.inc_ptr[i + 1]; ++e)
+        on[a.inc_col[e] - a.ks] = 1;
+    uint8_t* bits = a.bits + t * rb;
+    int64_t n = 0;
+    for (int64_t b = 0; b < rb; ++b) {
+      const uint8_t* o = on + 8 * b;
+      bits[b] = (uint8_t)(o[0] | o[1] << 1 | o[2] << 2 | o[3] << 3 |
+                          o[4] << 4 | o[5] << 5 | o[6] << 6 | o[7] << 7);
+    }
+    for (int64_t j = 0; j < nk; ++j) n += on[j];
+    a.count[t] = n;
+    // The softmax of the row's sampled scores in place (s becomes A) and
+    // its log-sum-exp (-inf for a row without an edge, then A = 0).
+    T* __restrict s = a.s + t * nk;
+    T m = neg;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < nk; ++j) {
+      const T x = s[j] * scale;
+      const T y = on[j] ? x : neg;
+      s[j] = y;
+      m = y > m ? y : m;
+    }
+    if (m == neg) {
+      std::fill(s, s + nk, T(0));
+      a.lse[t] = neg;
+      continue;
+    }
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < nk; ++j) {
+      s[j] = sbm_pyg::exp_shifted(s[j] - m);
+      sum += s[j];
+    }
+    const T inv = T(1) / sum;
+    for (int64_t j = 0; j < nk; ++j) s[j] *= inv;
+    a.lse[t] = m + std::log(sum);
+  }
+}
+
+// A tile's backward row work: the weights recomputed from the scores, the
+// mask and the log-sum-exp, the scores' gradients and the estimator's.
+template <typename T>
+struct BackwardTile {
+  T* s;          // the scores, becoming the weights A
+  T* d;          // dOut Vᵀ, becoming ds
+  T* gr;         // the estimator's gradients, or null
+  const uint8_t* bits;  // the tile's first row of mask bytes
+  const T* lse;
+  const T* out;
+  const T* grad_out;
+  int64_t nk, dv, ste;
+  T scale;
+};
+
+template <typename T>
+SBM_INLINE void backward_rows_impl(const BackwardTile<T>& a, int64_t t0,
+                                   int64_t t1) {
+  const int64_t nk = a.nk, rb = row_bytes(nk);
+  const T scale = a.scale;
+  std::vector<uint8_t> on_(rb * 8);
+  uint8_t* __restrict on = on_.data();
+  for (int64_t t = t0; t < t1; ++t) {
+    T* __restrict s = a.s + t * nk;
+    T* __restrict d = a.d + t * nk;
+    T* __restrict gr = a.gr ? a.gr + t * nk : nullptr;
+    const T l = a.lse[t];
+    if (l == -std::numeric_limits<T>::infinity()) {  // no edge
+      std::fill(s, s + nk, T(0));
+      std::fill(d, d + nk, T(0));
+      if (gr) std::fill(gr, gr + nk, T(0));
+      continue;
+    }
+    const uint8_t* bits = a.bits + t * rb;
+    for (int64_t b = 0; b < rb; ++b)
+      for (int u = 0; u < 8; ++u) on[8 * b + u] = (bits[b] >> u) & 1;
+    T delta_r = 0;
+    for (int64_t x = 0; x < a.dv; ++x)
+      delta_r += a.grad_out[t * a.dv + x] * a.out[t * a.dv + x];
+#pragma omp simd
+    for (int64_t j = 0; j < nk; ++j) {
+      const T sc = s[j] * scale;
+      // on as a factor, not a branch; ds = 0 off the mask, and so the
+      // estimator's gradient.
+      const T w = (T)on[j] * sbm_pyg::exp_shifted(std::min(sc - l, T(0)));
+      d[j] = w * (d[j] - delta_r);
+      s[j] = w;
+      if (gr) gr[j] = sc;
+    }
+    if (gr && a.ste == sbm_pyg::kStePaper) {
+      for (int64_t j = 0; j < nk; ++j) gr[j] *= d[j];
+    } else if (gr) {
+      for (int64_t j = 0; j < nk; ++j)
+        gr[j] = std::min(T(1), std::max(T(-1), d[j]));
+    }
+  }
+}
+
+// Each row function compiled for AVX2 with FMA and for the baseline
+// (simd.h); the CPU picks.
+#define SBM_ROWS(NAME, TILE)                                               \
+  template <typename T>                                                    \
+  SBM_AVX2_FMA void NAME##_avx2(const TILE<T>& a, int64_t t0, int64_t t1) { \
+    NAME##_impl(a, t0, t1);                                                \
+  }                                                                        \
+  template <typename T>                                                    \
+  void NAME##_base(const TILE<T>& a, int64_t t0, int64_t t1) {             \
+    NAME##_impl(a, t0, t1);                                                \
+  }                                                                        \
+  template <typename T>                                                    \
+  void NAME(const TILE<T>& a, int64_t t0, int64_t t1) {                    \
+    if (sbm_cpu_has_avx2_fma()) {                                          \
+      NAME##_avx2(a, t0, t1);                                              \
+    } else {                                                               \
+      NAME##_base(a, t0, t1);                                              \
+    }                                                                      \
+  }
+
+SBM_ROWS(forward_rows, ForwardTile)
+SBM_ROWS(backward_rows, BackwardTile)
 
 void check_args(const char* op, const Tensor& ptr_q, const Tensor& ptr_k,
                 const Tensor& q, const Tensor& k, const Tensor& v,
@@ -228,18 +353,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dense_attention(
         const int64_t r0 = h * sh.Nq + qs + i0;
         const Tensor P = at::mm(q_block.narrow(0, r0, bq), KMt);
         Tensor S = at::mm(q.narrow(0, r0, bq), Kb.t());
-        const T* pp = P.data_ptr<T>();
-        T* sp = S.data_ptr<T>();
+        const ForwardTile<T> tile{
+            P.data_ptr<T>(), S.data_ptr<T>(),
+            mk + sh.base[g] + (h * nq + i0) * row_bytes(nk), lp + r0,
+            count.data(), nk, ks, qs, i0, r0, delta, exact, self_loops,
+            (uint64_t)seed, ip, ic, (T)scale};
         at::parallel_for(0, bq, 16, [&](int64_t t0, int64_t t1) {
-          for (int64_t t = t0; t < t1; ++t) {
-            const int64_t il = i0 + t;
-            uint8_t* bits =
-                mk + sh.base[g] + (h * nq + il) * row_bytes(nk);
-            count[t] = sample_row(pp + t * nk, nk, ks, qs + il, r0 + t, delta,
-                                  exact, (uint64_t)seed, self_loops, ip, ic,
-                                  bits);
-            lp[r0 + t] = softmax_row(sp + t * nk, bits, nk, (T)scale);
-          }
+          forward_rows(tile, t0, t1);
         });
         for (int64_t t = 0; t < bq; ++t) ep[g * sh.H + h] += count[t];
         Tensor o = out.narrow(0, r0, bq);
@@ -297,37 +417,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dense_attention_backward(
         Tensor S = at::mm(Qb, Kb.t());     // becomes A
         Tensor dA = at::mm(dOb, Vb.t());   // becomes ds
         Tensor Gt = memb ? at::empty({bq, nk}, q.options()) : Tensor();
-        T* sp = S.data_ptr<T>();
-        T* dp = dA.data_ptr<T>();
-        T* gtp = memb ? Gt.data_ptr<T>() : nullptr;
+        const BackwardTile<T> tile{
+            S.data_ptr<T>(), dA.data_ptr<T>(),
+            memb ? Gt.data_ptr<T>() : nullptr,
+            mk + sh.base[g] + (h * nq + i0) * row_bytes(nk), lp + r0,
+            op + r0 * Dv, gp + r0 * Dv, nk, Dv, ste, (T)scale};
         at::parallel_for(0, bq, 16, [&](int64_t t0, int64_t t1) {
-          for (int64_t t = t0; t < t1; ++t) {
-            const int64_t r = r0 + t;
-            const uint8_t* bits =
-                mk + sh.base[g] + (h * nq + i0 + t) * row_bytes(nk);
-            T* s = sp + t * nk;
-            T* d = dp + t * nk;
-            T* gr = memb ? gtp + t * nk : nullptr;
-            const T l = lp[r];
-            if (l == -std::numeric_limits<T>::infinity()) {  // no edge
-              std::fill(s, s + nk, T(0));
-              std::fill(d, d + nk, T(0));
-              if (gr) std::fill(gr, gr + nk, T(0));
-              continue;
-            }
-            T delta_r = 0;
-            for (int64_t x = 0; x < Dv; ++x)
-              delta_r += gp[r * Dv + x] * op[r * Dv + x];
-            for (int64_t j = 0; j < nk; ++j) {
-              const T on = (T)bit(bits, j);  // a factor, not a branch
-              const T sc = s[j] * (T)scale;
-              const T a = on * sbm_pyg::exp_shifted(std::min(sc - l, T(0)));
-              const T ds = a * (d[j] - delta_r);
-              s[j] = a;
-              d[j] = ds;
-              if (gr) gr[j] = on * ste_grad(ste, ds, sc);
-            }
-          }
+          backward_rows(tile, t0, t1);
         });
         Tensor dQb = dq.narrow(0, r0, bq);
         at::mm_out(dQb, dA, Kb);
