@@ -70,7 +70,7 @@ OPS = ("sampler", "attention")
 # the dense-regime attention: where an SBMConv forward+backward costs less
 # on the dense kernel than on the sparse one. Measured on the CPU with
 # python -m benchmarks --sections crossover (n = 2048, H = 2, k = 128,
-# 2 threads): dense / sparse 1.34 at 20%, 1.03 at 30%, 0.55 at 50%. CUDA
+# 2 threads): dense / sparse 1.46 at 20%, 0.99 at 30%, 0.54 at 50%. CUDA
 # uses the same value, not yet measured there.
 DENSE_CROSSOVER = 0.3
 
