@@ -1,14 +1,21 @@
 r"""The whole SBM attention of a layer as one function: the sequences
-checked, a regime chosen per sequence, the graph sampled and attended (or
-the dense-regime kernel run), the density statistics computed."""
+checked, a regime chosen per (sequence, head), the graph sampled and
+attended (or the dense-regime kernel run), the density statistics
+computed."""
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from sbm_pyg.nn._pair_split import (
+    graph_keys,
+    merged_graph,
+    split_included,
+    split_pairs,
+)
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
 from sbm_pyg.nn.functional import STE_MODES, sparse_attention
 from sbm_pyg.ops import backend_info
@@ -52,9 +59,9 @@ class SBMAttention(NamedTuple):
         sampled_density (Tensor): :obj:`[H]`, the fraction of pairs sampled.
         backends (dict): the kernels that ran, e.g. :obj:`{'sampler':
             'cpp', 'attention': 'cpp'}`; :obj:`'dense'` for both where the
-            dense-regime kernel ran, and :obj:`'dense_sequences': 'd/n'`
-            where it ran for :math:`d` of the :math:`n` non-empty sequences
-            only.
+            dense-regime kernel ran, and :obj:`'dense_pairs': 'd/n'` where
+            it ran for :math:`d` of the :math:`n` (sequence, head) pairs of
+            non-empty sequences only.
     """
 
     out: Tensor
@@ -93,15 +100,15 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
     \hat{\mathbf{K}}_j^{\top}` (plus :obj:`exploration`) and attends over
     it, with the straight-through gradient to the SBM (:obj:`ste`).
 
-    Two regimes compute it, chosen per sequence before anything is sampled:
-    the sampler and the sparse kernels (cost linear in the edges), or the
-    dense-regime kernel (:func:`~sbm_pyg.ops.dense_attention`), which draws
-    one Bernoulli per pair and attends with matrix products. With
-    :obj:`attention_backend="auto"` a sequence takes the dense regime where
-    its expected density, averaged over heads, reaches
+    Two regimes compute it, chosen per (sequence, head) before anything is
+    sampled: the sampler and the sparse kernels (cost linear in the edges),
+    or the dense-regime kernel (:func:`~sbm_pyg.ops.dense_attention`), which
+    draws one Bernoulli per pair and attends with matrix products. With
+    :obj:`attention_backend="auto"` a (sequence, head) takes the dense regime
+    where its expected density reaches
     :data:`~sbm_pyg.ops.backend_info.DENSE_CROSSOVER` and the kernel runs on
     the device (no attention dropout); a batch of both kinds runs each
-    regime on its own sequences. :obj:`"dense"` runs it for all, any other
+    regime on its own pairs. :obj:`"dense"` runs it for all, any other
     backend the sparse path with that kernel.
 
     Args:
@@ -165,7 +172,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
                 ste=ste, dropout=dropout, training=training,
                 need_graph=need_graph, need_alpha=return_attention_weights,
                 attend=attend, generator=generator)
-    G = seq_q.numel() - 1
+    pairs = dense.numel() if dense is not None else 0
     num_dense = 0 if dense is None else int(dense.sum())
     sampler = resolve_backend("sampler", sampler_backend, device)
     # The sparse kernel: the one asked for, or where the dense regime runs
@@ -174,7 +181,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
         "attention", "auto" if attention_backend == "dense"
         else attention_backend, device, dropout=dropout))
     if attend is None and (attention_backend == "dense"
-                           or (G > 0 and num_dense == G)):
+                           or (pairs > 0 and num_dense == pairs)):
         part = _dense(*args, max_edges=max_edges, **opts)
         backends = dict(sampler="dense",
                         attention=attention if need_graph else "dense")
@@ -186,11 +193,11 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
         assert dense is not None  # some sequences are dense
         part = _mixed(*args, dense, max_edges=max_edges, sampler=sampler,
                       attention=attention, **opts)
-        # Counted over the sequences with pairs: the empty ones join either.
-        busy = seq_q.diff() * seq_k.diff() > 0
+        # Counted over the non-empty sequences: the empty ones join either.
+        busy = (seq_q.diff() * seq_k.diff() > 0)[:, None].expand_as(dense)
         backends = dict(sampler=sampler, attention=attention,
-                        dense_sequences=f"{int((dense & busy).sum())}/"
-                                        f"{int(busy.sum())}")
+                        dense_pairs=f"{int((dense & busy).sum())}/"
+                                    f"{int(busy.sum())}")
     expected, sampled = mean_densities(seq_q, seq_k, part.edges, q_memb,
                                        block, k_memb)
     return SBMAttention(part.out.to(query.dtype), part.graph, part.alpha,
@@ -202,8 +209,8 @@ def _regimes(query: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
              ptr_q: PtrLike, ptr_k: PtrLike, Nk: int, exploration: float,
              dropout: float, backend: str, custom: bool
              ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    # The pointers, and which sequences take the dense regime ([G] bool),
-    # or None where the choice is not the expected density's.
+    # The pointers, and which (sequence, head) pairs take the dense regime
+    # ([G, H] bool), or None where the choice is not the expected density's.
     Nq, device = query.size(0), query.device
     ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, Nk, device)
     auto = (backend == "auto" and dropout == 0 and not custom
@@ -216,11 +223,10 @@ def _regimes(query: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
     sync(checks)
     with torch.no_grad():
         per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
-        density = per.double().mean(1) + exploration
+        dense = per.double() + exploration >= backend_info.DENSE_CROSSOVER
     pairs = ptr_q.diff() * ptr_k.diff()
-    dense = density >= backend_info.DENSE_CROSSOVER
     # Empty sequences join the other regime: no split for them.
-    return ptr_q, ptr_k, dense | ((pairs == 0) & dense.any())
+    return ptr_q, ptr_k, dense | ((pairs == 0)[:, None] & dense.any())
 
 
 def _sparse(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
@@ -296,7 +302,9 @@ def _dense(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
                                block.to(dtype))
         k_memb_d = k_memb if need_ste else k_memb.detach()
         q_block = q_block if need_ste else q_block.detach()
-        q, k, v, qb, kmd = (heads_first(x.to(dtype)) for x in (
+        # contiguous: the kernel takes contiguous rows (a reshape of a
+        # strided input may stay a view)
+        q, k, v, qb, kmd = (heads_first(x.to(dtype)).contiguous() for x in (
             query, key, value, q_block, k_memb_d))
         res = dense_attention(
             q, k, v, qb, kmd, ptr_q, ptr_k, heads=H, scale=1.0 / math.sqrt(C),
@@ -319,82 +327,60 @@ def _dense(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
 def _mixed(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
            include_edges, dense: Tensor, *, max_edges, sampler, attention,
            **opts) -> _Part:
-    # Each regime on its own sequences: their rows gathered into a batch of
-    # their own, run, and the outputs (and graphs) put back in place.
+    # Each (sequence, head) pair on its regime. The dense pairs run as a
+    # batch of one head, their heads-first rows gathered (Q̂Ŝ with an
+    # identity block: the blocks differ between heads); the sampler runs on
+    # the whole batch with the dense pairs' query memberships zeroed, and
+    # their edges (exploration, self-loops, included pairs) are dropped.
     Nq, H, _ = query.shape
-    Nk = key.size(0)
-    parts: List[Tuple[_Part, Tensor, Tensor]] = []
-    pairs_left = max_edges
-    pairs = None
+    Nk, k = key.size(0), block.size(-1)
+    split = split_pairs(ptr_q, ptr_k, dense, Nq, Nk)
+    inc = None
     if include_edges is not None:
         i, j, check = included_pairs(include_edges, ptr_q, ptr_k, Nq, Nk)
         sync([check])
-        pairs = torch.stack([j, i])
-    for is_dense in (True, False):
-        chosen = dense == is_dense
-        rows_q, sub_q = _rows(ptr_q, chosen)
-        rows_k, sub_k = _rows(ptr_k, chosen)
-        sub = [t[rows_q] for t in (query, q_memb)]
-        sub_kv = [t[rows_k] for t in (key, value, k_memb)]
-        inc = None if pairs is None else _remap(pairs, rows_q, rows_k, Nq, Nk)
-        args = (sub[0], sub_kv[0], sub_kv[1], sub[1], block, sub_kv[2], sub_q,
-                sub_k, inc)
-        if is_dense:
-            part = _dense(*args, max_edges=pairs_left, **opts)
-            if pairs_left is not None:
-                pairs_left = max(pairs_left - int(part.edges.sum()), 0)
-        else:
-            part = _sparse(*args, max_edges=pairs_left, sampler=sampler,
-                           attention=attention, **opts)
-        parts.append((part, rows_q, rows_k))
-    out = query.new_empty(Nq, H, parts[0][0].out.size(-1),
-                          dtype=parts[0][0].out.dtype)
-    edges = torch.empty(ptr_q.numel() - 1, H, dtype=torch.long,
-                        device=query.device)
-    for part, rows_q, _ in parts:
-        out = out.index_copy(0, rows_q, part.out.to(out.dtype))
-    edges[dense] = parts[0][0].edges
-    edges[~dense] = parts[1][0].edges
-    graph = alpha = None
+        inc = split_included(split, ptr_q, ptr_k, i, j)
+    with full_precision(query.device):
+        q_block = torch.einsum("nhu,huv->nhv", q_memb, block)
+
+    def gather(x: Tensor, rows: Tensor) -> Tensor:
+        return heads_first(x)[rows][:, None]
+
+    eye = torch.eye(k, dtype=q_block.dtype, device=query.device)[None]
+    dense_part = _dense(
+        gather(query, split.rows_q), gather(key, split.rows_k),
+        gather(value, split.rows_k), gather(q_block, split.rows_q), eye,
+        gather(k_memb, split.rows_k), split.ptr_q, split.ptr_k, inc,
+        max_edges=max_edges, **opts)
+    pairs_left = (None if max_edges is None
+                  else max(max_edges - int(dense_part.edges.sum()), 0))
+    seq = torch.repeat_interleave(torch.arange(ptr_q.numel() - 1,
+                                               device=query.device),
+                                  ptr_q.diff(), output_size=Nq)
+    sparse_memb = q_memb * (~dense)[seq][:, :, None]
+    graph = _sample(sparse_memb.detach(), block.detach(), k_memb.detach(),
+                    ptr_q, ptr_k, include_edges, opts["mode"],
+                    opts["exploration"], opts["self_loops"], pairs_left,
+                    opts["generator"], sampler)
+    keys = graph_keys(graph)
+    row = keys // max(Nk, 1)
+    keys = keys[~dense[seq[row % max(Nq, 1)], row // max(Nq, 1)]]
+    graph = SampledGraph.from_keys(keys, H, Nq, Nk, ptr_q=ptr_q, ptr_k=ptr_k)
+    out, alpha = _attend(query, key, value, q_memb, block, k_memb, graph,
+                         opts["ste"], opts["dropout"], opts["training"],
+                         opts["need_alpha"], None, opts["generator"],
+                         attention)
+    out = heads_first(out).index_copy(
+        0, split.rows_q, dense_part.out[:, 0].to(out.dtype))
+    edges = graph.edge_counts().index_put(
+        dense.nonzero(as_tuple=True), dense_part.edges[split.pair[dense]][:, 0])
+    merged = alpha_all = None
     if opts["need_graph"]:
-        graph, alpha = _merge(parts, H, Nq, Nk, ptr_q, ptr_k)
-    return _Part(out, graph, alpha, edges)
-
-
-def _rows(ptr: Tensor, chosen: Tensor) -> Tuple[Tensor, Tensor]:
-    # The rows of the chosen sequences, in order, and their pointer.
-    sizes = ptr.diff() * chosen
-    sub = torch.cat([sizes.new_zeros(1), sizes[chosen].cumsum(0)])
-    seq = torch.repeat_interleave(torch.arange(ptr.numel() - 1,
-                                               device=ptr.device), ptr.diff())
-    return chosen[seq].nonzero().flatten(), sub
-
-
-def _remap(pairs: Tensor, rows_q: Tensor, rows_k: Tensor, Nq: int, Nk: int
-           ) -> Tensor:
-    # The included pairs (key, query) within the chosen rows, renumbered.
-    new_q, new_k = (torch.full((n,), -1, device=pairs.device) for n in (Nq, Nk))
-    new_q[rows_q] = torch.arange(rows_q.numel(), device=pairs.device)
-    new_k[rows_k] = torch.arange(rows_k.numel(), device=pairs.device)
-    j, i = new_k[pairs[0]], new_q[pairs[1]]
-    keep = (i >= 0) & (j >= 0)
-    return torch.stack([j[keep], i[keep]])
-
-
-def _merge(parts, H: int, Nq: int, Nk: int, ptr_q: Tensor, ptr_k: Tensor
-           ) -> Tuple[SampledGraph, Optional[Tensor]]:
-    # The parts' graphs as one graph of the whole batch, and their weights
-    # in its edge order.
-    keys, alphas = [], []
-    for part, rows_q, rows_k in parts:
-        g = part.graph
-        row = g.csr.row().long()
-        h = row // max(g.num_queries, 1)
-        i = rows_q[row - h * g.num_queries]
-        j = rows_k[g.csr.col.long() - h * g.num_keys]
-        keys.append((h * Nq + i) * Nk + j)
-        if part.alpha is not None:
-            alphas.append(part.alpha)
-    key, order = torch.sort(torch.cat(keys))
-    graph = SampledGraph.from_keys(key, H, Nq, Nk, ptr_q=ptr_q, ptr_k=ptr_k)
-    return graph, torch.cat(alphas)[order] if alphas else None
+        # The dense pairs' keys, from their batch back to the whole one.
+        dense_keys = graph_keys(dense_part.graph)
+        r = split.rows_q[dense_keys // max(dense_part.graph.num_keys, 1)]
+        c = split.rows_k[dense_keys % max(dense_part.graph.num_keys, 1)]
+        merged, alpha_all = merged_graph(
+            [keys, r * Nk + c - r // max(Nq, 1) * Nk],
+            [alpha, dense_part.alpha], H, Nq, Nk, ptr_q, ptr_k)
+    return _Part(nodes_first(out, H), merged, alpha_all, edges)

@@ -95,8 +95,8 @@ class SBMConv(MessagePassing):
             :func:`~sbm_pyg.sampling.fastrg`. (default: :obj:`"auto"`)
         attention_backend (str): a backend of
             :func:`~sbm_pyg.nn.sbm_attention` (:obj:`"auto"` runs each
-            sequence on the dense or the sparse regime by its expected
-            density; only :obj:`"torch"` has dropout), or
+            (sequence, head) on the dense or the sparse regime by its
+            expected density; only :obj:`"torch"` has dropout), or
             :obj:`"message_passing"`: PyG's :meth:`message` (the same
             result with :obj:`[E, H, d]` memory). (default: :obj:`"auto"`)
         **kwargs (optional): additional arguments of

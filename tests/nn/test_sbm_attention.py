@@ -1,5 +1,5 @@
 """sbm_attention: one function for the whole SBM attention, its regime
-chosen per sequence."""
+chosen per (sequence, head)."""
 import pytest
 import torch
 
@@ -37,32 +37,57 @@ def call(leaves, ptr, seed, **kwargs):
 def test_each_sequence_runs_its_regime():
     ptr, leaves = inputs()
     res = call(leaves, ptr, 5, exploration=0.01)
-    sparse = backend_info.resolve_backend("attention", "auto",
-                                          torch.get_default_device())
+    device = torch.get_default_device()
+    sparse = backend_info.resolve_backend("attention", "auto", device)
     assert res.backends == {"sampler": backend_info.resolve_backend(
-        "sampler", "auto", torch.get_default_device()), "attention": sparse,
-        "dense_sequences": "1/2"}
-    # The same output as the dense kernel on sequence 0 alone and then the
-    # sparse path on sequence 2 alone, from one generator in that order.
+        "sampler", "auto", device), "attention": sparse,
+        "dense_pairs": f"{H}/{2 * H}"}
+    # Sequence 0: the dense kernel on it alone; sequence 2: the sparse path
+    # on the whole batch (its rows read the same streams), from one
+    # generator in that order.
     g = seeded(5)
     n0 = SIZES[0]
     dense = sbm_attention(*[t[:n0] for t in leaves[:4]], leaves[4],
                           leaves[3][:n0], exploration=0.01, generator=g,
                           attention_backend="dense")
-    rest = sbm_attention(*[t[n0:] for t in leaves[:4]], leaves[4],
-                         leaves[3][n0:], exploration=0.01, generator=g,
+    rest = sbm_attention(*leaves[:4], leaves[4], leaves[3], ptr_q=ptr,
+                         ptr_k=ptr, exploration=0.01, generator=g,
                          attention_backend=sparse)
     assert dense.backends["attention"] == "dense"
-    torch.testing.assert_close(res.out, torch.cat([dense.out, rest.out]))
+    torch.testing.assert_close(res.out[:n0], dense.out)
+    torch.testing.assert_close(res.out[n0:], rest.out[n0:])
     # Sequence 0 is all edges; the densities average the non-empty ones.
     assert float(res.sampled_density.min()) > 0.5
-    torch.testing.assert_close(
-        res.sampled_density, (dense.sampled_density + rest.sampled_density) / 2)
     # Gradients reach every input through both regimes.
     grads = torch.autograd.grad(res.out.square().sum()
                                 + res.expected_density.sum(), leaves)
     for grad in grads:
         assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_heads_of_one_sequence_run_their_own_regimes():
+    # Head 0 dense (memberships 1), head 1 sparse (0.01), in every sequence:
+    # the dense head is the dense kernel's over the batch, the sparse one
+    # has the sampler's few edges, and no edge crosses to the other head.
+    ptr, leaves = inputs(requires_grad=False)
+    memb = leaves[3].clone()
+    memb[:, 0], memb[:, 1] = 1.0, 0.01
+    leaves[3] = memb
+    res = call(leaves, ptr, 3, return_attention_weights=True)
+    assert res.backends["dense_pairs"] == "2/4"
+    counts = res.graph.edge_counts()
+    sizes = torch.tensor(SIZES)
+    assert torch.equal(counts[:, 0], sizes ** 2)  # p = 1: every pair
+    assert int(counts[:, 1].sum()) < 0.05 * int((sizes ** 2).sum())
+    torch.testing.assert_close(res.sampled_density[0],
+                               torch.ones((), dtype=res.sampled_density.dtype))
+    ref = call(leaves, ptr, 3)  # the same draws without weights
+    torch.testing.assert_close(res.out, ref.out)
+    dense_head = sbm_attention(*[t[:, :1] for t in leaves[:4]],
+                               leaves[4][:1], leaves[3][:, :1], ptr_q=ptr,
+                               ptr_k=ptr, generator=seeded(3),
+                               attention_backend="dense")
+    torch.testing.assert_close(res.out[:, 0], dense_head.out[:, 0])
 
 
 def test_weights_and_graph_of_a_mixed_batch():
@@ -97,7 +122,7 @@ def test_one_regime_needs_no_split():
 
 def test_max_edges_counts_both_regimes():
     ptr, leaves = inputs(requires_grad=False)
-    pairs = H * SIZES[0] ** 2  # the dense sequence's pairs
+    pairs = H * SIZES[0] ** 2  # the dense pairs' pairs
     with pytest.raises(ValueError, match="max_edges"):
         call(leaves, ptr, 0, max_edges=pairs - 1)
     with pytest.raises(ValueError, match="max_edges"):
@@ -120,3 +145,22 @@ def test_layer_runs_the_dense_regime_where_dense():
     conv = SBMConv(8, D, heads=H, num_clusters=K, sbm_init="dense")
     conv(torch.randn(20, 8), ptr=torch.tensor([0, 10, 20]))
     assert conv.last_backends == {"sampler": "dense", "attention": "dense"}
+
+
+def test_self_loops_and_included_pairs_reach_both_regimes():
+    ptr, leaves = inputs(requires_grad=False)
+    N = int(ptr[-1])
+    # (key, query) pairs: one in the dense sequence, two in the sparse one
+    include = torch.tensor([[3, 20, 31], [1, 25, 12]])
+    res = call(leaves, ptr, 4, self_loops=True, include_edges=include,
+               return_graph=True)
+    assert res.backends["dense_pairs"] == "2/4"
+    j, i = res.graph.edge_index
+    got = set(zip(res.graph.head.tolist(), i.tolist(), j.tolist()))
+    for h in range(H):
+        assert all((h, n, n) in got for n in range(N))  # self-loops
+        assert all((h, int(q), int(k)) in got for k, q in include.t())
+    torch.testing.assert_close(
+        res.sampled_density,
+        (res.graph.edge_counts().double() / (torch.tensor(SIZES) ** 2)
+         .clamp(min=1)[:, None])[[0, 2]].mean(0).to(res.sampled_density.dtype))
