@@ -47,22 +47,17 @@ Attend = Callable[[SampledGraph, bool], Tuple[Tensor, Optional[Tensor]]]
 
 
 class SBMAttention(NamedTuple):
-    r"""What :func:`sbm_attention` returns.
-
-    Attributes:
-        out (Tensor): :obj:`[N_q, H, D_v]`.
-        graph (SampledGraph, optional): the sampled graph, when asked for.
-        alpha (Tensor, optional): the attention weights :obj:`[E]` in the
-            graph's edge order, when asked for.
-        expected_density (Tensor): :obj:`[H]`, differentiable: the paper's
-            sparsity regularizer, averaged over non-empty sequences.
-        sampled_density (Tensor): :obj:`[H]`, the fraction of pairs sampled.
-        backends (dict): the kernels that ran, e.g. :obj:`{'sampler':
-            'cpp', 'attention': 'cpp'}`; :obj:`'dense'` for both where the
-            dense-regime kernel ran, and :obj:`'dense_pairs': 'd/n'` where
-            it ran for :math:`d` of the :math:`n` (sequence, head) pairs of
-            non-empty sequences only.
-    """
+    r"""What :func:`sbm_attention` returns: the output :obj:`out`
+    :obj:`[N_q, H, D_v]`; the sampled :obj:`graph` and the weights
+    :obj:`alpha` :obj:`[E]` in its edge order, when asked for (else
+    :obj:`None`); :obj:`expected_density` :obj:`[H]`, differentiable (the
+    paper's sparsity regularizer), and :obj:`sampled_density` :obj:`[H]`,
+    the fraction of pairs sampled, both averaged over non-empty sequences;
+    and :obj:`backends`, the kernels that ran, e.g. :obj:`{'sampler': 'cpp',
+    'attention': 'cpp'}` (:obj:`'dense'` for both where the dense-regime
+    kernel ran for every (sequence, head), and :obj:`'dense_pairs': 'd/n'`
+    where it ran for :math:`d` of the :math:`n` pairs of non-empty
+    sequences only)."""
 
     out: Tensor
     graph: Optional[SampledGraph]
