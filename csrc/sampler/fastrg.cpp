@@ -8,8 +8,9 @@
 //
 // A "sparse" row draws d ~ Poisson(c * lambda) multi-edges; each picks a key
 // cluster v with probability w_v / lambda (a guide table over the k entries)
-// and then a key j with probability Z_{jv} / s_v (Walker's alias table of
-// (g, h, v), O(1) per draw). The multiplicity of (i, j) is Poisson(c p_ij),
+// and then a key j with probability Z_{jv} / s_v (the cumulative quantised
+// weights of (g, h, v) and their guide, two expected steps per draw). The
+// multiplicity of (i, j) is Poisson(c p_ij),
 // so merging duplicates (a bitmap or a short sort per row) gives
 // P(i -> j) = 1 - exp(-c p_ij). Poisson mode uses c = 1; exact mode draws at
 // c = -log(1 - P) / P for the row bound P >= max_j p_ij and keeps each
@@ -254,50 +255,64 @@ void plan_rows(const Problem<scalar_t>& P, const double* max_k, uint64_t seed,
 }
 
 // ---------------------------------------------------------------------------
-// Alias tables: one per (sequence, head, key cluster) over the keys of the
-// sequence, stored at ((h * k + v) * Nk + j).
+// Key tables: one per (sequence, head, key cluster) over the keys of the
+// sequence, stored at ((h * k + v) * Nk + j). A key's weight Z_jv is
+// quantised to an integer (key_weight), so that the cumulative weights are
+// exact: a sum in any order, sequential here and a parallel scan on the GPU
+// (sbm_pyg/sampling/fastrg_triton.py), gives the same table, and the key a
+// draw picks is a function of the draw's 64 bits alone. A guide (Chen &
+// Asau 1974) over n equal buckets of the total starts each search near its
+// key: two expected steps per draw whatever the weights.
 
-struct AliasEntry {
-  float prob;     // keep the slot's own key when frac < prob
-  int32_t alias;  // global key index otherwise
-};
-
-// Walker's alias table by a sweep (Huebschle-Schneider & Sanders, 2019):
-// lights (q < 1) and heavies (q >= 1) are paired in index order, so the
-// table is a function of q alone, with no stack order. The Triton sampler
-// (sbm_pyg/sampling/fastrg_triton.py) builds the same tables with the same
-// floating-point operations, which makes one seed give one graph on both.
-// q holds n * weight / total (mean 1); out[j] is slot j's entry.
-inline void sweep_alias(const double* q, int64_t n, int32_t ks,
-                        AliasEntry* out) {
-  for (int64_t j = 0; j < n; ++j) out[j] = {1.0f, (int32_t)(ks + j)};
-  int64_t i = 0, j = 0;
-  while (i < n && q[i] >= 1.0) ++i;  // first light
-  while (j < n && q[j] < 1.0) ++j;   // first heavy
-  double w = j < n ? q[j] : 0.0;     // the current heavy's residual
-  while (j < n) {
-    if (w < 1.0) {  // the heavy turned light: it borrows from the next heavy
-      int64_t next = j + 1;
-      while (next < n && q[next] < 1.0) ++next;
-      if (next >= n) break;  // rounding leftover: keeps probability 1
-      out[j] = {(float)w, (int32_t)(ks + next)};
-      w = q[next] - (1.0 - w);
-      j = next;
-    } else {
-      if (i >= n) break;
-      out[i] = {(float)q[i], (int32_t)(ks + j)};
-      w -= 1.0 - q[i];
-      ++i;
-      while (i < n && q[i] >= 1.0) ++i;
-    }
-  }
+// Bits of a key's quantised weight: the largest weight of a table is
+// 2^M, so a table of at most N_k keys sums below 2^61.
+inline int weight_bits(int64_t Nk) {
+  int bits = 0;
+  while (bits < 62 && (int64_t(1) << bits) <= Nk) ++bits;
+  return 61 - bits;
 }
 
+// floor(z * 2^M / max): the scale is one IEEE division and the product one
+// multiplication, rounded the same way on every device; the product is not
+// negative, so truncation is the floor (without a call to floor()).
+inline int64_t key_weight(double z, double scale) {
+  return (int64_t)(z * scale);
+}
+
+inline double weight_scale(double max_z, int bits) {
+  return max_z > 0.0 ? std::ldexp(1.0, bits) / max_z : 0.0;
+}
+
+inline uint64_t mulhi(uint64_t a, uint64_t b) {
+  return (uint64_t)(((unsigned __int128)a * b) >> 64);
+}
+
+// A lower bound of floor(b * total / n), the smallest target of bucket b,
+// from step = total / n: float64 with a margin far above its rounding (the
+// guide only has to start at or before the key; the key itself is exact).
+inline int64_t bucket_floor(int64_t b, double step) {
+  return std::max<int64_t>(0, (int64_t)((double)b * step * (1.0 - 1e-12)) - 1);
+}
+
+struct KeyTables {
+  std::vector<int64_t> cum;   // inclusive cumulative weights, local keys
+  std::vector<int32_t> guide;  // first local key whose cum exceeds the bucket
+  std::vector<int64_t> total;  // each table's total, [G, H, k]
+};
+
+// Draws resolved together: their random reads are prefetched stage by
+// stage.
+constexpr int kBatch = 16;
+
 template <typename scalar_t>
-std::vector<AliasEntry> build_alias(const Problem<scalar_t>& P) {
-  std::vector<AliasEntry> table((size_t)(P.H * P.k * P.Nk));
+KeyTables build_tables(const Problem<scalar_t>& P) {
+  KeyTables T;
+  T.cum.assign((size_t)(P.H * P.k * P.Nk), 0);
+  T.guide.assign(T.cum.size(), 0);
+  T.total.assign((size_t)(P.G * P.H * P.k), 0);
+  const int bits = weight_bits(P.Nk);
   // A task is a tile of clusters of one (sequence, head): it reads the
-  // tile's columns row by row (Z is [N_k, H, k]) into contiguous weights.
+  // tile's columns row by row (Z is [N_k, H, k]).
   constexpr int64_t kTile = 8;
   const int64_t tiles = (P.k + kTile - 1) / kTile;
   const int64_t tasks = P.G * P.H * tiles;
@@ -316,21 +331,27 @@ std::vector<AliasEntry> build_alias(const Problem<scalar_t>& P) {
         for (int64_t c = 0; c < nv; ++c) weights[c * n + j] = (double)z[c];
       }
       for (int64_t c = 0; c < nv; ++c) {
-        double* q = weights.data() + c * n;
-        AliasEntry* out = table.data() + (h * P.k + v0 + c) * P.Nk + ks;
-        double total = 0.0;
-        for (int64_t j = 0; j < n; ++j) total += q[j];
-        if (!(total > 0.0)) {  // never drawn: its cluster has rate 0
-          for (int64_t j = 0; j < n; ++j) out[j] = {1.0f, (int32_t)(ks + j)};
-          continue;
+        const double* z = weights.data() + c * n;
+        const size_t at = (size_t)((h * P.k + v0 + c) * P.Nk + ks);
+        int64_t* cum = T.cum.data() + at;
+        int32_t* guide = T.guide.data() + at;
+        double max_z = 0.0;
+        for (int64_t j = 0; j < n; ++j) max_z = std::max(max_z, z[j]);
+        const double scale = weight_scale(max_z, bits);
+        int64_t total = 0;
+        for (int64_t j = 0; j < n; ++j) cum[j] = total += key_weight(z[j], scale);
+        T.total[(g * P.H + h) * P.k + v0 + c] = total;
+        if (total == 0) continue;  // never drawn: its cluster has rate 0
+        const double step = (double)total / (double)n;
+        for (int64_t b = 0, j = 0; b < n; ++b) {
+          const int64_t lo = bucket_floor(b, step);
+          while (cum[j] <= lo) ++j;
+          guide[b] = (int32_t)j;
         }
-        const double scale = (double)n / total;
-        for (int64_t j = 0; j < n; ++j) q[j] *= scale;
-        sweep_alias(q, n, (int32_t)ks, out);
       }
     }
   }
-  return table;
+  return T;
 }
 
 // ---------------------------------------------------------------------------
@@ -343,16 +364,12 @@ struct RowBuffers {
   std::vector<int32_t> guide;
 };
 
-// Draws are resolved in batches: the alias entries (random reads in tables
-// of H * k * N_k entries) are prefetched for a whole batch first.
-constexpr int kBatch = 16;
-
 template <typename scalar_t>
 struct Sampler {
   const Problem<scalar_t>& P;
   const int64_t* degree;
   const double* inflation;
-  const AliasEntry* alias;
+  const KeyTables& tables;
   const int64_t* inc_ptr;  // [Nq + 1] or null
   const int64_t* inc_col;
   bool self_loops;
@@ -385,11 +402,17 @@ struct Sampler {
       while (v < last && buf.cum[v] <= x) ++v;
       buf.guide[m] = (int32_t)v;
     }
-    const int64_t ks = P.ptr_k[g];
-    const AliasEntry* table = alias + ks;
-    const AliasEntry* entry[kBatch];
-    double frac[kBatch];
-    int64_t slot[kBatch];
+    // A draw's 64-bit word picks both its bucket (the exploration's
+    // uniform key) and its target in the cluster's cumulative weights. The
+    // draws go in batches through three stages, each prefetching what the
+    // next reads (the guide, then the weights at its start), so that the
+    // batch's random reads overlap.
+    const size_t at = (size_t)(P.ptr_k[g] + h * P.k * P.Nk);
+    const int64_t* totals = tables.total.data() + (g * P.H + h) * P.k;
+    const int64_t* cum[kBatch];
+    const int32_t* start[kBatch];
+    uint64_t target[kBatch];
+    int64_t j[kBatch];
     buf.list.resize(d);
     for (int64_t t0 = 0; t0 < d; t0 += kBatch) {
       const int n = (int)std::min<int64_t>(kBatch, d - t0);
@@ -398,19 +421,24 @@ struct Sampler {
         int64_t v = buf.guide[(int64_t)(u * K)];
         const double x = u * total;
         while (v < last && buf.cum[v] <= x) ++v;
-        slot[b] = (int64_t)rng.bounded((uint64_t)nk, &frac[b]);
-        if (v == P.k) {  // exploration: uniform over the sequence
-          entry[b] = nullptr;
-        } else {
-          entry[b] = table + (h * P.k + v) * P.Nk + slot[b];
-          __builtin_prefetch(entry[b]);
-        }
+        const uint64_t word = rng.next();
+        j[b] = (int64_t)mulhi(word, (uint64_t)nk);
+        cum[b] = nullptr;
+        if (v == P.k) continue;  // exploration: uniform over the sequence
+        cum[b] = tables.cum.data() + at + v * P.Nk;
+        target[b] = mulhi(word, (uint64_t)totals[v]);
+        start[b] = tables.guide.data() + at + v * P.Nk + j[b];
+        __builtin_prefetch(start[b]);
       }
       for (int b = 0; b < n; ++b) {
-        const AliasEntry* e = entry[b];
-        buf.list[t0 + b] = (int32_t)(
-            (e == nullptr || frac[b] < (double)e->prob) ? slot[b]
-                                                        : e->alias - ks);
+        if (cum[b] == nullptr) continue;
+        j[b] = *start[b];
+        __builtin_prefetch(cum[b] + j[b]);
+      }
+      for (int b = 0; b < n; ++b) {
+        if (cum[b] != nullptr)
+          while ((uint64_t)cum[b][j[b]] <= target[b]) ++j[b];
+        buf.list[t0 + b] = (int32_t)j[b];
       }
     }
   }
@@ -423,13 +451,14 @@ struct Sampler {
   void thin(Rng& rng, const scalar_t* w, int64_t h, int64_t ks, double c,
             std::vector<int32_t>& keys) const {
     const size_t n = keys.size();
-    const double squeeze = 1.0 / c;
+    // Compared by products, without divisions (the GPU kernel's division
+    // calls made ptxas save registers on the stack).
     size_t kept = 0;
     for (size_t t = 0; t < n; ++t) {
       const double u = rng.uniform();
-      if (u >= squeeze) {
+      if (u * c >= 1.0) {
         const double p = dot(w, P.z_row(ks + keys[t], h), P.k) + P.delta;
-        if (!(p > 0.0 && u < std::min(p, 1.0) / -std::expm1(-c * p)))
+        if (!(p > 0.0 && u * -std::expm1(-c * p) < std::min(p, 1.0)))
           continue;
       }
       keys[kept++] = keys[t];
@@ -519,14 +548,14 @@ sbm_pyg::FourTensors sample_impl(const Problem<scalar_t>& P,
   const int64_t* degree = degree_t.data_ptr<int64_t>();
   bool any_draws = false;
   for (int64_t r = 0; r < R && !any_draws; ++r) any_draws = degree[r] > 0;
-  std::vector<AliasEntry> alias;
-  if (any_draws) alias = build_alias(P);
+  KeyTables tables;
+  if (any_draws) tables = build_tables(P);
 
   const bool has_inc = inc_ptr.numel() > 0;
   Sampler<scalar_t> S{P,
                       degree,
                       inflation_t.data_ptr<double>(),
-                      alias.data(),
+                      tables,
                       has_inc ? inc_ptr.data_ptr<int64_t>() : nullptr,
                       has_inc ? inc_col.data_ptr<int64_t>() : nullptr,
                       self_loops,
@@ -687,7 +716,8 @@ FourTensors fastrg_sample(Tensor W, Tensor Z, Tensor mass,
                                   Tensor ptr_q, Tensor ptr_k, double delta,
                                   bool exact, int64_t seed, Tensor degree,
                                   Tensor inflation, bool self_loops,
-                                  Tensor inc_ptr, Tensor inc_col) {
+                                  Tensor inc_ptr, Tensor inc_col,
+                                  int64_t /*capacity*/) {
   check_inputs(W, Z, mass, ptr_q, ptr_k);
   sbm_pyg::FourTensors out;
   AT_DISPATCH_FLOATING_TYPES(W.scalar_type(), "fastrg_sample", [&] {

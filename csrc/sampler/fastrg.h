@@ -19,11 +19,13 @@ FourTensors fastrg_plan(at::Tensor Y, at::Tensor W, at::Tensor Z,
                         bool exact, int64_t seed, double threshold);
 
 // Pass 2: rowptr, col (head * Nk + key), perm and colptr of the sampled
-// graph, int32.
+// graph, int32. capacity sizes the CUDA kernel's draw buffer; this kernel
+// merges each row's draws in buffers of its own and does not read it.
 FourTensors fastrg_sample(at::Tensor W, at::Tensor Z, at::Tensor mass,
                           at::Tensor ptr_q, at::Tensor ptr_k, double delta,
                           bool exact, int64_t seed, at::Tensor degree,
                           at::Tensor inflation, bool self_loops,
-                          at::Tensor inc_ptr, at::Tensor inc_col);
+                          at::Tensor inc_ptr, at::Tensor inc_col,
+                          int64_t capacity);
 
 }  // namespace sbm_pyg

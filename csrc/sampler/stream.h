@@ -26,14 +26,6 @@ struct Rng {
   }
   // Uniform in [0, 1) with 53 random bits.
   inline double uniform() { return (next() >> 11) * 0x1.0p-53; }
-  // Uniform integer in [0, n) (Lemire's multiply-shift with 64 random bits,
-  // bias below n / 2^64) and the fractional part of u * n, uniform in [0, 1)
-  // given the integer: one draw picks an alias slot and tosses its coin.
-  inline uint64_t bounded(uint64_t n, double* frac) {
-    unsigned __int128 m = (unsigned __int128)next() * n;
-    *frac = ((uint64_t)m >> 11) * 0x1.0p-53;
-    return (uint64_t)(m >> 64);
-  }
 };
 
 // The purposes of a row's streams: its degree, its draws (and a dense row's

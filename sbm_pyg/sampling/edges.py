@@ -19,7 +19,7 @@ from sbm_pyg.ops.graph import INDEX_DTYPE, CSRGraph, check_index_range
 from sbm_pyg.validation import require_tensor
 
 __all__ = ["SampledEdges", "edge_pairs", "sorted_unique", "keys_to_csr",
-           "csr_from_keys", "edges_from_keys"]
+           "csr_from_keys", "column_order", "edges_from_keys"]
 
 
 class SampledEdges(NamedTuple):
@@ -65,12 +65,19 @@ def csr_from_keys(key: Tensor, H: int, Nq: int, Nk: int) -> CSRGraph:
     rows = torch.arange(H * Nq + 1, device=key.device)
     rowptr = torch.searchsorted(row, rows, out_int32=True)
     del row, rows
-    # Edges are in row order: a stable sort by column keeps the rows of each
-    # column in order, which is (column, row) order.
+    perm, colptr = column_order(col, H * Nk)
+    return CSRGraph(rowptr, col, colptr, perm)
+
+
+def column_order(col: Tensor, num_cols: int) -> Tuple[Tensor, Tensor]:
+    r"""The CSR graph's column side from its columns :obj:`col [E]` in row
+    order: :obj:`perm [E]` (the edges in (column, row) order) and
+    :obj:`colptr [num_cols + 1]`, int32."""
+    # A stable sort by column keeps the rows of each column in order.
     col_sorted, perm = torch.sort(col, stable=True)
     colptr = torch.searchsorted(col_sorted, torch.arange(
-        H * Nk + 1, device=key.device, dtype=INDEX_DTYPE), out_int32=True)
-    return CSRGraph(rowptr, col, colptr, perm.to(INDEX_DTYPE))
+        num_cols + 1, device=col.device, dtype=col.dtype), out_int32=True)
+    return perm.to(INDEX_DTYPE), colptr
 
 
 def edges_from_keys(key: Tensor, H: int, Nq: int, Nk: int, num_draws: int,

@@ -6,18 +6,20 @@ r"""fastRG as torch operators with a kernel per device:
 Each :math:`(h, i)` row draws its Poisson degree :math:`\mathrm{Poisson}(c
 \lambda_i)`, :math:`\lambda_i = \mathbf{Y}_i \mathbf{B} \mathbf{s}^Z`, picks
 each draw's key cluster from the :math:`k` weights :math:`(\mathbf{Y}_i
-\mathbf{B})_v s^Z_v` (a guide table) and its key from an alias table of
-:math:`(g, h, v)` (float32 probabilities), and merges duplicates within the
-row. Exact mode bounds each row separately, :math:`P_i = \mathbf{Y}_i
-\mathbf{B} \max_j \mathbf{Z}_j`, and thins with a squeeze (a uniform below
-:math:`1/c` keeps an edge without computing :math:`p_{ij}`). A row whose
-drawing would cost more than testing its keys (expected draws
-:math:`\geq` :data:`DENSE_ROW_THRESHOLD` of its keys) is sampled with one
-Bernoulli per key instead, so a dense head costs :math:`O(n_k)` per query in
-either mode; :obj:`num_draws` then counts those tested pairs. Each row has
-its own counter-based random stream (SplitMix64), seeded from the
-generator, so the graph depends neither on the number of threads nor on the
-device: both kernels read every row's stream at the same counters.
+\mathbf{B})_v s^Z_v` (a guide table) and its key from the cumulative weights
+of :math:`(g, h, v)`, quantised to integers so that both kernels build the
+same table in any summation order (a guide over equal buckets starts the
+search), and merges duplicates within the row. Exact mode bounds each row
+separately, :math:`P_i = \mathbf{Y}_i \mathbf{B} \max_j \mathbf{Z}_j`, and
+thins with a squeeze (a uniform below :math:`1/c` keeps an edge without
+computing :math:`p_{ij}`). A row whose drawing would cost more than testing
+its keys (expected draws :math:`\geq` :data:`DENSE_ROW_THRESHOLD` of its
+keys) is sampled with one Bernoulli per key instead, so a dense head costs
+:math:`O(n_k)` per query in either mode; :obj:`num_draws` then counts those
+tested pairs. Each row has its own counter-based random stream (SplitMix64),
+seeded from the generator, so the graph depends neither on the number of
+threads nor on the device: both kernels read every row's stream at the same
+counters.
 
 The sampler runs as two operators, so that the caller checks the draw count
 against its memory guard between them, at the one host sync, before
@@ -30,9 +32,12 @@ anything of the graph's size exists:
   distinct edges expected, rows with an overflowing rate, invalid entries
   of :obj:`Y` and of :obj:`Z`).
 * ``fastrg_sample(W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree,
-  inflation, self_loops, inc_ptr, inc_col)`` :math:`\to` :obj:`(rowptr,
-  col, perm, colptr)`, the int32 CSR of
-  :class:`~sbm_pyg.ops.graph.CSRGraph`.
+  inflation, self_loops, inc_ptr, inc_col, capacity)`` :math:`\to`
+  :obj:`(rowptr, col, perm, colptr)`, the int32 CSR of
+  :class:`~sbm_pyg.ops.graph.CSRGraph`; :obj:`capacity` is the CUDA
+  kernel's draw buffer (:func:`~sbm_pyg.sampling.fastrg_triton.buffer_slots`
+  summed, read at the memory guard's sync), which the CPU kernel, merging
+  each row in buffers of its own, does not read.
 
 Here :obj:`W = Y B` is :obj:`[H, N_q, k]`, :obj:`Y` :obj:`[N_q, H, k]` and
 :obj:`Z` :obj:`[N_k, H, k]` (float32 or float64), :obj:`R = H N_q`, and
@@ -63,15 +68,18 @@ __all__ = ["sample", "stream_seed", "included_csr", "DENSE_ROW_THRESHOLD"]
 # A row is sampled densely (one Bernoulli per key) when its expected number
 # of draws, inflation included, is at least this fraction of its keys.
 DENSE_ROW_THRESHOLD = 0.5
-# Peak bytes per draw and per distinct edge, output included, of each
-# kernel. C++: col and perm (int32, 8 B), the per-chunk int32 keys while
-# they are copied (4 B) and their growth slack, and the int64 radix buffer of
-# the (sequence, head) blocks being sorted; duplicates are merged row by row
-# as they are drawn, so nothing is per draw. Triton: every draw's int32 key,
-# its int64 edge key and the sort's copies of them, before the merge.
-PEAK_BYTES = {"cpp": (0, 16), "triton": (60, 0)}
-# Alias table entry: a float32 probability and an int32 alias.
-BYTES_PER_ALIAS_ENTRY = 8
+# Peak bytes per slot of the draw buffer and per distinct edge, output
+# included, of each kernel. C++: col and perm (int32, 8 B), the per-chunk
+# int32 keys while they are copied (4 B) and their growth slack, and the
+# int64 radix buffer of the (sequence, head) blocks being sorted;
+# duplicates are merged row by row as they are drawn, so it has no draw
+# buffer. Triton: the int32 draw buffer (a slot per draw, forced key, dense
+# trial and bitmap word: fastrg_triton.buffer_slots), merged in place row by
+# row; then col (4 B) and the column sort (its int32 keys, int64 indices,
+# int32 perm: 16 B) beside it.
+PEAK_BYTES = {"cpp": (0, 16), "triton": (4, 24)}
+# Key table entry: an int64 cumulative weight and an int32 guide.
+BYTES_PER_TABLE_ENTRY = 12
 
 _SCHEMAS = {
     "_plan": ("(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q, Tensor ptr_k, "
@@ -80,7 +88,7 @@ _SCHEMAS = {
     "_sample": ("(Tensor W, Tensor Z, Tensor mass, Tensor ptr_q, "
                 "Tensor ptr_k, float delta, bool exact, int seed, "
                 "Tensor degree, Tensor inflation, bool self_loops, "
-                "Tensor inc_ptr, Tensor inc_col) -> "
+                "Tensor inc_ptr, Tensor inc_col, int capacity) -> "
                 "(Tensor, Tensor, Tensor, Tensor)"),
 }
 
@@ -89,8 +97,30 @@ def stream_seed(generator: Optional[torch.Generator],
                 device: torch.device) -> int:
     r"""The 62-bit seed of the row streams, drawn from :obj:`generator` (a
     generator of :obj:`device`): the C++ and Triton kernels derive every
-    row's stream from it, so the same seed gives the same graph on both."""
+    row's stream from it, so the same seed gives the same graph on both.
+
+    A CUDA generator is a seed and a Philox offset: the stream seed is mixed
+    from both on the host and the offset advanced as a kernel that drew
+    four numbers would, so that no kernel runs and nothing is read back
+    from the GPU."""
+    if device.type == "cuda":
+        if generator is None:
+            index = device.index if device.index is not None else \
+                torch.cuda.current_device()
+            generator = torch.cuda.default_generators[index]
+        offset = generator.get_offset()
+        generator.set_offset(offset + 4)
+        return _mix64(_mix64(generator.initial_seed()) ^ offset) >> 2
     return int(torch.randint(2**62, (), generator=generator, device=device))
+
+
+def _mix64(z: int) -> int:
+    # SplitMix64's finalizer on Python ints (the kernels' mix64).
+    mask = 2**64 - 1
+    z &= mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
 
 
 def included_csr(i: Tensor, j: Tensor, Nq: int, Nk: int
@@ -134,21 +164,26 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
         (bad_k > 0, invalid_values("k_memb")),
         ((overflow > 0) | ~torch.isfinite(expected),
          "the SBM's edge rates overflow (q_memb, block or k_memb too large)")]
-    # Invalid input raises here, before anything of the graph's size exists.
-    num_draws, expected_draws, num_edges = sync(checks, draws, expected, edges)
-    per_draw, per_edge = PEAK_BYTES[backend]
-    check_draws(num_draws, expected_draws,
-                num_draws * per_draw + num_edges * per_edge
-                + H * k * Nk * BYTES_PER_ALIAS_ENTRY,
-                max_edges, q_memb.device, ptr_q.numel() - 1, H, Nq, Nk)
-    check_index_range(int(num_edges), H * Nq, H * Nk)
     inc_ptr = inc_col = ptr_q.new_empty(0)
     if included is not None:
         i, j = included
         inc_ptr, inc_col = included_csr(i, j, Nq, Nk)
+    capacity = draws
+    if backend == "triton":
+        capacity = fastrg_triton.buffer_slots(degree, ptr_q, ptr_k, H, inc_ptr,
+                                              self_loops).sum()
+    # Invalid input raises here, before anything of the graph's size exists.
+    num_draws, expected_draws, num_edges, capacity = sync(
+        checks, draws, expected, edges, capacity)
+    per_slot, per_edge = PEAK_BYTES[backend]
+    check_draws(num_draws, expected_draws,
+                capacity * per_slot + num_edges * per_edge
+                + H * k * Nk * BYTES_PER_TABLE_ENTRY,
+                max_edges, q_memb.device, ptr_q.numel() - 1, H, Nq, Nk)
+    check_index_range(int(num_edges), H * Nq, H * Nk)
     rowptr, col, perm, colptr = draw(
         W, Z, mass, ptr_q, ptr_k, float(exploration), exact, seed, degree,
-        inflation, self_loops, inc_ptr, inc_col)
+        inflation, self_loops, inc_ptr, inc_col, int(capacity))
     return SampledEdges(CSRGraph(rowptr, col, colptr, perm), int(num_draws),
                         expected_draws)
 
@@ -162,7 +197,7 @@ def _fake_plan(Y, W, Z, ptr_q, ptr_k, delta, exact, seed, threshold):
 
 
 def _fake_sample(W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree,
-                 inflation, self_loops, inc_ptr, inc_col):
+                 inflation, self_loops, inc_ptr, inc_col, capacity):
     H, Nq, _ = W.shape
     E = torch.library.get_ctx().new_dynamic_size()
     index = dict(dtype=INDEX_DTYPE)

@@ -1,36 +1,47 @@
 r"""The CUDA kernels of the sampler operators ``sbm_pyg::fastrg_plan`` and
 ``sbm_pyg::fastrg_sample`` (:mod:`~sbm_pyg.sampling.fastrg_op`), in Triton:
 the C++ kernel's query-major algorithm on the GPU, with the same random
-stream.
+stream and the same graph for the same seed.
 
 Each :math:`(h, i)` row draws its Poisson degree :math:`\mathrm{Poisson}(c
 \lambda_i)` (inversion below a mean of 10, Hörmann's PTRS above), picks each
 draw's key cluster from the weights :math:`(\mathbf{Y}_i \mathbf{B})_v s^Z_v`
-and its key from the alias table of :math:`(g, h, v)`, and the duplicates
-of a row are merged; exact mode thins the distinct keys with the row's own
-bound and squeeze, and a row whose expected draws reach
+and its key from the cumulative quantised weights of :math:`(g, h, v)`, and
+the duplicates of a row are merged; exact mode thins the distinct keys with
+the row's own bound and squeeze, and a row whose expected draws reach
 :data:`~sbm_pyg.sampling.fastrg_op.DENSE_ROW_THRESHOLD` (shared) of its keys
-tests every key with one Bernoulli. Every row reads the C++ kernel's SplitMix64
-stream at the same counters, and the alias tables are built by the same
-sweep with the same floating-point operations, so one seed gives the same
-graph on both backends up to floating-point ties (sums in another order,
-another :math:`\exp`: a draw that falls within an ulp of a boundary).
+tests every key with one Bernoulli. Every row reads the C++ kernel's
+SplitMix64 stream at the same counters, and a draw's key is an exact
+integer function of its 64 random bits, so one seed gives the same graph on
+both backends up to floating-point ties (sums in another order, another
+:math:`\exp`: a draw that falls within an ulp of a cluster boundary or of a
+thinning threshold).
 
-Where the GPU asks for another shape of work, the result is the same:
+Every pass is parallel over rows, table entries or draws:
 
-* a draw's cluster is found by comparing its uniform with all :math:`k`
-  cumulative weights (the C++ kernel starts from a guide table and walks);
-* duplicates are merged by one sort of all rows' keys (the C++ kernel sorts
-  or marks a bitmap per row); the thinning then reads each distinct key's
-  rank in its row, which fixes its counter in the stream;
-* each alias table is built by one program (the sweep is sequential).
+* **plan**: one row per thread; :math:`\lambda_i` and the row bound summed
+  over the clusters in the C++ kernel's order, then the Poisson draw.
+* **key tables**: each key's weight :math:`Z_{jv}` quantised to an integer
+  (:math:`\lfloor Z_{jv} 2^M / \max_j Z_{jv} \rfloor`, :math:`M = 61 -
+  \lceil \log_2 (N_k + 1) \rceil`), so that one integer prefix sum over all
+  tables (exact in any order) gives the C++ kernel's cumulative weights;
+  a guide over :math:`n` equal buckets of each table's total, one binary
+  search per bucket. A draw's 64 bits pick its bucket and its target; the
+  walk from the guide takes two expected steps whatever the weights.
+* **draws**: one row per program, its draws across the lanes.
+* **merge**: one row per program: rows of at most
+  :data:`SORT_BLOCK` draws and forced keys are sorted in registers (each
+  forced key tagged so that it is kept but not thinned), larger rows mark a
+  bitmap of their keys, dense rows compact their trials; exact mode thins
+  each distinct key there, at its rank in the row.
+* **graph**: the rows' counts summed, the edge count read (the sample's
+  one host sync; the memory guard's read of the plan's statistics and the
+  draw buffer's length, :func:`buffer_slots`, comes before it, in the
+  caller), the rows copied into the CSR and its column order sorted.
 
-Four kernels: plan (degrees, inflation), alias tables, draws (sparse and
-dense rows), thinning; :func:`plan` launches the first, :func:`sample` the
-others. Without a GPU they run under Triton's interpreter
-(``TRITON_INTERPRET=1``) on CPU tensors, as the twin operators
-``sbm_pyg::triton_fastrg_*``, which is how the tests compare them with the
-C++ kernel edge by edge.
+Without a GPU they run under Triton's interpreter (``TRITON_INTERPRET=1``)
+on CPU tensors, as the twin operators ``sbm_pyg::triton_fastrg_*``, which is
+how the tests compare them with the C++ kernel edge by edge.
 """
 from __future__ import annotations
 
@@ -45,19 +56,37 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
-from sbm_pyg.sampling.edges import csr_from_keys, sorted_unique
-from sbm_pyg.sampling.fastrg_torch import sequence_max, with_forced_keys
+from sbm_pyg.ops.graph import check_index_range
+from sbm_pyg.sampling.edges import column_order
+from sbm_pyg.sampling.fastrg_torch import sequence_max
 
-__all__ = ["plan", "sample"]
+__all__ = ["plan", "sample", "buffer_slots", "weight_bits"]
 
-# Block sizes that keep the [block, k] float64 tiles in registers at k = 128
-# (benchmarks/triton_compile.py reports registers and spills).
-BLOCK_ROWS = 8
+# Rows per plan program: one per thread of its 4 warps.
+BLOCK_ROWS = 128
+# Lanes of the draw kernel, of the table kernels and of a merge step.
 BLOCK_DRAWS = 16
-BLOCK_EDGES = 16
+BLOCK_ENTRIES = 256
+BLOCK_MERGE = 256
+# Bitmap words a merge step reads (32 keys each).
+BLOCK_WORDS = 8
+# Clusters summed per step of the thinning's p_ij.
+BLOCK_CLUSTERS = 4
+# Register sorts of a row's draws and forced keys, by size; a row above the
+# largest marks a bitmap of its keys instead (ceil(n_k / 32) words after
+# its slots, at most n_k / (8 SORT_BLOCK) bytes per draw).
+SORT_SIZES = (64, 256, 1024)
+SORT_BLOCK = SORT_SIZES[-1]
 # No fused multiply-adds: the C++ kernel's floating-point operations are
 # rounded one by one, and the same graph needs the same roundings.
 NO_FUSION = dict(enable_fp_fusion=False)
+
+
+def weight_bits(Nk: int) -> int:
+    r"""Bits :math:`M` of a key's quantised weight: a table's largest key
+    weighs :math:`2^M`, so that :math:`N_k` keys sum below :math:`2^{61}`
+    (the C++ kernel's ``weight_bits``)."""
+    return 61 - max(int(Nk), 0).bit_length()
 
 
 if triton is not None:
@@ -76,29 +105,43 @@ if triton is not None:
     # call and are not specialised (on divisibility by 16 or a value of 1),
     # which would compile a variant of the kernel for some calls only.
 
+    @triton.jit
+    def _lanes(N, width, BLOCK: tl.constexpr):
+        # This program's lanes e and whether e < N, with e split as
+        # (e // width, e % width).
+        e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        return e, e < N, e // width, e % width
+
+    @triton.jit
+    def _row(r, Nq, Seq, PtrK):
+        # Row r = (h, i): its head, query, sequence, the sequence's first
+        # key and its number of keys.
+        i = r % Nq
+        g = tl.load(Seq + i).to(tl.int64)
+        ks = tl.load(PtrK + g)
+        return r // Nq, i, g, ks, tl.load(PtrK + g + 1) - ks
+
     @triton.jit(do_not_specialize=["seed", "R", "Nq"])
     def _plan_kernel(W, Mass, MaxK, Seq, PtrK, Degree, Inflation, Mu,
                      seed: tl.int64, delta: tl.float64, threshold: tl.float64,
-                     R, Nq,
-                     H: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                     R, Nq, H: tl.constexpr, K: tl.constexpr,
                      BLOCK_R: tl.constexpr, EXACT: tl.constexpr):
-        r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-        live = r < R
-        h = r // Nq
-        i = r % Nq
+        # One row per thread: each sums its k clusters in order (the C++
+        # kernel's order) and draws its own degree; nothing is replicated.
+        r, live, h, i = _lanes(R, Nq, BLOCK_R)
         g = tl.load(Seq + i, mask=live, other=0).to(tl.int64)
         nk = (tl.load(PtrK + g + 1, mask=live, other=0)
               - tl.load(PtrK + g, mask=live, other=0))
-        v = tl.arange(0, BLOCK_K)
-        cell = live[:, None] & (v[None, :] < K)
-        w = tl.load(W + r[:, None] * K + v[None, :], mask=cell,
-                    other=0.0).to(tl.float64)
-        gh = (g * H + h)[:, None] * K + v[None, :]
-        s = tl.load(Mass + gh, mask=cell, other=0.0)
-        lam = delta * nk.to(tl.float64) + tl.sum(w * s, 1)
+        gh = (g * H + h) * K
+        lam = delta * nk.to(tl.float64)
+        bound = tl.zeros([BLOCK_R], tl.float64) + delta
+        for v in range(K):
+            w = tl.load(W + r * K + v, mask=live, other=0.0).to(tl.float64)
+            lam += w * tl.load(Mass + gh + v, mask=live, other=0.0)
+            if EXACT:
+                bound += w * tl.load(MaxK + gh + v, mask=live, other=0.0)
         c = tl.full([BLOCK_R], 1.0, tl.float64)
         if EXACT:
-            bound = delta + tl.sum(w * tl.load(MaxK + gh, mask=cell, other=0.0), 1)
             # c = -log1p(-P) / P, log1p by Goldberg's exact-rounding trick.
             P = tl.where((bound > 0.0) & (bound < 1.0), bound, 0.5)
             one_minus = 1.0 - P
@@ -115,71 +158,59 @@ if triton is not None:
         state = stream(seed, r, 0)
         d = poisson(state, mu, ok & ~dense)
         d = tl.where(dense, -1, tl.where(ok, d, 0))
-        tl.store(Degree + r, d, mask=live)
-        tl.store(Inflation + r, c, mask=live)
-        tl.store(Mu + r, mu, mask=live)
+        # The outputs are padded to whole blocks: unmasked stores keep the
+        # row mask from living across poisson's division calls (ptxas
+        # saved it on the stack).
+        tl.store(Degree + r, d)
+        tl.store(Inflation + r, c)
+        tl.store(Mu + r, mu)
+
+    @triton.jit(do_not_specialize=["Nk", "N"])
+    def _weight_kernel(Z, Scale, SeqK, Table, Nk, N, H: tl.constexpr,
+                       K: tl.constexpr, BLOCK: tl.constexpr):
+        # Table[(h K + v) Nk + j] = floor(Z[j, h, v] * Scale[g(j), h, v]),
+        # one entry per lane (the C++ kernel's key_weight).
+        e, live, t, j = _lanes(N, Nk, BLOCK)
+        g = tl.load(SeqK + j, mask=live, other=0).to(tl.int64)
+        z = tl.load(Z + j * (H * K) + t, mask=live, other=0.0).to(tl.float64)
+        scale = tl.load(Scale + g * (H * K) + t, mask=live, other=0.0)
+        tl.store(Table + e, tl.floor(z * scale).to(tl.int64), mask=live)
 
     @triton.jit
-    def _load_q(Z, j, n, z_base, z_stride, scale):
-        # q_j = Z_j * n / total, 0 past the end.
-        return tl.load(Z + z_base + j * z_stride, mask=j < n,
-                       other=0.0).to(tl.float64) * scale
+    def _cum_at(Table, row, j, first, mask):
+        # A table's cumulative weight at global key j, relative to its
+        # sequence (the entry before it, `first`, is subtracted).
+        return tl.load(Table + row + j, mask=mask, other=0) - first
 
-    @triton.jit(do_not_specialize=["Nk"])
-    def _alias_kernel(Z, PtrK, Prob, Alias, Nk,
-                      H: tl.constexpr, K: tl.constexpr):
-        # One (sequence, head, cluster) table per program: the C++ kernel's
-        # sweep (sweep_alias in csrc/sampler/fastrg.cpp), operation for
-        # operation.
-        t = tl.program_id(0).to(tl.int64)
-        g = t // (H * K)
-        h = t // K % H
-        v = t % K
-        ks = tl.load(PtrK + g)
-        n = tl.load(PtrK + g + 1) - ks
-        z_base = (ks * H + h) * K + v
-        z_stride = H * K
-        out = (h * K + v) * Nk + ks
-        total = tl.zeros([], tl.float64)
-        j = tl.zeros([], tl.int64)
-        while j < n:
-            total += tl.load(Z + z_base + j * z_stride).to(tl.float64)
-            j += 1
-        if total > 0.0:
-            scale = n.to(tl.float64) / total
-            i = tl.zeros([], tl.int64)
-            while (i < n) & (_load_q(Z, i, n, z_base, z_stride, scale) >= 1.0):
-                i += 1
-            j = tl.zeros([], tl.int64)
-            while (j < n) & (_load_q(Z, j, n, z_base, z_stride, scale) < 1.0):
-                j += 1
-            w = _load_q(Z, j, n, z_base, z_stride, scale)
-            while j < n:
-                if w < 1.0:
-                    nxt = j + 1
-                    while (nxt < n) & (_load_q(Z, nxt, n, z_base, z_stride,
-                                               scale) < 1.0):
-                        nxt += 1
-                    if nxt < n:
-                        tl.store(Prob + out + j, w.to(tl.float32))
-                        tl.store(Alias + out + j, (ks + nxt).to(tl.int32))
-                        w = _load_q(Z, nxt, n, z_base, z_stride, scale) - (1.0 - w)
-                    j = nxt
-                else:
-                    if i < n:
-                        qi = _load_q(Z, i, n, z_base, z_stride, scale)
-                        tl.store(Prob + out + i, qi.to(tl.float32))
-                        tl.store(Alias + out + i, (ks + j).to(tl.int32))
-                        w -= 1.0 - qi
-                        i += 1
-                        while (i < n) & (_load_q(Z, i, n, z_base, z_stride,
-                                                 scale) >= 1.0):
-                            i += 1
-                    else:
-                        j = n
+    @triton.jit(do_not_specialize=["Nk", "N"])
+    def _guide_kernel(Table, SeqK, PtrK, Guide, Nk, N, BLOCK: tl.constexpr):
+        # Guide[e] for bucket b = j - ks of its table: the first key whose
+        # cumulative weight exceeds a lower bound of floor(b T / n), by a
+        # binary search over the sequence's keys (lanes are entries).
+        e, live, t, j = _lanes(N, Nk, BLOCK)
+        row = t * Nk
+        g = tl.load(SeqK + j, mask=live, other=0).to(tl.int64)
+        ks = tl.load(PtrK + g, mask=live, other=0)
+        n = tl.load(PtrK + g + 1, mask=live, other=1) - ks
+        first = tl.load(Table + row + ks - 1, mask=live & (ks > 0), other=0)
+        total = _cum_at(Table, row, ks + n - 1, first, live)
+        b = j - ks
+        # A lower bound with a margin, as the C++ kernel's bucket_floor.
+        y = b.to(tl.float64) * total.to(tl.float64) / n.to(tl.float64)
+        bound = tl.maximum((y * (1.0 - 1e-12)).to(tl.int64) - 1, 0)
+        lo = ks
+        hi = ks + n - 1
+        todo = live & (total > 0) & (lo < hi)
+        while tl.max(todo.to(tl.int32), 0) > 0:
+            mid = (lo + hi) // 2
+            above = _cum_at(Table, row, mid, first, todo) > bound
+            hi = tl.where(todo & above, mid, hi)
+            lo = tl.where(todo & ~above, mid + 1, lo)
+            todo = todo & (lo < hi)
+        tl.store(Guide + e, lo.to(tl.int32), mask=live)
 
     @triton.jit(do_not_specialize=["seed", "Nq", "Nk"])
-    def _draw_kernel(W, Z, Mass, Seq, PtrK, Degree, Offset, Prob, Alias, Out,
+    def _draw_kernel(W, Z, Mass, Seq, PtrK, Degree, Offset, Table, Guide, Out,
                      seed: tl.int64, delta: tl.float64, Nq, Nk,
                      H: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
                      BLOCK_D: tl.constexpr, EXACT: tl.constexpr,
@@ -190,11 +221,7 @@ if triton is not None:
         r = tl.program_id(0).to(tl.int64)
         d = tl.load(Degree + r)
         if d != 0:
-            h = r // Nq
-            i = r % Nq
-            g = tl.load(Seq + i).to(tl.int64)
-            ks = tl.load(PtrK + g)
-            nk = tl.load(PtrK + g + 1) - ks
+            h, i, g, ks, nk = _row(r, Nq, Seq, PtrK)
             base = tl.load(Offset + r)
             state = stream(seed, r, 1)
             v = tl.arange(0, BLOCK_K)
@@ -223,56 +250,206 @@ if triton is not None:
                 if EXPLORE:
                     total = total + delta * nk.to(tl.float64)
                     last = K
-                table = (h * K) * Nk + ks
+                nk64 = nk.to(tl.uint64)
                 for t0 in range(0, d, BLOCK_D):
                     tt = t0 + t
                     m = tt < d
                     u = uniform(state, 2 * tt + 1)
                     below = (cum[None, :] <= (u * total)[:, None]) & (v[None, :] < K)
                     c = tl.minimum(tl.sum(below.to(tl.int64), 1), last)
+                    # The word's high bits pick the bucket (and the
+                    # exploration's key), its product with the table's total
+                    # the target weight.
                     word = bits(state, 2 * tt + 2)
-                    nk64 = nk.to(tl.uint64)
-                    slot = tl.umulhi(word, nk64).to(tl.int64)
-                    frac = ((word * nk64) >> 11).to(tl.float64) * 1.1102230246251565e-16
+                    bucket = tl.umulhi(word, nk64).to(tl.int64)
                     drawn = m & (c < K)
-                    entry = table + c * Nk + slot
-                    prob = tl.load(Prob + entry, mask=drawn, other=1.0)
-                    alias = tl.load(Alias + entry, mask=drawn, other=0).to(tl.int64)
-                    key = tl.where(frac < prob.to(tl.float64), slot, alias - ks)
+                    row = (h * K + c) * Nk
+                    first = tl.load(Table + row + ks - 1,
+                                    mask=drawn & (row * 0 + ks > 0), other=0)
+                    total_c = _cum_at(Table, row, ks + nk - 1, first, drawn)
+                    target = tl.umulhi(word, total_c.to(tl.uint64)).to(tl.int64)
+                    j = tl.load(Guide + row + ks + bucket, mask=drawn,
+                                other=0).to(tl.int64)
+                    walk = drawn & (_cum_at(Table, row, j, first, drawn) <= target)
+                    while tl.max(walk.to(tl.int32), 0) > 0:
+                        j = tl.where(walk, j + 1, j)
+                        walk = walk & (_cum_at(Table, row, j, first, walk) <= target)
+                    key = tl.where(c < K, j - ks, bucket)
                     tl.store(Out + base + tt, key.to(tl.int32), mask=m)
 
-    @triton.jit(do_not_specialize=["seed", "E", "Nq", "Nk"])
-    def _thin_kernel(Key, RowStart, W, Z, Degree, Inflation, Keep,
-                     seed: tl.int64, delta: tl.float64, E, Nq, Nk,
-                     H: tl.constexpr, K: tl.constexpr,
-                     BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
-        # Exact mode: keeps each distinct drawn key of a sparse row with
-        # probability min(p, 1) / (1 - exp(-c p)); a uniform below 1 / c
-        # keeps it without computing p (the C++ kernel's squeeze). The
-        # t-th distinct key of a row reads counter 2 d + 1 + t.
-        e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
-        live = e < E
-        key = tl.load(Key + e, mask=live, other=0)
-        r = key // Nk
-        j = key % Nk
-        d = tl.load(Degree + r, mask=live, other=0)
-        sparse = live & (d > 0)
-        rank = e - tl.load(RowStart + r, mask=live, other=0)
-        c = tl.load(Inflation + r, mask=sparse, other=1.0)
-        u = uniform(stream(seed, r, 1), 2 * d + 1 + rank)
-        squeezed = u < 1.0 / c
-        test = sparse & ~squeezed
-        h = r // Nq
-        v = tl.arange(0, BLOCK_K)
-        cell = test[:, None] & (v[None, :] < K)
-        w = tl.load(W + r[:, None] * K + v[None, :], mask=cell, other=0.0)
-        z = tl.load(Z + (j * H + h)[:, None] * K + v[None, :], mask=cell,
-                    other=0.0)
-        p = tl.sum(w * z, 1).to(tl.float64) + delta
+    @triton.jit
+    def _accept(key, rank, live, state, d, c, W, Z, r, h, ks, delta,
+                H: tl.constexpr, K: tl.constexpr, KC: tl.constexpr):
+        # Exact mode: keeps the distinct drawn key of rank t in its row with
+        # probability min(p, 1) / (1 - exp(-c p)) at counter 2 d + 1 + t; a
+        # uniform below 1 / c keeps it without computing p (the C++
+        # kernel's squeeze).
+        # By products, as the C++ kernel compares: a division is a call
+        # around which ptxas saved registers on the stack.
+        u = uniform(state, 2 * d + 1 + rank)
+        squeezed = u * c < 1.0
+        test = live & ~squeezed
+        p = tl.zeros(key.shape, tl.float64)
+        zrow = ((ks + key) * H + h) * K
+        for v0 in range(0, K, KC):
+            v = v0 + tl.arange(0, KC)
+            w = tl.load(W + r * K + v, mask=v < K, other=0.0)
+            z = tl.load(Z + zrow[:, None] + v[None, :],
+                        mask=test[:, None] & (v[None, :] < K), other=0.0)
+            p += tl.sum(z * w[None, :], 1).to(tl.float64)
+        p = p + delta
         cp = tl.where(test, c * p, 1.0)
-        accept = (p > 0.0) & (u < tl.minimum(p, 1.0) / one_minus_exp(cp))
-        keep = ~sparse | squeezed | accept
-        tl.store(Keep + e, keep.to(tl.int8), mask=live)
+        accept = (p > 0.0) & (u * one_minus_exp(cp) < tl.minimum(p, 1.0))
+        return live & (squeezed | accept)
+
+    @triton.jit
+    def _bitmap_keys(Buf, at, w0, words, BLOCK_W: tl.constexpr):
+        # The keys of BLOCK_W bitmap words from word w0, in order, and
+        # whether each is set.
+        wi = w0 + tl.arange(0, BLOCK_W)
+        word = tl.load(Buf + at + wi, mask=wi < words, other=0)
+        bit = tl.arange(0, 32)
+        present = ((word[:, None] >> bit[None, :]) & 1) == 1
+        key = wi[:, None] * 32 + bit[None, :]
+        return (tl.reshape(key, [BLOCK_W * 32]),
+                tl.reshape(present, [BLOCK_W * 32]))
+
+    @triton.jit
+    def _forced_key(IncCol, i0, f, nf, ks, selfkey):
+        # The row's f-th forced key (local): its included keys, then the
+        # self-loop (lanes f >= nf), as one list.
+        inc = tl.load(IncCol + i0 + f, mask=(f >= 0) & (f < nf), other=0) - ks
+        return tl.where(f < nf, inc, selfkey)
+
+    @triton.jit(do_not_specialize=["seed", "Nq", "Nk"])
+    def _merge_kernel(Buf, Offset, Count, Degree, Inflation, W, Z, Seq, PtrK,
+                      IncPtr, IncCol, seed: tl.int64, delta: tl.float64, Nq,
+                      Nk, H: tl.constexpr, K: tl.constexpr, KC: tl.constexpr,
+                      LOW: tl.constexpr, SORT: tl.constexpr,
+                      OTHERS: tl.constexpr, SELF_LOOPS: tl.constexpr,
+                      EXACT: tl.constexpr, BLOCK: tl.constexpr,
+                      BLOCK_W: tl.constexpr):
+        # One row per program: its sorted distinct kept keys (drawn, then
+        # thinned, with the forced ones) at Buf[Offset[r]:], their number
+        # at Count[r]. Rows with LOW < draws + forced <= SORT are sorted in
+        # registers; with OTHERS, the dense rows and the rows above SORT
+        # instead (a launch of its own: their registers would spill beside
+        # the largest sort's).
+        r = tl.program_id(0).to(tl.int64)
+        d = tl.load(Degree + r)
+        h, i, _, ks, nk = _row(r, Nq, Seq, PtrK)
+        i0 = tl.load(IncPtr + i)
+        nf = tl.load(IncPtr + i + 1) - i0
+        nforced = nf + (1 if SELF_LOOPS else 0)
+        n = d + nforced
+        selfkey = i - ks
+        base = tl.load(Offset + r)
+        state = stream(seed, r, 1)
+        c = tl.load(Inflation + r)
+        if (not OTHERS) and (nk > 0) & (d >= 0) & (n > LOW) & (n <= SORT):
+            # Draws tagged odd (2j + 1), forced keys even (2j): sorted, a
+            # key's forced copies come first and its draws after.
+            t = tl.arange(0, SORT).to(tl.int64)
+            drawn = t < d
+            forced = (t >= d) & (t < n)
+            x = tl.load(Buf + base + t, mask=drawn, other=0).to(tl.int64)
+            y = _forced_key(IncCol, i0, t - d, nf, ks, selfkey)
+            val = tl.where(drawn, 2 * x + 1, tl.where(forced, 2 * y, 2 * nk + 2))
+            val = tl.sort(val)
+            prev = tl.gather(val, tl.maximum(t - 1, 0), 0)
+            nxt = tl.gather(val, tl.minimum(t + 1, SORT - 1), 0)
+            valid = val < 2 * nk
+            first = valid & ((val & 1) == 1) & ((t == 0) | (prev != val))
+            keep = first
+            if EXACT:
+                forced = (t > 0) & (prev == val - 1)  # a forced copy
+                rank = tl.cumsum(first.to(tl.int64), 0) - 1
+                keep = first & (forced | _accept(val // 2, rank, first, state, d,
+                                                 c, W, Z, r, h, ks, delta,
+                                                 H, K, KC))
+            alone = (valid & ((val & 1) == 0)
+                     & ((t == SORT - 1) | (nxt // 2 != val // 2)))
+            out = keep | alone
+            pos = tl.cumsum(out.to(tl.int64), 0) - out.to(tl.int64)
+            tl.debug_barrier()
+            tl.store(Buf + base + pos, (val // 2).to(tl.int32), mask=out)
+            tl.store(Count + r, tl.sum(out.to(tl.int64), 0))
+        if OTHERS:
+            # Both kinds of row in one pass, each loop running zero times
+            # for the other kind: no barrier sits in a branch (ptxas saved
+            # registers on the stack around barriers in branches).
+            lanes = tl.arange(0, BLOCK).to(tl.int64)
+            dense = (nk > 0) & (d < 0)
+            bitmap = (nk > 0) & (d >= 0) & (n > SORT)
+            # Dense: the trials are j or -1 in key order; the forced keys
+            # are marked, then the row is compacted in place.
+            nd = tl.where(dense, nk, 0)
+            for f0 in range(0, tl.where(dense, nforced, 0), BLOCK):
+                f = f0 + lanes
+                j = _forced_key(IncCol, i0, f, nf, ks, selfkey)
+                tl.store(Buf + base + j, j.to(tl.int32), mask=f < nforced)
+            tl.debug_barrier()
+            kept = tl.zeros([], tl.int64)
+            for j0 in range(0, nd, BLOCK):
+                j = j0 + lanes
+                x = tl.load(Buf + base + j, mask=j < nd, other=-1)
+                on = (x >= 0).to(tl.int64)
+                pos = kept + tl.cumsum(on, 0) - on
+                tl.debug_barrier()
+                tl.store(Buf + base + pos, x, mask=on > 0)
+                kept += tl.sum(on, 0)
+            # Bitmap: the row's keys after its output slots; the draws set
+            # bits, exact mode clears the rejected ones, the forced keys
+            # set theirs, and the set bits are written out in key order.
+            at = base + n
+            words = tl.where(bitmap, (nk + 31) // 32, 0)
+            for t0 in range(0, tl.where(bitmap, d, 0), BLOCK):
+                t = t0 + lanes
+                x = tl.load(Buf + base + t, mask=t < d, other=0)
+                tl.atomic_or(Buf + at + x // 32, 1 << (x % 32), mask=t < d)
+            tl.debug_barrier()
+            if EXACT:
+                seen = tl.zeros([], tl.int64)
+                for w0 in range(0, words, BLOCK_W):
+                    key, on = _bitmap_keys(Buf, at, w0, words, BLOCK_W)
+                    on64 = on.to(tl.int64)
+                    rank = seen + tl.cumsum(on64, 0) - on64
+                    keep = _accept(key.to(tl.int64), rank, on, state, d, c,
+                                   W, Z, r, h, ks, delta, H, K, KC)
+                    bit = tl.reshape(keep.to(tl.int64), [BLOCK_W, 32]) << \
+                        tl.arange(0, 32)[None, :].to(tl.int64)
+                    wi = w0 + tl.arange(0, BLOCK_W)
+                    tl.store(Buf + at + wi, tl.sum(bit, 1).to(tl.uint32)
+                             .to(tl.int32, bitcast=True), mask=wi < words)
+                    seen += tl.sum(on64, 0)
+                tl.debug_barrier()
+            for f0 in range(0, tl.where(bitmap, nforced, 0), BLOCK):
+                f = f0 + lanes
+                j = _forced_key(IncCol, i0, f, nf, ks, selfkey)
+                tl.atomic_or(Buf + at + j // 32, (1 << (j % 32)).to(tl.int32),
+                             mask=f < nforced)
+            tl.debug_barrier()
+            for w0 in range(0, words, BLOCK_W):
+                key, on = _bitmap_keys(Buf, at, w0, words, BLOCK_W)
+                on64 = on.to(tl.int64)
+                pos = kept + tl.cumsum(on64, 0) - on64
+                tl.store(Buf + base + pos, key, mask=on)
+                kept += tl.sum(on64, 0)
+            tl.store(Count + r, kept, mask=dense | bitmap)
+
+    @triton.jit(do_not_specialize=["Nq", "Nk"])
+    def _graph_kernel(Buf, Offset, RowPtr, Seq, PtrK, Col, Nq, Nk,
+                      BLOCK: tl.constexpr):
+        # Row r's keys as the graph's columns h N_k + j at RowPtr[r].
+        r = tl.program_id(0).to(tl.int64)
+        start = tl.load(RowPtr + r)
+        n = tl.load(RowPtr + r + 1) - start
+        col0 = r // Nq * Nk + tl.load(PtrK + tl.load(Seq + r % Nq))
+        base = tl.load(Offset + r)
+        for t0 in range(0, n, BLOCK):
+            t = t0 + tl.arange(0, BLOCK)
+            key = tl.load(Buf + base + t, mask=t < n, other=0)
+            tl.store(Col + start + t, (key + col0).to(tl.int32), mask=t < n)
 
 
 def _rows(ptr_q: Tensor, ptr_k: Tensor, H: int, Nq: int):
@@ -302,15 +479,16 @@ def plan(Y: Tensor, W: Tensor, Z: Tensor, ptr_q: Tensor, ptr_k: Tensor,
                                 unsafe=True).contiguous()  # [G, H, k]
     max_k = sequence_max(Zd, ptr_k).contiguous()
     del Zd
-    degree = torch.empty(R, dtype=torch.long, device=device)
-    inflation = torch.empty(R, dtype=torch.float64, device=device)
-    mu = torch.empty(R, dtype=torch.float64, device=device)
+    padded = triton.cdiv(R, BLOCK_ROWS) * BLOCK_ROWS
+    degree = torch.empty(padded, dtype=torch.long, device=device)[:R]
+    inflation = torch.empty(padded, dtype=torch.float64, device=device)[:R]
+    mu = torch.empty(padded, dtype=torch.float64, device=device)[:R]
     if R:
         _plan_kernel[(triton.cdiv(R, BLOCK_ROWS),)](
             W, mass, max_k, seq, ptr_k, degree, inflation, mu, seed,
             float(delta), float(threshold), R, Nq, H=H, K=k,
-            BLOCK_K=triton.next_power_of_2(max(k, 1)), BLOCK_R=BLOCK_ROWS,
-            EXACT=exact, **NO_FUSION)
+            BLOCK_R=BLOCK_ROWS, EXACT=exact, num_warps=BLOCK_ROWS // 32,
+            **NO_FUSION)
     # The C++ kernel's statistics: a dense row counts its keys as draws and
     # its expected degree (at most its keys) as edges; a row whose rate is
     # not finite and non-negative draws nothing and is counted.
@@ -327,54 +505,103 @@ def plan(Y: Tensor, W: Tensor, Z: Tensor, ptr_q: Tensor, ptr_k: Tensor,
     return degree, inflation, mass, stats
 
 
+def buffer_slots(degree: Tensor, ptr_q: Tensor, ptr_k: Tensor, H: int,
+                 inc_ptr: Tensor, self_loops: bool) -> Tensor:
+    r"""Each row's slots in :func:`sample`'s draw buffer :obj:`[R]`: a
+    dense row's trials (:math:`n_k`), a sparse row's draws and forced keys,
+    and for a row above :data:`SORT_BLOCK` the bitmap of its keys
+    (:math:`\lceil n_k / 32 \rceil` words). Their sum is the
+    :obj:`capacity` that :func:`sample` takes, read at the memory guard's
+    sync."""
+    seq, nk = _rows(ptr_q, ptr_k, H, degree.numel() // max(H, 1))
+    forced = int(self_loops) + (inc_ptr.diff().repeat(H) if inc_ptr.numel()
+                                else 0)
+    n = degree + forced
+    words = torch.where(n > SORT_BLOCK, (nk + 31) // 32, 0)
+    return torch.where(nk == 0, 0, torch.where(degree < 0, nk, n + words))
+
+
 def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
            delta: float, exact: bool, seed: int, degree: Tensor,
            inflation: Tensor, self_loops: bool, inc_ptr: Tensor,
-           inc_col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+           inc_col: Tensor, capacity: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The CUDA kernel of ``sbm_pyg::fastrg_sample``
     (:mod:`~sbm_pyg.sampling.fastrg_op` gives the contract): the graph's
-    int32 CSR :obj:`(rowptr, col, perm, colptr)`."""
+    int32 CSR :obj:`(rowptr, col, perm, colptr)`. :obj:`capacity` is the
+    draw buffer's length, :func:`buffer_slots` summed; the one host sync
+    reads the graph's edge count."""
     H, Nq, k = W.shape
     Nk, device = Z.size(0), W.device
-    G, R = ptr_q.numel() - 1, H * Nq
-    seq, nk = _rows(ptr_q, ptr_k, H, Nq)
-    slots = torch.where(degree < 0, nk, degree)
-    offset = torch.cumsum(slots, 0)
-    # The draw buffer's size (the caller's memory guard has checked it).
-    num_draws = int(offset[-1]) if R else 0
-    offset -= slots
-    prob = torch.ones(H * k * Nk, dtype=torch.float32, device=device)
-    alias = torch.arange(Nk, dtype=torch.int32, device=device).repeat(H * k)
-    if G * H * k and bool((degree > 0).any()):
-        _alias_kernel[(G * H * k,)](Z, ptr_k, prob, alias, Nk, H=H, K=k,
-                                    **NO_FUSION)
-    block_k = triton.next_power_of_2(max(k, 1))
-    drawn = torch.empty(num_draws, dtype=torch.int32, device=device)
-    if num_draws:
+    R = H * Nq
+    seq, _ = _rows(ptr_q, ptr_k, H, Nq)
+    if not inc_ptr.numel():
+        inc_ptr = torch.zeros(Nq + 1, dtype=torch.long, device=device)
+        inc_col = inc_ptr[:1]
+    slots = buffer_slots(degree, ptr_q, ptr_k, H, inc_ptr, self_loops)
+    offset = torch.cumsum(slots, 0) - slots
+    buf = torch.zeros(capacity, dtype=torch.int32, device=device)
+    count = torch.zeros(R, dtype=torch.long, device=device)
+    if R:
+        table, guide = key_tables(Z, ptr_k, H, k)
         _draw_kernel[(R,)](
-            W, Z, mass, seq, ptr_k, degree, offset, prob, alias, drawn, seed,
-            float(delta), Nq, Nk, H=H, K=k, BLOCK_K=block_k,
-            BLOCK_D=BLOCK_DRAWS, EXACT=exact, EXPLORE=delta > 0, **NO_FUSION)
-    del prob, alias, offset
-    row = torch.repeat_interleave(torch.arange(R, device=device), slots,
-                                  output_size=num_draws)
-    ks = ptr_k[seq].repeat(H)  # [R]
-    kept = drawn >= 0
-    key = sorted_unique((row * Nk + ks[row] + drawn)[kept])
-    del row, drawn, kept
-    if exact and key.numel():
-        row_start = torch.searchsorted(key, torch.arange(R, device=device) * Nk)
-        keep = torch.empty(key.numel(), dtype=torch.int8, device=device)
-        _thin_kernel[(triton.cdiv(key.numel(), BLOCK_EDGES),)](
-            key, row_start, W, Z, degree, inflation, keep, seed,
-            float(delta), key.numel(), Nq, Nk, H=H, K=k,
-            BLOCK_K=block_k, BLOCK_E=BLOCK_EDGES, **NO_FUSION)
-        key = key[keep.bool()]
-    included = None
-    if inc_ptr.numel():
-        i = torch.repeat_interleave(torch.arange(Nq, device=device),
-                                    inc_ptr.diff(), output_size=inc_col.numel())
-        included = (i, inc_col)
-    csr = csr_from_keys(with_forced_keys(key, included, self_loops, H, Nq, Nk),
-                        H, Nq, Nk)
-    return csr.rowptr, csr.col, csr.perm, csr.colptr
+            W, Z, mass, seq, ptr_k, degree, offset, table, guide, buf, seed,
+            float(delta), Nq, Nk, H=H, K=k,
+            BLOCK_K=triton.next_power_of_2(max(k, 1)),
+            BLOCK_D=BLOCK_DRAWS, EXACT=exact, EXPLORE=delta > 0,
+            # At k = 256 four warps made ptxas keep a predicate on the stack.
+            num_warps=8 if k > 128 else 4, **NO_FUSION)
+        del table, guide
+        # The register sorts by size (two entries per thread), then the
+        # dense and bitmap rows.
+        passes = [(low, size, False) for low, size
+                  in zip((0,) + tuple(SORT_SIZES[:-1]), SORT_SIZES)]
+        for low, size, others in passes + [(0, SORT_BLOCK, True)]:
+            _merge_kernel[(R,)](
+                buf, offset, count, degree, inflation, W, Z, seq, ptr_k,
+                inc_ptr, inc_col, seed, float(delta), Nq, Nk, H=H, K=k,
+                KC=BLOCK_CLUSTERS, LOW=low, SORT=size, OTHERS=others,
+                SELF_LOOPS=self_loops, EXACT=exact, BLOCK=BLOCK_MERGE,
+                BLOCK_W=BLOCK_WORDS,
+                # Two entries per thread (with 8 warps for the dense and
+                # bitmap rows, ptxas kept a pointer on the stack at k = 3).
+                num_warps=BLOCK_MERGE // 64 if others else max(1, size // 64),
+                **NO_FUSION)
+    rowptr = torch.zeros(R + 1, dtype=torch.long, device=device)
+    torch.cumsum(count, 0, out=rowptr[1:])
+    E = int(rowptr[-1])  # the one host sync: the graph's size
+    check_index_range(E, R, H * Nk)
+    col = torch.empty(E, dtype=torch.int32, device=device)
+    if E:
+        _graph_kernel[(R,)](buf, offset, rowptr, seq, ptr_k, col, Nq, Nk,
+                            BLOCK=BLOCK_MERGE)
+    del buf
+    perm, colptr = column_order(col, H * Nk)
+    return rowptr.to(torch.int32), col, perm, colptr
+
+
+def key_tables(Z: Tensor, ptr_k: Tensor, H: int, k: int
+               ) -> Tuple[Tensor, Tensor]:
+    r"""The cumulative quantised key weights :obj:`[H k, N_k]` (int64,
+    running over the whole batch: a sequence's entries are relative to the
+    entry before it) and their guide (int32) of every (sequence, head,
+    cluster); the C++ kernel's tables, whose sums run per sequence."""
+    Nk, device = Z.size(0), Z.device
+    N = H * k * Nk
+    table = torch.empty(H * k, Nk, dtype=torch.long, device=device)
+    guide = torch.empty(H * k, Nk, dtype=torch.int32, device=device)
+    if not N:
+        return table, guide
+    max_z = sequence_max(Z, ptr_k).double()
+    scale = torch.where(max_z > 0, 2.0 ** weight_bits(Nk) / max_z, 0.0)
+    seq_k = torch.repeat_interleave(
+        torch.arange(ptr_k.numel() - 1, device=device), ptr_k.diff(),
+        output_size=Nk)
+    grid = (triton.cdiv(N, BLOCK_ENTRIES),)
+    _weight_kernel[grid](Z, scale.contiguous(), seq_k, table, Nk, N, H=H, K=k,
+                         BLOCK=BLOCK_ENTRIES, **NO_FUSION)
+    # One scan of every table: exact integers, so the same sums as the C++
+    # kernel's per-sequence loop, in any order.
+    table.cumsum_(1)
+    _guide_kernel[grid](table, seq_k, ptr_k, guide, Nk, N,
+                        BLOCK=BLOCK_ENTRIES, **NO_FUSION)
+    return table, guide

@@ -47,8 +47,10 @@ if triton is not None:
 
     @triton.jit
     def one_minus_exp(x):
-        # 1 - exp(-x) for x >= 0, accurate for small x (expm1).
-        series = x * (1.0 - x * (0.5 - x * (1.0 / 6.0 - x / 24.0)))
+        # 1 - exp(-x) for x >= 0, accurate for small x (expm1). No
+        # division: one is a call in SASS, around which ptxas saves
+        # registers on the stack.
+        series = x * (1.0 - x * (0.5 - x * (1.0 / 6.0 - x * (1.0 / 24.0))))
         return tl.where(x < 1e-3, series, 1.0 - tl.exp(-x))
 
     @triton.jit

@@ -73,7 +73,14 @@ def test_spills_fail_where_the_baseline_had_none():
 def test_the_dense_kernels_never_spill_at_the_model_sizes():
     dense = dict(module="sbm_pyg.ops.triton_dense_kernels", stack_bytes=16)
     small = _row(constexprs={"D": "64", "KC": "128"}, **dense)
-    assert "head size <= 64" in problems([small], [small])[0]
+    assert "no kernel of its module may" in problems([small], [small])[0]
     # larger sizes follow the baseline
     large = _row(constexprs={"D": "128", "KC": "128"}, **dense)
     assert problems([large], [large]) == []
+
+
+def test_the_sampler_kernels_never_spill():
+    sampler = dict(module="sbm_pyg.sampling.fastrg_triton", kernel="merge_kernel")
+    assert problems([_row(**sampler)], []) == []
+    spilling = _row(stack_bytes=8, constexprs={"K": "256"}, **sampler)
+    assert "no kernel of its module may" in problems([spilling], [spilling])[0]

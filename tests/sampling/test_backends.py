@@ -107,12 +107,30 @@ def _edge_set(graph):
     ("exact", 0.02, torch.float64, 0.0), ("poisson", 0.0, torch.float32, math.inf)])
 def test_triton_gives_the_cpp_graph_for_the_same_seed(mode, exploration, dtype,
                                                       threshold, monkeypatch):
-    # The same row streams, alias tables and algorithm: the same edges
+    # The same row streams, key tables and algorithm: the same edges
     # (up to floating-point ties, so >= 99.9% overlap where they could
     # differ: another device's sums and exp), over a ragged batch with
     # sparse rows (Poisson by inversion and by PTRS: degrees around 12),
     # dense rows, self-loops and included edges. The C++ kernel runs on CPU
     # copies with the same seed.
+    _same_graph(mode, exploration, dtype, threshold, monkeypatch)
+
+
+@needs_triton
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_triton_rows_past_the_register_sort_give_the_cpp_graph(mode,
+                                                               monkeypatch):
+    # With register sorts of at most 2 and 4 entries, rows of 3 or 4 draws
+    # and forced keys take the larger sort and every longer row the bitmap
+    # (exact mode thins there, then the forced keys are set): the graph is
+    # the C++ kernel's all the same.
+    from sbm_pyg.sampling import fastrg_triton
+    monkeypatch.setattr(fastrg_triton, "SORT_SIZES", (2, 4))
+    monkeypatch.setattr(fastrg_triton, "SORT_BLOCK", 4)
+    _same_graph(mode, 0.02, torch.float64, 0.5, monkeypatch)
+
+
+def _same_graph(mode, exploration, dtype, threshold, monkeypatch):
     monkeypatch.setattr(fastrg_op, "DENSE_ROW_THRESHOLD", threshold)
     monkeypatch.setattr(fastrg_op, "stream_seed", lambda *_: 2**61 + 12345)
     device = torch.get_default_device()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sbm_pyg.ops import WITH_TRITON, triton_runs
+from sbm_pyg.sampling import fastrg_triton
 from tests.helpers import seeded
 from tests.sampling.cases import needs_cpp, needs_triton
 
@@ -34,8 +35,11 @@ def sample_inputs(plan_args, plan_out, self_loops=True):
     inc_ptr[1:] = 1
     inc_ptr[14:] = 2
     inc_col = torch.tensor([5, 20])
+    # The Triton kernel's draw buffer (the C++ kernel does not read it).
+    capacity = int(fastrg_triton.buffer_slots(degree, ptr_q, ptr_k, W.size(0),
+                                              inc_ptr, self_loops).sum())
     return [W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree, inflation,
-            self_loops, inc_ptr, inc_col]
+            self_loops, inc_ptr, inc_col, capacity]
 
 
 def test_one_schema_with_a_kernel_per_device():
@@ -131,9 +135,10 @@ def test_triton_kernels_compile_once_whatever_the_seed_and_sizes():
 
     from sbm_pyg.sampling import fastrg_triton
     from tests.triton_abi import jit_binding
-    scalars = {"seed", "delta", "threshold", "R", "Nq", "Nk", "E"}
-    for kernel in (fastrg_triton._plan_kernel, fastrg_triton._alias_kernel,
-                   fastrg_triton._draw_kernel, fastrg_triton._thin_kernel):
+    scalars = {"seed", "delta", "threshold", "R", "Nq", "Nk", "N", "E"}
+    for kernel in (fastrg_triton._plan_kernel, fastrg_triton._weight_kernel,
+                   fastrg_triton._guide_kernel, fastrg_triton._draw_kernel,
+                   fastrg_triton._merge_kernel, fastrg_triton._graph_kernel):
         params = inspect.signature(kernel.fn).parameters
         tensor = torch.empty(4, dtype=torch.float64, device="cpu")
 
@@ -147,3 +152,37 @@ def test_triton_kernels_compile_once_whatever_the_seed_and_sizes():
         types = dict(zip(params, (t for t, _ in specs[0])))
         assert types.get("seed", "i64") == "i64"
         assert types.get("delta", "fp64") == types.get("threshold", "fp64") == "fp64"
+
+
+class _PhiloxGenerator:
+    """A CUDA generator's host-side state: a seed and a Philox offset."""
+
+    def __init__(self, seed, offset=0):
+        self.seed, self.offset = seed, offset
+
+    def initial_seed(self):
+        return self.seed
+
+    def get_offset(self):
+        return self.offset
+
+    def set_offset(self, offset):
+        self.offset = offset
+
+
+def test_a_cuda_stream_seed_is_drawn_on_the_host():
+    # From the generator's seed and offset, which advances by 4 per seed as
+    # a kernel's draws would: the same state gives the same seed, every
+    # draw another one, and no kernel runs (a CPU test can pass a CUDA
+    # device: nothing touches it).
+    from sbm_pyg.sampling.fastrg_op import stream_seed
+    cuda = torch.device("cuda")
+    gen = _PhiloxGenerator(1234)
+    seeds = [stream_seed(gen, cuda) for _ in range(100)]
+    assert gen.offset == 400
+    assert len(set(seeds)) == 100
+    assert all(0 <= s < 2**62 for s in seeds)
+    assert stream_seed(_PhiloxGenerator(1234, 8), cuda) == seeds[2]
+    assert stream_seed(_PhiloxGenerator(1235, 8), cuda) != seeds[2]
+    # The top bits are used: the largest of 100 seeds is near 2^62.
+    assert max(seeds) > 2**61
