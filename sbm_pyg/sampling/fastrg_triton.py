@@ -539,6 +539,10 @@ def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
         inc_col = inc_ptr[:1]
     slots = buffer_slots(degree, ptr_q, ptr_k, H, inc_ptr, self_loops)
     offset = torch.cumsum(slots, 0) - slots
+    # A capacity short of the slots would write past the buffer: checked on
+    # the device (an asynchronous assert on CUDA, no host sync).
+    torch._assert_async(slots.sum() <= capacity,
+                        "fastrg_sample: capacity is below the draw buffer's slots")
     buf = torch.zeros(capacity, dtype=torch.int32, device=device)
     count = torch.zeros(R, dtype=torch.long, device=device)
     if R:

@@ -117,3 +117,12 @@ def test_sample_reads_one_value_on_the_host(mode):
         graph = fastrg_triton.sample(*inputs)
     assert graph[1].numel() > 20
     assert reads.seen == ["_local_scalar_dense"]
+
+
+def test_sample_refuses_a_capacity_below_its_slots():
+    from tests.sampling.test_fastrg_op import op_inputs, sample_inputs
+    args = op_inputs("poisson")
+    inputs = sample_inputs(args, fastrg_triton.plan(*args))
+    inputs[-1] -= 1
+    with pytest.raises(RuntimeError, match="capacity"):
+        fastrg_triton.sample(*inputs)
