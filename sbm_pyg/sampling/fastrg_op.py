@@ -22,8 +22,9 @@ threads nor on the device: both kernels read every row's stream at the same
 counters.
 
 The sampler runs as two operators, so that the caller checks the draw count
-against its memory guard between them, at the one host sync, before
-anything of the graph's size exists:
+against its memory guard between them, at its one host sync, before
+anything of the graph's size exists (the CUDA kernel of the second reads
+one more value, the graph's edge count, to allocate it):
 
 * ``fastrg_plan(Y, W, Z, ptr_q, ptr_k, delta, exact, seed, threshold)``
   :math:`\to` :obj:`(degree [R], inflation [R], mass [G, H, k], stats [6])`:
