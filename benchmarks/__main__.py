@@ -12,7 +12,7 @@ resident set; on CUDA ``max_memory_allocated``.
 Sections (one module each): ``attention``, ``sampler``, ``published``,
 ``exact``, ``memory`` (in :mod:`benchmarks.sampler`), ``scaling``,
 ``layer`` (and ``crossover``, in :mod:`benchmarks.layer`), ``training``,
-``ext``.
+``ext``, ``budget``.
 
 ``--quick`` runs tiny sizes in seconds (the test suite runs it so that the
 script cannot rot; timings are never pass/fail in tests).
@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import torch
 
 from benchmarks.attention import attention_case, bench_attention, sdpa_backend
+from benchmarks.budget import bench_budget
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
 from benchmarks.edge_buffers import edge_buffers
 from benchmarks.ext import bench_ext
@@ -76,7 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--threads", type=int, default=2,
                         help="torch CPU threads (default 2)")
     sections = ["attention", "sampler", "published", "exact", "memory",
-                "scaling", "layer", "crossover", "training", "ext"]
+                "scaling", "layer", "crossover", "training", "ext", "budget"]
     parser.add_argument("--sections", nargs="+", default=sections,
                         choices=sections)
     parser.add_argument("--out", type=Path, default=None,
@@ -102,6 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         published_case, exact_n, memory_n = (2, 128), 256, 512
         training_sizes, training_densities = [128], [0.05, 0.2]
         crossover_n, crossover_densities = 128, [0.05, 0.5]
+        budget_sizes = [16]
     else:
         sizes, densities, scaling_n = [1024, 4096, 16384], [0.005, 0.01, 0.05, 0.2], 4096
         scaling_densities = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
@@ -110,6 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         training_sizes = [1024, 2048, 4096]
         training_densities = [0.01, 0.05, 0.2, 0.5, 1.0]
         crossover_n, crossover_densities = 2048, [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
+        budget_sizes = [64, 128, 256]
 
     results = dict(device=str(device), threads=args.threads,
                    torch=torch.__version__, machine=platform.machine(),
@@ -191,6 +194,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             f"time ratio ext / ours")
         results["ext"] = bench_ext(memory_n, densities[1:3], device,
                                    args.repeats, log)
+    if "budget" in args.sections:
+        log("\n[budget] one step of --preset repeat-paper, batch 256: fixed "
+            "lambda vs a DensityBudget setting it, in turns, time per step")
+        results["budget"] = bench_budget(budget_sizes, device, args.repeats, log)
     out = args.out or Path(__file__).parent / f"results-{device.type}.json"
     out.write_text(json.dumps(results, indent=1))
     log(f"\nwritten to {out}")

@@ -3,6 +3,7 @@ import importlib
 from typing import Any
 
 from sbm_pyg.nn import (
+    DensityBudget,
     SBMConv,
     SBMGPSConv,
     SBMMultiheadAttention,
@@ -30,6 +31,7 @@ __all__ = [
     "SBMMultiheadAttention",
     "SBMGPSConv",
     "density_loss",
+    "DensityBudget",
     "models",
     "experiments",
     "theory",

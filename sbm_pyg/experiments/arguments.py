@@ -69,6 +69,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--channels", type=int, default=32, help="embedding size")
     add("--num-clusters", type=int, default=128, help="SBM clusters per head")
     add("--lam", type=float, default=0.0, help="density penalty lambda")
+    add("--target-density", type=float, default=None,
+        help="hold the SBM heads' mean expected density at this budget in "
+             "(0, 1], adjusting lambda as training goes "
+             "(sbm_pyg.nn.DensityBudget); replaces --lam")
+    add("--budget-warmup", type=int, default=None,
+        help="steps over which the budget comes down from the first step's "
+             "density to --target-density (default: a tenth of --steps)")
+    add("--budget-ceiling", action="store_true",
+        help="hold the density at or below --target-density only: without "
+             "the floor that keeps it from falling below")
     add("--steps", type=int, default=1000)
     add("--batch-size", type=int, default=32)
     add("--lr", type=float, default=1e-3)
@@ -185,6 +195,18 @@ def validate_train_arguments(args) -> None:
     if args.lr <= 0 or args.lam < 0 or not 0 <= args.dropout < 1 or args.exploration < 0:
         raise ValueError("--lr must be > 0, --lam >= 0, --dropout in [0, 1), "
                          "--exploration >= 0")
+    target = getattr(args, "target_density", None)
+    if target is None and (getattr(args, "budget_warmup", None) is not None
+                           or getattr(args, "budget_ceiling", False)):
+        raise ValueError("--budget-warmup and --budget-ceiling need --target-density")
+    if target is not None:
+        if not 0 < target <= 1:  # NaN fails too
+            raise ValueError(f"--target-density must lie in (0, 1], got {target}")
+        if getattr(args, "budget_warmup", None) is not None and args.budget_warmup < 0:
+            raise ValueError("--budget-warmup must be >= 0")
+        if args.attention != "sbm" or args.lam != 0:
+            raise ValueError("--target-density needs --attention sbm and sets "
+                             "lambda itself: leave --lam at 0")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda: CUDA is not available")
     if args.diagnose_every < 0 or (args.diagnose_every and (

@@ -28,18 +28,25 @@ def plot_runs(runs: Sequence[Path], out: Path) -> Path:
     # norm, on a log scale, where an unstable step shows.
     if any("grad_norm" in r for records in data.values() for r in records):
         panels.append(("grad_norm", "gradient norm (before clipping)"))
+    # Runs held to a density budget log the penalty the controller set.
+    if any("lam" in r for records in data.values() for r in records):
+        panels.append(("lam", "budget's λ (dashed: floor)"))
     fig = Figure(figsize=(4.3 * len(panels), 3.6))
     axes = fig.subplots(1, len(panels))
     for run, records in data.items():
         for ax, (key, _) in zip(axes, panels):
             kept = [r for r in records if key in r]
-            ax.plot([r["step"] for r in kept], [r[key] for r in kept],
-                    label=Path(run).name)
+            line, = ax.plot([r["step"] for r in kept], [r[key] for r in kept],
+                            label=Path(run).name)
+            floor = [r for r in kept if "lam_floor" in r]
+            if key == "lam" and floor:  # the budget's floor, dashed
+                ax.plot([r["step"] for r in floor], [r["lam_floor"] for r in floor],
+                        linestyle="--", color=line.get_color())
     for ax, (key, title) in zip(axes, panels):
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if key == "grad_norm":
+        if key in ("grad_norm", "lam"):
             ax.set_yscale("log")
     axes[2].set_ylim(0, 1.05)
     axes[0].legend(fontsize=8)

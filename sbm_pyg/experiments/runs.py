@@ -7,7 +7,7 @@ import argparse
 import pickle
 import shutil
 from pathlib import Path
-from typing import Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -57,11 +57,12 @@ def jsonable(args: argparse.Namespace) -> dict:
 
 def save_checkpoint(model, optimizer, schedule, step: int, rng: dict,
                     world: int, path: Path, rank: int, args: dict,
-                    keep: int = 0) -> None:
+                    keep: int = 0, budget: Optional[dict] = None) -> None:
     """Writes the checkpoint atomically (rank 0; every rank takes part):
     tensors and plain values only, which :func:`load_checkpoint` reads
     without running code. With :obj:`keep` > 0 a copy named
-    ``checkpoint-STEP.pt`` is kept beside it, the last :obj:`keep` of them."""
+    ``checkpoint-STEP.pt`` is kept beside it, the last :obj:`keep` of them;
+    :obj:`budget` is a :class:`~sbm_pyg.nn.DensityBudget`'s state."""
     # Every rank's RNG states go into the one checkpoint that rank 0 writes.
     states = [rng]
     if world > 1:
@@ -72,7 +73,8 @@ def save_checkpoint(model, optimizer, schedule, step: int, rng: dict,
     tmp = path.with_suffix(".tmp")
     torch.save(dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                     schedule=schedule.state_dict(), step=step, rng=states,
-                    args=args), tmp)
+                    args=args, **({} if budget is None else dict(budget=budget))),
+               tmp)
     if keep > 0:
         shutil.copyfile(tmp, path.with_name(f"checkpoint-{step}.pt"))
         kept = sorted(path.parent.glob("checkpoint-*.pt"),

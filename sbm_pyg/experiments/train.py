@@ -29,6 +29,7 @@ from sbm_pyg.experiments.runs import (
 )
 from sbm_pyg.experiments.tasks import ListOpsTask, RepeatTask, make_task
 from sbm_pyg.models import SBMTransformer
+from sbm_pyg.nn.density import DensityBudget
 
 __all__ = ["train", "train_step", "evaluate_model"]
 
@@ -48,12 +49,18 @@ def train(args) -> dict:
     model = build_model(args).to(device)
     optimizer = build_optimizer(model, args)
     schedule = build_schedule(optimizer, args)
+    budget = None
+    if getattr(args, "target_density", None) is not None:
+        warmup = getattr(args, "budget_warmup", None)
+        budget = DensityBudget(model, args.target_density,
+                               warmup=args.steps // 10 if warmup is None else warmup,
+                               floor=not getattr(args, "budget_ceiling", False))
     args.out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = args.out / "checkpoint.pt"
     step = 0
     if args.resume:
-        step = _restore(checkpoint_path, model, optimizer, schedule, rank,
-                        generator, graph_generator, device)
+        step = _restore(checkpoint_path, model, optimizer, schedule, budget,
+                        rank, generator, graph_generator, device)
     net = model if world == 1 else torch.nn.parallel.DistributedDataParallel(
         model, find_unused_parameters=True)
     metrics_path = args.out / "metrics.jsonl"
@@ -64,7 +71,7 @@ def train(args) -> dict:
     start_time = time.perf_counter()
     while step < args.steps:
         record = train_step(net, model, optimizer, schedule, task, args,
-                             device, graph_generator)
+                            device, graph_generator, budget)
         step += 1
         if rank == 0:
             record = dict(step=step, **record,
@@ -88,7 +95,8 @@ def train(args) -> dict:
             save_checkpoint(model, optimizer, schedule, step,
                             _rng_state(generator, graph_generator), world,
                             checkpoint_path, rank, jsonable(args),
-                            keep=args.keep_checkpoints)
+                            keep=args.keep_checkpoints,
+                            budget=None if budget is None else budget.state_dict())
     if progress is not None:
         progress.close()
     final = dict(evaluate_model(model, task, device, graph_generator, "test",
@@ -105,7 +113,8 @@ def train(args) -> dict:
 
 
 def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
-               args, device: torch.device, generator: torch.Generator) -> dict:
+               args, device: torch.device, generator: torch.Generator,
+               budget: Optional[DensityBudget] = None) -> dict:
     r"""One optimizer step on a fresh batch of :obj:`task`, as :func:`train`
     takes it.
 
@@ -120,11 +129,15 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
         args: the training arguments (:obj:`lam`, :obj:`clip_grad_norm`).
         device (torch.device): where the batch goes.
         generator (torch.Generator): the attention's sampling generator.
+        budget (DensityBudget, optional): holds the density to a budget;
+            its penalty replaces :obj:`args.lam`'s.
 
     Returns:
         The step's training record: loss, accuracy, density and what shows
         an unstable step (the learning rate, the gradient norms before
-        clipping, the update's norm and largest entry, per group).
+        clipping, the update's norm and largest entry, per group) and, with
+        a budget, the multipliers it applied, :obj:`lam` and
+        :obj:`lam_floor` (the means over heads with per-head budgets).
     """
     model.train()
     tokens, mask, labels = task.batch()
@@ -132,12 +145,19 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
               output=task.output)
     loss, correct, count = task.loss_and_correct(out, mask, labels)
     optimizer.zero_grad()
-    (loss + args.lam * out.density_loss).backward()
+    if budget is not None:
+        applied = budget.lams.reshape(len(budget.lams), -1).mean(1)  # ceiling, floor
+        (loss + budget.penalty()).backward()
+    else:
+        (loss + args.lam * out.density_loss).backward()
     stats = clip_and_measure(optimizer, args.clip_grad_norm)
     before = parameters_before(optimizer)
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     schedule.step()
+    if budget is not None:
+        budget.step()
+        stats.update(zip(("lam", "lam_floor")[:len(applied)], applied))
     stats.update(update_statistics(optimizer, before))
     density = (out.sampled_density.mean() if out.sampled_density is not None
                else torch.ones(()))
@@ -199,11 +219,12 @@ def _rng_state(generator: torch.Generator,
     return state
 
 
-def _restore(path: Path, model, optimizer, schedule, rank: int,
+def _restore(path: Path, model, optimizer, schedule,
+             budget: Optional[DensityBudget], rank: int,
              generator: torch.Generator, graph_generator: torch.Generator,
              device: torch.device) -> int:
-    # Model, optimizer, schedule and this rank's random streams; returns
-    # the step.
+    # Model, optimizer, schedule, density budget and this rank's random
+    # streams; returns the step.
     state = load_checkpoint(path, map_location=device)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
@@ -211,6 +232,8 @@ def _restore(path: Path, model, optimizer, schedule, rank: int,
         schedule.load_state_dict(state["schedule"])
     else:  # written before the schedules: a constant rate (LEGACY_OPTIMIZER)
         schedule.last_epoch = state["step"]
+    if budget is not None:
+        budget.load_state_dict(state["budget"])
     rng = state["rng"][rank]
     torch.set_rng_state(rng["torch"].cpu())
     generator.set_state(rng["data"].cpu())

@@ -6,11 +6,11 @@ from sbm_pyg.nn.attention import SBMMultiheadAttention
 from sbm_pyg.nn.baselines import FullAttention, LinearAttention
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.conv import SBMConv
-from sbm_pyg.nn.density import density_loss
+from sbm_pyg.nn.density import DensityBudget, density_loss
 from sbm_pyg.nn.gps import SBMGPSConv
 from sbm_pyg.nn.recorder import GraphRecorder
 
 __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "SBMGPSConv", "GraphRecorder", "FullAttention",
-           "LinearAttention", "density_loss", "functional", "sbm_attention",
+           "LinearAttention", "density_loss", "DensityBudget", "functional", "sbm_attention",
            "SBMAttention"]

@@ -36,4 +36,7 @@ def test_quick_benchmark_runs(tmp_path, capsys):
                    for op in ("segment_max", "segment_sum", "spmm"))
     else:
         assert "skipped" in results["ext"]
+    assert [(row["n"], row["sbm_init"]) for row in results["budget"]] == [
+        (16, "paper"), (16, "dense")]
+    assert all(row["lam_ms"] > 0 and row["budget_ms"] > 0 for row in results["budget"])
     assert "[layer]" in capsys.readouterr().out

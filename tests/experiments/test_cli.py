@@ -185,6 +185,17 @@ def test_listops_task(tmp_path):
     (["train", "--task", "repeat", "--out", "x", "--seq-len", "1"],
      "--seq-len must be >= 2 for the repeat task"),
     (["plot", "/nonexistent/run"], "no metrics.jsonl in /nonexistent/run"),
+    *[(["train", "--task", "repeat", "--out", "x", "--target-density", rho],
+       f"--target-density must lie in (0, 1], got {rho}")
+      for rho in ("0", "-0.1", "1.5", "nan")],
+    (["train", "--task", "repeat", "--out", "x", "--target-density", "0.1",
+      "--lam", "0.01"], "--target-density needs --attention sbm and sets lambda"),
+    (["train", "--task", "repeat", "--out", "x", "--target-density", "0.1",
+      "--attention", "full"], "--target-density needs --attention sbm"),
+    (["train", "--task", "repeat", "--out", "x", "--target-density", "0.1",
+      "--budget-warmup", "-1"], "--budget-warmup must be >= 0"),
+    (["train", "--task", "repeat", "--out", "x", "--budget-ceiling"],
+     "--budget-warmup and --budget-ceiling need --target-density"),
 ])
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -259,6 +270,10 @@ def test_plot(tmp_path):
         main(["plot", *map(str, runs), "--out", str(png)])
         widths.append(int.from_bytes(png.read_bytes()[16:20], "big"))
     assert widths == [round(4 * 4.3 * 120), round(3 * 4.3 * 120)]
+    # A run held to a budget gets a fifth: the penalty it applied.
+    held = run(tmp_path, "held", "--steps", "3", "--target-density", "0.1")
+    main(["plot", str(held), "--out", str(png)])
+    assert int.from_bytes(png.read_bytes()[16:20], "big") == round(5 * 4.3 * 120)
 
 
 def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch,
@@ -390,3 +405,43 @@ def test_listops_paper_preset_has_the_lra_settings_and_trains(tmp_path):
                            data_dir=tmp_path / "data", eval_batches=1)
     final = train(args)
     assert final["steps"] == 2 and len(final["density_per_layer_head"]) == 2
+
+
+def test_target_density_logs_lambda_and_resumes_it(tmp_path):
+    # The controller's state is in the checkpoint: a resumed run applies the
+    # lambda the straight run applied.
+    straight = run(tmp_path, "straight", "--steps", "6", "--checkpoint-every", "3",
+                   "--keep-checkpoints", "2", "--target-density", "0.05",
+                   "--budget-warmup", "0")
+    records = [r for r in metrics(straight) if r["split"] == "train"]
+    lams = [r["lam"] for r in records]
+    assert lams[0] == pytest.approx(1e-3)  # the starting lambda
+    # The start's density (~0.25) is above the budget: lambda rises.
+    assert all(b > a for a, b in zip(lams, lams[1:]))
+    assert json.loads((straight / "final.json").read_text())["args"][
+        "budget_warmup"] == 0
+    state = load_checkpoint(straight / "checkpoint.pt")
+    assert set(state["budget"]) >= {"lams", "integral", "target"}
+    # The floor's multiplier: the density is above the budget, so it idles
+    # at its smallest value, the starting one.
+    floors = [r["lam_floor"] for r in records]
+    assert floors == pytest.approx([1e-3] * 6)
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copyfile(straight / "checkpoint-3.pt", resumed / "checkpoint.pt")
+    run(tmp_path, "resumed", "--steps", "6", "--resume")
+    again = [r for r in metrics(resumed) if r["split"] == "train"]
+    assert [r["lam"] for r in again] == lams[3:]
+    assert [r["lam_floor"] for r in again] == floors[3:]
+    assert [r["loss"] for r in again] == [r["loss"] for r in records[3:]]
+
+
+def test_budget_warmup_defaults_to_a_tenth_of_the_steps(tmp_path):
+    out = run(tmp_path, "held", "--steps", "20", "--target-density", "0.05",
+              "--checkpoint-every", "20")
+    state = load_checkpoint(out / "checkpoint.pt")["budget"]
+    assert state["warmup"] == 2 and state["floor"] is True and state["steps"] == 20
+    ceiling = run(tmp_path, "ceiling", "--steps", "2", "--target-density", "0.05",
+                  "--budget-ceiling")
+    assert load_checkpoint(ceiling / "checkpoint.pt")["budget"]["floor"] is False
+    assert all("lam_floor" not in r for r in metrics(ceiling))
