@@ -38,8 +38,8 @@ def plot_runs(runs: Sequence[Path], out: Path) -> Path:
             kept = [r for r in records if key in r]
             line, = ax.plot([r["step"] for r in kept], [r[key] for r in kept],
                             label=Path(run).name)
-            floor = [r for r in kept if "lam_floor" in r]
-            if key == "lam" and floor:  # the budget's floor, dashed
+            if key == "lam":  # the budget's floor, dashed, where it has one
+                floor = [r for r in kept if "lam_floor" in r]
                 ax.plot([r["step"] for r in floor], [r["lam_floor"] for r in floor],
                         linestyle="--", color=line.get_color())
     for ax, (key, title) in zip(axes, panels):

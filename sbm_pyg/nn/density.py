@@ -238,11 +238,15 @@ class DensityBudget:
         it."""
         density = self.density()
         self._density = density.detach()
-        if self.start is None:
-            self.start = torch.maximum(self._density.to(self.target), self.target)
+        self._begin(self._density)
         over = density - self.current_target().to(density)
         sides = torch.stack([over, -over][:1 + self.floor]).clamp(min=0)
         return (self.lams.to(density) * sides).sum(0).mean()
+
+    def _begin(self, density: Tensor) -> None:
+        # The warm-up starts from the first density seen (rho if below it).
+        if self.start is None:
+            self.start = torch.maximum(density.to(self.target), self.target)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -258,8 +262,7 @@ class DensityBudget:
             density = density.clone()
             torch.distributed.all_reduce(density)
             density /= torch.distributed.get_world_size()
-        if self.start is None:
-            self.start = torch.maximum(density, self.target)
+        self._begin(density)
         # Clipped: a head far from its budget (or whose density underflowed)
         # moves lambda no faster than one near it.
         error = torch.log(density.clamp(min=1e-12) / self.current_target())
