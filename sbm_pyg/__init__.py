@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 # Loaded on first use: the theory checks need networkx, the experiments the
 # training loop; neither is needed to use the layers.
-_LAZY_SUBMODULES = ("theory", "experiments", "models")
+_LAZY_SUBMODULES = ("theory", "experiments", "models", "datasets")
 
 __all__ = [
     "SampledGraph",
@@ -33,6 +33,7 @@ __all__ = [
     "density_loss",
     "DensityBudget",
     "models",
+    "datasets",
     "experiments",
     "theory",
 ]

@@ -11,7 +11,7 @@ import sbm_pyg
 pytestmark = pytest.mark.host
 
 
-SUBPACKAGES = ["sampling", "nn", "nn.functional", "ops", "models", "theory",
+SUBPACKAGES = ["sampling", "nn", "nn.functional", "ops", "models", "theory", "datasets",
                "experiments"]
 
 
@@ -25,7 +25,7 @@ def test_top_level_names_are_the_subpackages_own():
             homes.setdefault(name, getattr(module, name))
     for name in sbm_pyg.__all__:
         obj = getattr(sbm_pyg, name)
-        if name in ("models", "experiments", "theory"):
+        if name in ("models", "experiments", "theory", "datasets"):
             assert obj is importlib.import_module(f"sbm_pyg.{name}")
         else:
             assert obj is homes[name], name

@@ -1,0 +1,4 @@
+r"""Graph datasets generated locally (nothing is downloaded)."""
+from sbm_pyg.datasets.sbm_benchmark import RECIPES, SBMBenchmarkDataset, generate_sbm_graphs
+
+__all__ = ["SBMBenchmarkDataset", "generate_sbm_graphs", "RECIPES"]
