@@ -1,5 +1,6 @@
-"""Command line: ``python -m sbm_pyg train ...`` and ``python -m sbm_pyg plot
-DIR...``. Bad arguments print a message and exit with code 2."""
+"""Command line: ``python -m sbm_pyg train ...``, ``python -m sbm_pyg gps
+...`` and ``python -m sbm_pyg plot DIR...``. Bad arguments print a message
+and exit with code 2."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     train_parser = sub.add_parser("train", help="train an SBM-Transformer or a baseline",
                                   formatter_class=show_defaults)
     add_train_arguments(train_parser)
+    from sbm_pyg.experiments.gps import GPS_PRESETS, add_gps_arguments
+    gps_parser = sub.add_parser("gps", help="GraphGPS on PATTERN or CLUSTER with "
+                                "SBM, dense, Performer or no global attention",
+                                formatter_class=show_defaults)
+    add_gps_arguments(gps_parser)
     plot_parser = sub.add_parser("plot", help="plot loss, accuracy and density of runs",
                                  formatter_class=show_defaults)
     plot_parser.add_argument("runs", nargs="+", type=Path, help="run directories")
@@ -31,6 +37,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from sbm_pyg.experiments.arguments import PRESETS
         train_parser.set_defaults(**PRESETS[args.preset])
         args = parser.parse_args(argv)
+    if args.command == "gps":
+        return _gps(parser, gps_parser, GPS_PRESETS, args, argv)
     if args.command == "train":
         check_train_arguments(train_parser, args)
         if args.resume:
@@ -61,6 +69,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         [str(r.resolve().parent) for r in args.runs])) / "runs.png"
     from sbm_pyg.experiments.plot import plot_runs
     print(plot_runs(args.runs, out))
+    return 0
+
+
+def _gps(parser, gps_parser, presets, args, argv) -> int:
+    if args.preset is not None:  # defaults only: the command line still wins
+        gps_parser.set_defaults(**presets[args.preset])
+        args = parser.parse_args(argv)
+    from sbm_pyg.experiments.gps import RESUMABLE, train_gps, validate_gps_arguments
+    try:
+        validate_gps_arguments(args)
+    except ValueError as e:
+        gps_parser.error(str(e))
+    if args.resume:
+        from sbm_pyg.experiments.arguments import resolve_resume
+        resolve_resume(gps_parser, args, list(sys.argv[1:] if argv is None else argv),
+                       resumable=RESUMABLE)
+    final = train_gps(args)
+    print(json.dumps({k: v for k, v in final.items() if k != "args"}, indent=1))
     return 0
 
 

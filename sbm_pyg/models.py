@@ -1,5 +1,6 @@
 r"""The SBM-Transformer encoder of the paper's experiments, with the usual
-efficient attentions as drop-in baselines."""
+efficient attentions as drop-in baselines, and GraphGPS's node classifier
+with SBM or dense global attention."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,15 +8,22 @@ from typing import Dict, Optional
 
 import torch
 from torch import Tensor
-from torch.nn import LayerNorm, Linear, Module, ModuleList
+from torch.nn import Embedding, LayerNorm, Linear, Module, ModuleList, ReLU, Sequential
 from torch_geometric.nn.attention import PerformerAttention
 
-from sbm_pyg.nn import SBMMultiheadAttention
+from sbm_pyg.nn import (
+    DenseGPSConv,
+    GatedGCNConv,
+    LapPEEncoder,
+    SBMGPSConv,
+    SBMMultiheadAttention,
+)
 from sbm_pyg.nn.baselines import FullAttention, LinearAttention
 from sbm_pyg.validation import require_tensor
 
 __all__ = ["SBMTransformer", "TransformerOutput", "FullAttention",
-           "LinearAttention", "ATTENTIONS"]
+           "LinearAttention", "ATTENTIONS", "GPSNodeClassifier",
+           "GPS_ATTENTIONS"]
 
 ATTENTIONS = ("sbm", "full", "linear", "performer")
 
@@ -232,3 +240,96 @@ class SBMTransformer(Module):
             density_loss = expected.mean()
         return TransformerOutput(token_logits, seq_logits, sampled, expected,
                                  density_loss)
+
+
+GPS_ATTENTIONS = ("none", "multihead", "performer", "sbm")
+
+
+class GPSNodeClassifier(Module):
+    r"""GraphGPS's model for node classification on PATTERN and CLUSTER
+    (`"Recipe for a General, Powerful, Scalable Graph Transformer"
+    <https://arxiv.org/abs/2205.12454>`_): a linear node encoder
+    concatenated with Laplacian PE through a DeepSet (:class:`LapPEEncoder`),
+    a learned dummy edge feature, :obj:`num_layers` GPS layers with a
+    :class:`GatedGCNConv` local layer that updates the edge features, and a
+    3-layer node head. Only the global attention differs between
+    :obj:`attention` types: :class:`SBMGPSConv` (:obj:`"sbm"`) or
+    :class:`DenseGPSConv` (:obj:`"multihead"`, :obj:`"performer"`,
+    :obj:`"none"`).
+
+    Args:
+        in_channels (int): node features.
+        num_classes (int): classes per node.
+        channels (int): hidden width. (default: :obj:`64`)
+        num_layers (int): GPS layers. (default: :obj:`6`)
+        heads (int): attention heads. (default: :obj:`4`)
+        attention (str): one of :obj:`GPS_ATTENTIONS`. (default: :obj:`"sbm"`)
+        dropout (float): dropout of the layers. (default: :obj:`0.`)
+        attn_dropout (float): dropout on the attention weights. (default: :obj:`0.5`)
+        pe_channels (int): width of the positional encoding, 0 for none.
+            (default: :obj:`16`)
+        sbm_kwargs (dict, optional): :class:`~sbm_pyg.nn.SBMConv`'s
+            arguments for :obj:`"sbm"` (e.g. :obj:`num_clusters`).
+
+    Shapes:
+        - **input:** :obj:`x` :math:`(N, F)`, :obj:`edge_index` :math:`(2,
+          E)`, sorted :obj:`batch` :math:`(N)`, :obj:`eigvecs` and
+          :obj:`eigvals` :math:`(N, k)` (with :obj:`pe_channels` > 0)
+        - **output:** logits :math:`(N, \text{num\_classes})`
+    """
+
+    def __init__(self, in_channels: int, num_classes: int, channels: int = 64,
+                 num_layers: int = 6, heads: int = 4, attention: str = "sbm",
+                 dropout: float = 0.0, attn_dropout: float = 0.5,
+                 pe_channels: int = 16, sbm_kwargs: Optional[Dict] = None):
+        super().__init__()
+        if attention not in GPS_ATTENTIONS:
+            raise ValueError(f"attention must be one of {GPS_ATTENTIONS}, got "
+                             f"{attention!r}")
+        if not isinstance(pe_channels, int) or not 0 <= pe_channels < channels:
+            raise ValueError(f"pe_channels must be an int in [0, channels), "
+                             f"got {pe_channels!r}")
+        self.attention = attention
+        self.node_encoder = Linear(in_channels, channels - pe_channels)
+        self.pe_encoder = LapPEEncoder(pe_channels) if pe_channels else None
+        self.edge_embedding = Embedding(1, channels)  # GraphGPS's DummyEdge
+        layers = []
+        for _ in range(num_layers):
+            local = GatedGCNConv(channels, dropout=dropout)
+            if attention == "sbm":
+                layers.append(SBMGPSConv(
+                    channels, local, heads, dropout=dropout,
+                    attn_kwargs=dict(sbm_kwargs or {}, dropout=attn_dropout)))
+            else:
+                layers.append(DenseGPSConv(
+                    channels, local, heads, dropout=dropout,
+                    attn_type=None if attention == "none" else attention,
+                    attn_dropout=attn_dropout))
+        self.layers = ModuleList(layers)
+        self.head = Sequential(Linear(channels, channels), ReLU(),
+                               Linear(channels, channels), ReLU(),
+                               Linear(channels, num_classes))
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Optional[Tensor] = None,
+                eigvecs: Optional[Tensor] = None, eigvals: Optional[Tensor] = None,
+                generator: Optional[torch.Generator] = None) -> Tensor:
+        r"""Each node's class logits; :obj:`generator` drives the sign flip
+        and the SBM attention's sampling and dropout."""
+        h = self.node_encoder(x)
+        if self.pe_encoder is not None:
+            if eigvecs is None or eigvals is None:
+                raise ValueError("eigvecs and eigvals are needed with "
+                                 "pe_channels > 0 (AddLaplacianPE)")
+            h = torch.cat([h, self.pe_encoder(eigvecs, eigvals, generator)], 1)
+        edge_attr = self.edge_embedding.weight.expand(edge_index.size(1), -1)
+        for layer in self.layers:
+            h, edge_attr = layer(h, edge_index, batch, edge_attr=edge_attr,
+                                 generator=generator)
+        return self.head(h)
+
+    def densities(self) -> Optional[Tensor]:
+        r"""The sampled density of the last forward per layer and head
+        :math:`(L, H)` (:obj:`"sbm"` only)."""
+        if self.attention != "sbm":
+            return None
+        return torch.stack([layer.sampled_density for layer in self.layers])

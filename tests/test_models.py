@@ -166,3 +166,45 @@ def test_embeddings_have_the_published_scale():
     after = model.token_embedding.weight.detach()
     assert not torch.equal(before, after)
     assert float(after.std()) == pytest.approx(0.02, rel=0.05)
+
+
+# ---------------------------------------------------------------------------
+# GraphGPS's node classifier.
+
+from torch_geometric.loader import DataLoader  # noqa: E402
+
+from sbm_pyg.datasets import generate_sbm_graphs  # noqa: E402
+from sbm_pyg.models import GPS_ATTENTIONS, GPSNodeClassifier  # noqa: E402
+from sbm_pyg.nn import AddLaplacianPE  # noqa: E402
+
+
+@pytest.mark.parametrize("attention", GPS_ATTENTIONS)
+def test_gps_node_classifier_trains_on_cluster_graphs(attention):
+    graphs = [AddLaplacianPE(10)(g) for g in generate_sbm_graphs("CLUSTER", "test")[:4]]
+    batch = next(iter(DataLoader(graphs, batch_size=4)))
+    torch.manual_seed(0)
+    model = GPSNodeClassifier(7, 6, channels=16, num_layers=2, heads=2,
+                              attention=attention, pe_channels=8,
+                              sbm_kwargs=dict(num_clusters=4))
+    out = model(batch.x, batch.edge_index, batch.batch, batch.eigvecs,
+                batch.eigvals, generator=seeded(0))
+    assert out.shape == (batch.num_nodes, 6)
+    out.sum().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    # All but the last layer's edge-feature update, which nothing reads.
+    assert sum(g is None or bool(g.abs().sum() == 0) for g in grads) <= 4
+    densities = model.densities()
+    if attention == "sbm":
+        assert densities.shape == (2, 2) and bool((densities > 0).all())
+    else:
+        assert densities is None
+
+
+def test_gps_node_classifier_bad_arguments():
+    with pytest.raises(ValueError, match="attention"):
+        GPSNodeClassifier(3, 2, attention="full")
+    with pytest.raises(ValueError, match="pe_channels"):
+        GPSNodeClassifier(3, 2, channels=16, pe_channels=16)
+    model = GPSNodeClassifier(3, 2, channels=16, num_layers=1, heads=2, pe_channels=8)
+    with pytest.raises(ValueError, match="eigvecs"):
+        model(torch.randn(4, 3), torch.tensor([[0, 1], [1, 0]]))

@@ -30,6 +30,15 @@ SPLITS = ("train", "val", "test")
 _CHUNK = 500
 
 
+def _check(name: str, split: str, seed: int) -> None:
+    if name not in RECIPES:
+        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+
+
 def _randint(low: int, high: int, size: Tuple[int, ...],
              generator: torch.Generator) -> Tensor:
     return torch.randint(low, high, size, generator=generator)
@@ -125,12 +134,7 @@ def generate_sbm_graphs(name: str, split: str, seed: int = 0) -> List[Data]:
     sorted, without self-loops, :obj:`y` :math:`(N)` (pattern membership,
     or community).
     """
-    if name not in RECIPES:
-        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    _check(name, split, seed)
     recipe = RECIPES[name]
     count = recipe["graphs"][split]
     # One stream per split, so that the splits do not depend on each other.
@@ -184,12 +188,7 @@ class SBMBenchmarkDataset(InMemoryDataset):
                  seed: int = 0, transform: Optional[Callable] = None,
                  pre_transform: Optional[Callable] = None,
                  force_reload: bool = False):
-        if name not in RECIPES:
-            raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        _check(name, split, seed)
         self.name, self.split, self.seed = name, split, seed
         super().__init__(root, transform, pre_transform,
                          force_reload=force_reload)
@@ -197,20 +196,24 @@ class SBMBenchmarkDataset(InMemoryDataset):
 
     @property
     def raw_file_names(self) -> List[str]:
-        return []  # nothing to download
+        """None: the graphs are generated, nothing is downloaded."""
+        return []
 
     @property
     def processed_dir(self) -> str:
+        """``root/name/processed``."""
         return osp.join(self.root, self.name, "processed")
 
     @property
     def processed_file_names(self) -> List[str]:
+        """One file per split and seed."""
         return [f"{self.split}_seed{self.seed}.pt"]
 
     def download(self) -> None:
-        pass
+        """Nothing to download."""
 
     def process(self) -> None:
+        """Generates the split (:func:`generate_sbm_graphs`) and saves it."""
         graphs = generate_sbm_graphs(self.name, self.split, self.seed)
         if self.pre_transform is not None:
             graphs = [self.pre_transform(g) for g in graphs]

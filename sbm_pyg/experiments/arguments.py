@@ -246,11 +246,12 @@ def _given(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set:
 
 
 def resolve_resume(parser: argparse.ArgumentParser, args,
-                   argv: Sequence[str]) -> None:
+                   argv: Sequence[str], resumable: Optional[set] = None) -> None:
     """With --resume the checkpoint's settings hold: those not given on the
     command line are taken from it, and one given with another value is
     refused (a new learning rate would not reach the restored optimizer, a
-    new model size would not load)."""
+    new model size would not load). :obj:`resumable`: the settings a
+    resumed run may change (default: :obj:`RESUMABLE`, the train command's)."""
     from sbm_pyg.experiments.runs import load_checkpoint
     try:
         saved = load_checkpoint(args.out / "checkpoint.pt")["args"]
@@ -259,7 +260,7 @@ def resolve_resume(parser: argparse.ArgumentParser, args,
     saved = {**LEGACY_OPTIMIZER, **saved}
     given, differ = _given(parser, argv), []
     for key, value in saved.items():
-        if key in RESUMABLE or not hasattr(args, key):
+        if key in (RESUMABLE if resumable is None else resumable) or not hasattr(args, key):
             continue
         current = getattr(args, key)
         shown = str(current) if isinstance(current, Path) else current

@@ -1,5 +1,6 @@
 """Neural network modules: the SBM, the SBM attention function and its
-SBMConv layer, padded-batch attention and the GPS layer."""
+SBMConv layer, padded-batch attention, the GPS layers and what GraphGPS puts around
+them (GatedGCN, Laplacian positional encodings)."""
 from sbm_pyg.nn import functional
 from sbm_pyg.nn._sbm_attention import SBMAttention, sbm_attention
 from sbm_pyg.nn.attention import SBMMultiheadAttention
@@ -7,10 +8,13 @@ from sbm_pyg.nn.baselines import FullAttention, LinearAttention
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.nn.density import DensityBudget, density_loss
-from sbm_pyg.nn.gps import SBMGPSConv
+from sbm_pyg.nn.gated_gcn import GatedGCNConv
+from sbm_pyg.nn.gps import DenseGPSConv, SBMGPSConv
+from sbm_pyg.nn.positional import AddLaplacianPE, LapPEEncoder
 from sbm_pyg.nn.recorder import GraphRecorder
 
 __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "SBMGPSConv", "GraphRecorder", "FullAttention",
            "LinearAttention", "density_loss", "DensityBudget", "functional", "sbm_attention",
-           "SBMAttention"]
+           "SBMAttention", "DenseGPSConv", "GatedGCNConv", "AddLaplacianPE",
+           "LapPEEncoder"]

@@ -3,21 +3,25 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn import Dropout, Linear, Sequential
+from torch.nn import Dropout, Linear, MultiheadAttention, Sequential
+from torch_geometric.nn.attention import PerformerAttention
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.inits import reset
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 from torch_geometric.typing import Adj
+from torch_geometric.utils import to_dense_batch
 
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["SBMGPSConv"]
+__all__ = ["SBMGPSConv", "DenseGPSConv"]
+
+Output = Union[Tensor, Tuple[Tensor, Tensor]]
 
 
 # SBMConv's own arguments that SBMGPSConv sets itself.
@@ -42,7 +46,90 @@ def _check_attn_kwargs(attn_kwargs: Dict[str, Any]) -> None:
                         + f"; it takes {sorted(allowed)}")
 
 
-class SBMGPSConv(torch.nn.Module):
+class _GPSLayer(torch.nn.Module):
+    # GPSConv's layout around a global attention that subclasses supply
+    # (_attend): local MPNN, attention and MLP, residuals, norms, dropout.
+    def __init__(self, channels: int, conv: Optional[MessagePassing],
+                 heads: int, dropout: float, act: str,
+                 act_kwargs: Optional[Dict[str, Any]], norm: Optional[str],
+                 norm_kwargs: Optional[Dict[str, Any]]):
+        super().__init__()
+        if not isinstance(channels, int) or channels < 1:
+            raise ValueError(f"channels must be a positive int, got {channels!r}")
+        if not isinstance(heads, int) or heads < 1 or channels % heads:
+            raise ValueError(f"heads must be a positive int dividing channels "
+                             f"({channels}), got {heads!r}")
+        self.channels, self.conv, self.heads = channels, conv, heads
+        self.dropout = dropout
+        self.mlp = Sequential(
+            Linear(channels, channels * 2),
+            activation_resolver(act, **(act_kwargs or {})),
+            Dropout(dropout),
+            Linear(channels * 2, channels),
+            Dropout(dropout),
+        )
+        norm_kwargs = norm_kwargs or {}
+        self.norm1 = normalization_resolver(norm, channels, **norm_kwargs)
+        self.norm2 = normalization_resolver(norm, channels, **norm_kwargs)
+        self.norm3 = normalization_resolver(norm, channels, **norm_kwargs)
+        self.norm_with_batch = self.norm1 is not None and "batch" in (
+            inspect.signature(self.norm1.forward).parameters)
+
+    def reset_parameters(self) -> None:
+        r"""Resets all learnable parameters of the module."""
+        if self.conv is not None:
+            self.conv.reset_parameters()
+        self._reset_attention()
+        reset(self.mlp)
+        for norm in (self.norm1, self.norm2, self.norm3):
+            if norm is not None:
+                norm.reset_parameters()
+
+    def _reset_attention(self) -> None:
+        raise NotImplementedError
+
+    def _attend(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor],
+                generator: Optional[torch.Generator]) -> Optional[Tensor]:
+        raise NotImplementedError
+
+    def _norm(self, norm, h: Tensor, batch: Optional[Tensor]) -> Tensor:
+        if norm is None:
+            return h
+        return norm(h, batch=batch) if self.norm_with_batch else norm(h)
+
+    def forward(self, x: Tensor, edge_index: Adj,
+                batch: Optional[Tensor] = None, *,
+                generator: Optional[torch.Generator] = None,
+                **kwargs) -> Output:
+        r"""Runs the layer; :obj:`kwargs` (e.g. :obj:`edge_attr`) go to the
+        local :obj:`conv`, :obj:`generator` to the attention's randomness."""
+        require_tensor("x", x, 2, floating=True)
+        if x.size(1) != self.channels:
+            raise ValueError(f"x must have {self.channels} channels, got "
+                             f"{x.size(1)}")
+        if self.conv is None and kwargs:
+            raise TypeError(f"{sorted(kwargs)} would go to the local conv, but "
+                            f"this layer has conv=None")
+        hs, edge_attr = [], None
+        if self.conv is not None:  # local MPNN
+            h = self.conv(x, edge_index, **kwargs)
+            if isinstance(h, tuple):  # edge-updating: its own residual, dropout
+                h, edge_attr = h
+            else:
+                h = F.dropout(h, p=self.dropout, training=self.training) + x
+            hs.append(self._norm(self.norm1, h, batch))
+        h = self._attend(x, edge_index, batch, generator)
+        if h is not None:
+            h = F.dropout(h, p=self.dropout, training=self.training)
+            hs.append(self._norm(self.norm2, h + x, batch))
+        if not hs:
+            raise ValueError("a layer without a local conv needs a global attention")
+        out = sum(hs)
+        out = self._norm(self.norm3, out + self.mlp(out), batch)
+        return out if edge_attr is None else (out, edge_attr)
+
+
+class SBMGPSConv(_GPSLayer):
     r"""The GPS layer of `"Recipe for a General, Powerful, Scalable Graph
     Transformer" <https://arxiv.org/abs/2205.12454>`_ (PyG's
     :class:`~torch_geometric.nn.conv.GPSConv`) whose global attention is SBM
@@ -63,6 +150,11 @@ class SBMGPSConv(torch.nn.Module):
     its SBM within :math:`i`'s graph, optionally united with the input
     edges :math:`\mathcal{E}` (:obj:`include_input_edges`). Dropout follows
     the MPNN, the attention and each MLP layer, as in GPSConv.
+
+    A local :obj:`conv` that returns :obj:`(x, edge_attr)`, such as
+    :class:`GatedGCNConv`, updates edge features: it is taken to apply its
+    own dropout and residual (as GraphGPS's GatedGCN does), and the layer
+    returns :obj:`(x', edge_attr')` so that the next layer gets them.
 
     Args:
         channels (int): size :math:`C` of each node feature.
@@ -93,7 +185,8 @@ class SBMGPSConv(torch.nn.Module):
         - **input:** node features :math:`(|\mathcal{V}|, C)`, edge indices
           :math:`(2, |\mathcal{E}|)`, batch vector :math:`(|\mathcal{V}|)`
           (sorted, as PyG's loaders make it; :obj:`None`: one graph)
-        - **output:** node features :math:`(|\mathcal{V}|, C)`
+        - **output:** node features :math:`(|\mathcal{V}|, C)` (and edge
+          features :math:`(|\mathcal{E}|, C)` with an edge-updating conv)
 
     Example:
         >>> from torch_geometric.nn import GINConv
@@ -121,14 +214,8 @@ class SBMGPSConv(torch.nn.Module):
         attn_kwargs: Optional[Dict[str, Any]] = None,
         include_input_edges: bool = False,
     ):
-        super().__init__()
-        if not isinstance(channels, int) or channels < 1:
-            raise ValueError(f"channels must be a positive int, got {channels!r}")
-        if not isinstance(heads, int) or heads < 1 or channels % heads:
-            raise ValueError(f"heads must be a positive int dividing channels "
-                             f"({channels}), got {heads!r}")
-        self.channels, self.conv, self.heads = channels, conv, heads
-        self.dropout = dropout
+        super().__init__(channels, conv, heads, dropout, act, act_kwargs,
+                         norm, norm_kwargs)
         self.include_input_edges = include_input_edges
         # As MultiheadAttention: per-head projections of size C / H, then an
         # output projection.
@@ -137,30 +224,10 @@ class SBMGPSConv(torch.nn.Module):
         self.attn = SBMConv(channels, channels // heads, heads, concat=True,
                             root_weight=False, **attn_kwargs)
         self.attn_out = Linear(channels, channels)
-        self.mlp = Sequential(
-            Linear(channels, channels * 2),
-            activation_resolver(act, **(act_kwargs or {})),
-            Dropout(dropout),
-            Linear(channels * 2, channels),
-            Dropout(dropout),
-        )
-        norm_kwargs = norm_kwargs or {}
-        self.norm1 = normalization_resolver(norm, channels, **norm_kwargs)
-        self.norm2 = normalization_resolver(norm, channels, **norm_kwargs)
-        self.norm3 = normalization_resolver(norm, channels, **norm_kwargs)
-        self.norm_with_batch = self.norm1 is not None and "batch" in (
-            inspect.signature(self.norm1.forward).parameters)
 
-    def reset_parameters(self) -> None:
-        r"""Resets all learnable parameters of the module."""
-        if self.conv is not None:
-            self.conv.reset_parameters()
+    def _reset_attention(self) -> None:
         self.attn.reset_parameters()
         self.attn_out.reset_parameters()
-        reset(self.mlp)
-        for norm in (self.norm1, self.norm2, self.norm3):
-            if norm is not None:
-                norm.reset_parameters()
 
     @property
     def sampled_density(self) -> Optional[Tensor]:
@@ -178,41 +245,105 @@ class SBMGPSConv(torch.nn.Module):
         """Per-head expected density of the last forward (differentiable)."""
         return self.attn.expected_density
 
-    def _norm(self, norm, h: Tensor, batch: Optional[Tensor]) -> Tensor:
-        if norm is None:
-            return h
-        return norm(h, batch=batch) if self.norm_with_batch else norm(h)
-
-    def forward(self, x: Tensor, edge_index: Adj,
-                batch: Optional[Tensor] = None, *,
-                generator: Optional[torch.Generator] = None,
-                **kwargs) -> Tensor:
-        r"""Runs the layer; :obj:`kwargs` go to the local :obj:`conv`,
-        :obj:`generator` to the sampler and attention dropout."""
-        require_tensor("x", x, 2, floating=True)
-        if x.size(1) != self.channels:
-            raise ValueError(f"x must have {self.channels} channels, got "
-                             f"{x.size(1)}")
+    def _attend(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor],
+                generator: Optional[torch.Generator]) -> Optional[Tensor]:
         # Any structure input PyG layers take (edge_index, EdgeIndex,
         # SparseTensor or torch.sparse adj_t); fastrg reads its pairs.
         include = edge_index if self.include_input_edges else None
-        hs = []
-        if self.conv is None and kwargs:
-            raise TypeError(f"{sorted(kwargs)} would go to the local conv, but "
-                            f"this layer has conv=None")
-        if self.conv is not None:  # local MPNN
-            h = self.conv(x, edge_index, **kwargs)
-            h = F.dropout(h, p=self.dropout, training=self.training)
-            hs.append(self._norm(self.norm1, h + x, batch))
-
-        h = self.attn(x, batch, include_edges=include, generator=generator)
-        h = F.dropout(self.attn_out(h), p=self.dropout, training=self.training)
-        hs.append(self._norm(self.norm2, h + x, batch))
-
-        out = sum(hs)
-        return self._norm(self.norm3, out + self.mlp(out), batch)
+        return self.attn_out(self.attn(x, batch, include_edges=include,
+                                       generator=generator))
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.channels}, conv={self.conv}, "
                 f"heads={self.heads}, num_clusters={self.attn.num_clusters}, "
                 f"include_input_edges={self.include_input_edges})")
+
+
+ATTENTIONS = ("multihead", "performer")
+
+
+class DenseGPSConv(_GPSLayer):
+    r"""PyG's :class:`~torch_geometric.nn.conv.GPSConv` with the layout of
+    :class:`SBMGPSConv` (the same residuals, norms, dropout and MLP, and a
+    local :obj:`conv` that may carry edge features): the baseline that
+    :class:`SBMGPSConv` is compared with. The global attention runs on the
+    padded batch (:func:`~torch_geometric.utils.to_dense_batch`):
+    :class:`torch.nn.MultiheadAttention` (:obj:`"multihead"`, :math:`O(N^2)`
+    per graph) or PyG's :class:`~torch_geometric.nn.attention.PerformerAttention`
+    (:obj:`"performer"`, linear, heads of :math:`C / H` channels), or none
+    (:obj:`None`: local MPNN and MLP only).
+
+    Args:
+        channels (int): size :math:`C` of each node feature.
+        conv (MessagePassing, optional): the local message passing layer.
+        heads (int): attention heads. (default: :obj:`1`)
+        dropout (float): dropout of intermediate embeddings. (default: :obj:`0.`)
+        attn_type (str, optional): :obj:`"multihead"`, :obj:`"performer"` or
+            :obj:`None`. (default: :obj:`"multihead"`)
+        attn_dropout (float): dropout on the attention weights (multihead)
+            or its output (performer). (default: :obj:`0.`)
+        act, act_kwargs, norm, norm_kwargs: as in :class:`SBMGPSConv`.
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, C)`, edge indices
+          :math:`(2, |\mathcal{E}|)`, sorted batch vector :math:`(|\mathcal{V}|)`
+        - **output:** node features :math:`(|\mathcal{V}|, C)` (and edge
+          features with an edge-updating conv)
+
+    Example:
+        >>> from sbm_pyg.nn import GatedGCNConv
+        >>> layer = DenseGPSConv(16, GatedGCNConv(16), heads=2)
+        >>> x, edge_attr = torch.randn(6, 16), torch.randn(5, 16)
+        >>> edge_index = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 0, 4, 5]])
+        >>> batch = torch.tensor([0, 0, 0, 1, 1, 1])
+        >>> out, edge_out = layer(x, edge_index, batch, edge_attr=edge_attr)
+        >>> out.shape, edge_out.shape
+        (torch.Size([6, 16]), torch.Size([5, 16]))
+    """
+
+    def __init__(self, channels: int, conv: Optional[MessagePassing],
+                 heads: int = 1, dropout: float = 0.0,
+                 attn_type: Optional[str] = "multihead",
+                 attn_dropout: float = 0.0, act: str = "relu",
+                 act_kwargs: Optional[Dict[str, Any]] = None,
+                 norm: Optional[str] = "batch_norm",
+                 norm_kwargs: Optional[Dict[str, Any]] = None):
+        super().__init__(channels, conv, heads, dropout, act, act_kwargs,
+                         norm, norm_kwargs)
+        if attn_type is not None and attn_type not in ATTENTIONS:
+            raise ValueError(f"attn_type must be one of {ATTENTIONS} or None, "
+                             f"got {attn_type!r}")
+        if not 0.0 <= attn_dropout < 1.0:
+            raise ValueError(f"attn_dropout must be in [0, 1), got {attn_dropout!r}")
+        if attn_type is None and conv is None:
+            raise ValueError("a layer without a local conv needs an attn_type")
+        self.attn_type, self.attn_dropout = attn_type, attn_dropout
+        self.attn: Optional[torch.nn.Module] = None
+        if attn_type is None:  # no attention branch to normalize
+            self.norm2 = None
+        if attn_type == "multihead":
+            self.attn = MultiheadAttention(channels, heads, dropout=attn_dropout,
+                                           batch_first=True)
+        elif attn_type == "performer":
+            self.attn = PerformerAttention(channels, heads, channels // heads,
+                                           dropout=attn_dropout)
+        self._reset_attention()
+
+    def _reset_attention(self) -> None:
+        if isinstance(self.attn, (MultiheadAttention, PerformerAttention)):
+            self.attn._reset_parameters()  # both name it so
+
+    def _attend(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor],
+                generator: Optional[torch.Generator]) -> Optional[Tensor]:
+        if self.attn is None:
+            return None
+        h, mask = to_dense_batch(x, batch)
+        if isinstance(self.attn, MultiheadAttention):
+            h, _ = self.attn(h, h, h, key_padding_mask=~mask, need_weights=False)
+        else:
+            h = self.attn(h, mask=mask)
+        return h[mask]
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.channels}, conv={self.conv}, "
+                f"heads={self.heads}, attn_type={self.attn_type!r})")

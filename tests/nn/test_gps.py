@@ -216,3 +216,80 @@ def test_kwargs_without_a_local_conv_are_refused():
     x, edge_index = torch.randn(6, 8), torch.tensor([[0, 1], [1, 0]])
     with pytest.raises(TypeError, match="conv=None"):
         layer(x, edge_index, return_attention_weights=True)
+
+
+# ---------------------------------------------------------------------------
+# Edge features carried through the layers, and the dense-attention twin.
+
+from sbm_pyg.nn import DenseGPSConv, GatedGCNConv  # noqa: E402
+
+
+def _two_graphs(C=8, seed=0):
+    g = seeded(seed)
+    edge_index = torch.tensor([[0, 1, 2, 1, 3, 4, 5], [1, 0, 1, 2, 4, 5, 3]])
+    x = torch.randn(6, C, generator=g)
+    e = torch.randn(edge_index.size(1), C, generator=g)
+    return x, edge_index, e, torch.tensor([0, 0, 0, 3, 3, 3]) // 3
+
+
+@pytest.mark.parametrize("layer", ["sbm", "multihead", "performer", None])
+def test_an_edge_updating_conv_carries_edge_features(layer):
+    x, ei, e, batch = _two_graphs()
+    conv = GatedGCNConv(8)
+    if layer == "sbm":
+        gps = SBMGPSConv(8, conv, heads=2, attn_kwargs=dict(num_clusters=4))
+    else:
+        gps = DenseGPSConv(8, conv, heads=2, attn_type=layer)
+    out, e_out = gps(x, ei, batch, edge_attr=e, generator=seeded(1))
+    assert out.shape == x.shape and e_out.shape == e.shape
+    # The edge features are the local conv's own update, unchanged by the
+    # layer (GraphGPS's GatedGCN does its residual and dropout itself).
+    gps.eval()
+    conv.eval()
+    _, e_out = gps(x, ei, batch, edge_attr=e, generator=seeded(1))
+    torch.testing.assert_close(e_out, conv(x, ei, e)[1])
+    # A second layer takes them.
+    out2, _ = gps(out.detach(), ei, batch, edge_attr=e_out.detach(), generator=seeded(2))
+    assert out2.shape == x.shape
+
+
+@pytest.mark.parametrize("attn_type", ["multihead", "performer"])
+def test_dense_twin_attends_within_each_graph_only(attn_type):
+    torch.manual_seed(0)
+    x, ei, e, batch = _two_graphs()
+    gps = DenseGPSConv(8, GatedGCNConv(8), heads=2, attn_type=attn_type,
+                       norm=None).eval()
+    out, _ = gps(x, ei, batch, edge_attr=e)
+    x2 = x.clone()
+    x2[3:] = torch.randn(3, 8)  # the second graph changes
+    out2, _ = gps(x2, ei, batch, edge_attr=e)
+    torch.testing.assert_close(out[:3], out2[:3])
+    # The batch equals each graph alone.
+    alone, _ = gps(x[:3], ei[:, :4], torch.zeros(3, dtype=torch.long),
+                   edge_attr=e[:4])
+    torch.testing.assert_close(out[:3], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_multihead_twin_is_pytorch_attention_plus_the_gps_layout():
+    # attn_type "multihead", no local conv and no norm: the layer is
+    # x + MHA(x) then x + MLP(x), which is checked by hand.
+    torch.manual_seed(0)
+    x, ei, _, batch = _two_graphs()
+    gps = DenseGPSConv(8, None, heads=2, norm=None).eval()
+    h = x[:3][None]
+    attn = gps.attn(h, h, h, need_weights=False)[0][0] + x[:3]
+    want = attn + gps.mlp(attn)
+    torch.testing.assert_close(gps(x, ei, batch)[:3], want)
+
+
+def test_dense_twin_bad_arguments():
+    with pytest.raises(ValueError, match="attn_type"):
+        DenseGPSConv(8, None, attn_type="bigbird")
+    with pytest.raises(ValueError, match="attn_type"):
+        DenseGPSConv(8, None, attn_type=None)
+    with pytest.raises(ValueError, match="attn_dropout"):
+        DenseGPSConv(8, None, attn_dropout=1.0)
+    with pytest.raises(ValueError, match="heads"):
+        DenseGPSConv(8, None, heads=3)
+    gps = DenseGPSConv(8, GatedGCNConv(8), heads=2, attn_type=None)
+    assert "attn_type=None" in repr(gps)

@@ -1,0 +1,433 @@
+r"""``python -m sbm_pyg gps``: GraphGPS on PATTERN or CLUSTER
+(:class:`~sbm_pyg.datasets.SBMBenchmarkDataset`) with one of four global
+attentions, as GraphGPS trains and scores it: weighted cross-entropy,
+AdamW with gradient clipping and a cosine schedule with warm-up stepped per
+epoch, the mean per-class recall (``accuracy-SBM``) on the whole split, and
+the test figure of the epoch with the best validation metric.
+
+Per epoch ``OUT/metrics.jsonl`` gets the training and validation loss and
+metric, the seconds, the peak memory and for SBM the validation density per
+layer and head; ``OUT/checkpoint.pt`` allows ``--resume``,
+``OUT/best.pt`` holds the best model, ``OUT/final.json`` the test result.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.loader import DataLoader
+
+from sbm_pyg.datasets import SBMBenchmarkDataset
+from sbm_pyg.experiments.optim import build_optimizer, build_schedule, clip_and_measure
+from sbm_pyg.experiments.runs import jsonable, load_checkpoint, save_checkpoint
+from sbm_pyg.models import GPS_ATTENTIONS, GPSNodeClassifier
+from sbm_pyg.nn import AddLaplacianPE, DensityBudget
+
+__all__ = ["GPS_PRESETS", "RESUMABLE", "add_gps_arguments", "validate_gps_arguments",
+           "train_gps", "build_gps_model", "accuracy_sbm",
+           "weighted_cross_entropy", "evaluate_gps"]
+
+#: Named configurations for ``--preset``; the command line overrides them.
+GPS_PRESETS: Dict[str, dict] = {
+    # GraphGPS's configs/GPS/pattern-GPS.yaml and cluster-GPS.yaml:
+    # GatedGCN + Transformer, batch norm, attention dropout 0.5, LapPE
+    # (16 / 10 eigenvectors, DeepSet to 16), AdamW 5e-4, weight decay 1e-5,
+    # clipping at 1, cosine schedule with 5 warm-up epochs, 100 epochs.
+    "graphgps-pattern": dict(dataset="PATTERN", channels=64, num_layers=6,
+                             heads=4, dropout=0.0, attn_dropout=0.5,
+                             batch_size=32, epochs=100, warmup_epochs=5,
+                             lr=5e-4, weight_decay=1e-5, clip_grad_norm=1.0,
+                             pe_k=16, train_graphs=None),
+    "graphgps-cluster": dict(dataset="CLUSTER", channels=48, num_layers=16,
+                             heads=8, dropout=0.1, attn_dropout=0.5,
+                             batch_size=16, epochs=100, warmup_epochs=5,
+                             lr=5e-4, weight_decay=1e-5, clip_grad_norm=1.0,
+                             pe_k=10, train_graphs=None),
+    # The CPU scale (about 20-25 minutes a run on one core): GraphGPS's
+    # recipe at width 32 with 4 layers and 4 heads, on 2,000 of the 10,000
+    # training graphs (every fifth: all of PATTERN's patterns) for 30
+    # epochs; validation and test splits whole. Either dataset.
+    "graphgps-cpu": dict(channels=32, num_layers=4, heads=4, dropout=0.0,
+                         attn_dropout=0.5, batch_size=32, epochs=30,
+                         warmup_epochs=3, lr=5e-4, weight_decay=1e-5,
+                         clip_grad_norm=1.0, train_graphs=2000),
+}
+
+# Settings a resumed run may change; any other is the checkpoint's.
+RESUMABLE = {"epochs", "out", "resume", "device", "no_progress", "root",
+             "preset"}
+
+
+def add_gps_arguments(parser: argparse.ArgumentParser) -> None:
+    def add(*names, **kwargs):
+        kwargs.setdefault("help", "(default: %(default)s)")
+        return parser.add_argument(*names, **kwargs)
+
+    add("--preset", choices=sorted(GPS_PRESETS), default=None,
+        help="a named configuration; explicit arguments override it")
+    add("--dataset", choices=["PATTERN", "CLUSTER"], default=None,
+        help="required unless a --preset sets it")
+    add("--attention", choices=GPS_ATTENTIONS, default="sbm",
+        help="the global attention; everything else is the same")
+    add("--channels", type=int, default=64)
+    add("--num-layers", type=int, default=6)
+    add("--heads", type=int, default=4)
+    add("--dropout", type=float, default=0.0)
+    add("--attn-dropout", type=float, default=0.5,
+        help="dropout on the attention weights")
+    add("--pe-k", type=int, default=None,
+        help="Laplacian eigenvectors (default: 16 on PATTERN, 10 on CLUSTER "
+             "as GraphGPS; 0: no positional encoding)")
+    add("--pe-channels", type=int, default=16)
+    add("--num-clusters", type=int, default=32, help="SBM clusters per head")
+    add("--sbm-init", choices=["paper", "dense"], default="paper")
+    add("--exploration", type=float, default=0.01)
+    add("--lam", type=float, default=0.0, help="density penalty lambda (sbm)")
+    add("--target-density", type=float, default=None,
+        help="hold the SBM heads' mean expected density at this budget "
+             "(sbm_pyg.nn.DensityBudget); replaces --lam")
+    add("--batch-size", type=int, default=32)
+    add("--epochs", type=int, default=100)
+    add("--warmup-epochs", type=int, default=5)
+    add("--lr", type=float, default=5e-4)
+    add("--weight-decay", type=float, default=1e-5)
+    add("--clip-grad-norm", type=float, default=1.0)
+    add("--train-graphs", type=int, default=None,
+        help="train on this many graphs, evenly spaced over the split "
+             "(default: all)")
+    add("--eval-seed", type=int, default=12345,
+        help="the attention's sampling seed in every evaluation, so that a "
+             "figure does not move between evaluations")
+    add("--seed", type=int, default=0, help="model, data order and sampling")
+    add("--data-seed", type=int, default=0, help="the datasets' generator")
+    add("--root", type=Path, default=Path("data"),
+        help="where the generated datasets are cached")
+    add("--out", type=Path, required=True, help="run directory")
+    add("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    add("--device", default="cpu")
+    add("--no-progress", action="store_true")
+
+
+def validate_gps_arguments(args) -> None:
+    """Raises :class:`ValueError` naming the first bad argument."""
+    if args.dataset is None:
+        raise ValueError("--dataset is required (or a --preset that sets it)")
+    for name in ("channels", "num_layers", "heads", "batch_size", "epochs",
+                 "pe_channels", "num_clusters"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.channels % args.heads:
+        raise ValueError("--heads must divide --channels")
+    if args.pe_k is not None and args.pe_k < 0:
+        raise ValueError("--pe-k must be >= 0")
+    if args.pe_channels >= args.channels:
+        raise ValueError("--pe-channels must be below --channels")
+    if args.train_graphs is not None and args.train_graphs < 1:
+        raise ValueError("--train-graphs must be >= 1")
+    if not 0 <= args.dropout < 1 or not 0 <= args.attn_dropout < 1:
+        raise ValueError("--dropout and --attn-dropout must lie in [0, 1)")
+    if args.lr <= 0 or args.weight_decay < 0 or args.clip_grad_norm < 0:
+        raise ValueError("--lr must be > 0, --weight-decay and "
+                         "--clip-grad-norm >= 0")
+    if args.warmup_epochs < 0 or args.lam < 0 or args.exploration < 0:
+        raise ValueError("--warmup-epochs, --lam and --exploration must be >= 0")
+    if args.target_density is not None:
+        if not 0 < args.target_density <= 1:
+            raise ValueError(f"--target-density must lie in (0, 1], got "
+                             f"{args.target_density}")
+        if args.attention != "sbm" or args.lam != 0:
+            raise ValueError("--target-density needs --attention sbm and "
+                             "sets lambda itself: leave --lam at 0")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda: CUDA is not available")
+    if args.resume and not (args.out / "checkpoint.pt").exists():
+        raise ValueError(f"--resume: no checkpoint at {args.out / 'checkpoint.pt'}")
+    if not args.resume and args.out.is_dir() and any(args.out.iterdir()):
+        raise ValueError(f"--out {args.out} is not empty: pass --resume to "
+                         f"continue the run in it, or choose another directory")
+
+
+def _pe_k(args) -> int:
+    return args.pe_k if args.pe_k is not None else (
+        16 if args.dataset == "PATTERN" else 10)
+
+
+def build_gps_model(args, in_channels: int, num_classes: int) -> GPSNodeClassifier:
+    """The model a run trains, from its arguments."""
+    return GPSNodeClassifier(
+        in_channels, num_classes, channels=args.channels,
+        num_layers=args.num_layers, heads=args.heads, attention=args.attention,
+        dropout=args.dropout, attn_dropout=args.attn_dropout,
+        pe_channels=args.pe_channels if _pe_k(args) else 0,
+        sbm_kwargs=dict(num_clusters=args.num_clusters, sbm_init=args.sbm_init,
+                        exploration=args.exploration))
+
+
+def weighted_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    r"""GraphGPS's loss on PATTERN and CLUSTER: cross-entropy with each
+    class weighted by :math:`(V - V_c) / V` in the batch (:math:`V` nodes,
+    :math:`V_c` of class :math:`c`; absent classes weigh 0)."""
+    counts = torch.bincount(target, minlength=logits.size(1)).float()
+    weight = (target.numel() - counts) / target.numel() * (counts > 0)
+    return F.cross_entropy(logits, target, weight=weight)
+
+
+def accuracy_sbm(pred: Tensor, target: Tensor, num_classes: int) -> float:
+    r"""GraphGPS's ``accuracy-SBM``: the mean over classes of each class's
+    recall (correct predictions among its nodes), over a whole split;
+    classes without nodes count as 0, as there."""
+    correct = torch.bincount(target[pred == target], minlength=num_classes)
+    total = torch.bincount(target, minlength=num_classes)
+    recall = correct.double() / total.clamp_min(1)
+    return float(recall.sum() / num_classes)
+
+
+class _PeakMemory:
+    # Peak memory over a stretch of the run beyond what was held at its
+    # start (model, optimizer, datasets): the CUDA allocator's, or on Linux
+    # the process's resident set (VmHWM, reset at the start; freed heap
+    # returned first), as benchmarks.measure.peak_rss.
+    def __init__(self, device: torch.device):
+        self.device, self.base = device, 0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.base = self._status("VmRSS:")
+        except OSError:
+            self.base = -1
+
+    @staticmethod
+    def _status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+        raise OSError(key)
+
+    def read(self) -> Optional[int]:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        if self.base < 0:
+            return None
+        return max(self._status("VmHWM:") - self.base, 0)
+
+
+def _forward(model: GPSNodeClassifier, batch, generator) -> Tensor:
+    return model(batch.x, batch.edge_index, batch.batch,
+                 getattr(batch, "eigvecs", None), getattr(batch, "eigvals", None),
+                 generator=generator)
+
+
+@torch.no_grad()
+def evaluate_gps(model: GPSNodeClassifier, loader: DataLoader,
+                 device: torch.device, num_classes: int, seed: int) -> dict:
+    """Loss, metric and (SBM) density per layer and head on a whole split,
+    in eval mode, the attention sampled from a generator seeded with
+    :obj:`seed` (the same figure at every evaluation of the same model)."""
+    model.eval()
+    generator = torch.Generator(device).manual_seed(seed)
+    preds, targets, densities = [], [], []
+    loss_sum = 0.0
+    for batch in loader:
+        batch = batch.to(device)
+        logits = _forward(model, batch, generator)
+        loss_sum += float(weighted_cross_entropy(logits, batch.y)) * batch.num_graphs
+        preds.append(logits.argmax(1))
+        targets.append(batch.y)
+        d = model.densities()
+        if d is not None:
+            densities.append(d)
+    result = dict(loss=loss_sum / len(loader.dataset),
+                  metric=accuracy_sbm(torch.cat(preds), torch.cat(targets),
+                                      num_classes))
+    if densities:
+        per = torch.stack(densities).mean(0)
+        result.update(density=float(per.mean()), density_per_layer_head=per.tolist())
+    return result
+
+
+def _datasets(args) -> Tuple[SBMBenchmarkDataset, ...]:
+    pre = AddLaplacianPE(_pe_k(args)) if _pe_k(args) else None
+    root = str(args.root / (f"pe{_pe_k(args)}" if pre else "plain"))
+    splits = [SBMBenchmarkDataset(root, args.dataset, split, seed=args.data_seed,
+                                  pre_transform=pre)
+              for split in ("train", "val", "test")]
+    if args.train_graphs is not None and args.train_graphs < len(splits[0]):
+        # Evenly spaced: PATTERN's graphs come in runs of one pattern.
+        step = len(splits[0]) / args.train_graphs
+        index = (torch.arange(args.train_graphs) * step).long()
+        splits[0] = splits[0].index_select(index)
+    return tuple(splits)
+
+
+def _best_so_far(path: Path, epoch: int) -> Tuple[float, int]:
+    # The best validation metric and its epoch among the logged epochs up
+    # to `epoch` (dropping later ones, logged before a crash).
+    best, best_epoch, kept = -1.0, 0, []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record["epoch"] <= epoch:
+                kept.append(line)
+                if record["val_metric"] > best:
+                    best, best_epoch = record["val_metric"], record["epoch"]
+        path.write_text("".join(line + "\n" for line in kept))
+    return best, best_epoch
+
+
+def train_gps(args) -> dict:
+    """Trains and evaluates one run (see the module's docstring); returns
+    the final record, also written to ``OUT/final.json``."""
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    train_set, val_set, test_set = _datasets(args)
+    num_classes = 2 if args.dataset == "PATTERN" else 6
+    data_generator = torch.Generator().manual_seed(args.seed)
+    graph_generator = torch.Generator(device).manual_seed(args.seed + 1)
+    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True,
+                              generator=data_generator)
+    val_loader = DataLoader(val_set, batch_size=args.batch_size)
+    test_loader = DataLoader(test_set, batch_size=args.batch_size)
+    model = build_gps_model(args, train_set.num_features, num_classes).to(device)
+    opt_args = SimpleNamespace(lr=args.lr, sbm_lr=None, optimizer="adamw",
+                               adam_eps=1e-8, weight_decay=args.weight_decay,
+                               steps=args.epochs, warmup_steps=args.warmup_epochs,
+                               schedule="cosine")
+    optimizer = build_optimizer(model, opt_args)
+    schedule = build_schedule(optimizer, opt_args)  # stepped per epoch
+    budget = None
+    if args.target_density is not None:
+        steps = args.epochs * len(train_loader)
+        budget = DensityBudget(model, args.target_density, warmup=steps // 10)
+    args.out.mkdir(parents=True, exist_ok=True)
+    checkpoint, metrics = args.out / "checkpoint.pt", args.out / "metrics.jsonl"
+    epoch = 0
+    if args.resume:
+        state = load_checkpoint(checkpoint, map_location=device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        if budget is not None:
+            budget.load_state_dict(state["budget"])
+        rng = state["rng"][0]
+        torch.set_rng_state(rng["torch"].cpu())
+        data_generator.set_state(rng["data"].cpu())
+        graph_generator.set_state(rng["graph"].cpu())
+        epoch = state["step"]
+    best, best_epoch = _best_so_far(metrics, epoch)
+    memory = _PeakMemory(device)
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        progress = tqdm(total=args.epochs, initial=epoch,
+                        desc=f"{args.dataset}/{args.attention}")
+    while epoch < args.epochs:
+        memory.start()
+        start = time.perf_counter()
+        train = _train_epoch(model, train_loader, optimizer, budget, args,
+                             device, graph_generator, num_classes)
+        seconds = time.perf_counter() - start
+        peak = memory.read()  # training's: not the evaluation's
+        schedule.step()
+        epoch += 1
+        val = evaluate_gps(model, val_loader, device, num_classes, args.eval_seed)
+        record = dict(epoch=epoch, lr=optimizer.param_groups[0]["lr"], **train,
+                      val_loss=val["loss"], val_metric=val["metric"],
+                      seconds=seconds,
+                      eval_seconds=time.perf_counter() - start - seconds,
+                      peak_memory_bytes=peak)
+        if "density" in val:
+            record.update(val_density=val["density"],
+                          val_density_per_layer_head=val["density_per_layer_head"])
+        if val["metric"] > best:
+            best, best_epoch = val["metric"], epoch
+            torch.save(dict(model=model.state_dict(), epoch=epoch),
+                       args.out / "best.pt")
+        with open(metrics, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        rng = dict(torch=torch.get_rng_state(), data=data_generator.get_state(),
+                   graph=graph_generator.get_state())
+        save_checkpoint(model, optimizer, schedule, epoch, rng, 1, checkpoint, 0,
+                        jsonable(args),
+                        budget=None if budget is None else budget.state_dict())
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(loss=f"{train['train_loss']:.3f}",
+                                 val=f"{val['metric']:.4f}")
+    if progress is not None:
+        progress.close()
+    return _final(args, model, test_loader, device, num_classes, best, best_epoch)
+
+
+def _train_epoch(model, loader, optimizer, budget, args, device, generator,
+                 num_classes) -> dict:
+    model.train()
+    losses: List[Tensor] = []
+    preds, targets, densities = [], [], []
+    for batch in loader:
+        batch = batch.to(device)
+        logits = _forward(model, batch, generator)
+        loss = weighted_cross_entropy(logits, batch.y)
+        optimizer.zero_grad()
+        if budget is not None:
+            (loss + budget.penalty()).backward()
+        elif args.lam > 0:
+            from sbm_pyg.nn import density_loss
+            (loss + args.lam * density_loss(model)).backward()
+        else:
+            loss.backward()
+        clip_and_measure(optimizer, args.clip_grad_norm)
+        optimizer.step()
+        if budget is not None:
+            budget.step()
+        losses.append(loss.detach())
+        preds.append(logits.detach().argmax(1))
+        targets.append(batch.y)
+        d = model.densities()
+        if d is not None:
+            densities.append(d.detach())
+    record = dict(train_loss=float(torch.stack(losses).mean()),
+                  train_metric=accuracy_sbm(torch.cat(preds), torch.cat(targets),
+                                            num_classes))
+    if densities:
+        record["train_density"] = float(torch.stack(densities).mean())
+    if budget is not None:
+        record["lam"] = float(budget.lam.mean())
+    return record
+
+
+def _final(args, model, test_loader, device, num_classes, best: float,
+           best_epoch: int) -> dict:
+    # The test figure of the best validation epoch's model.
+    best_path = args.out / "best.pt"
+    model.load_state_dict(torch.load(best_path, map_location=device,
+                                     weights_only=True)["model"])
+    test = evaluate_gps(model, test_loader, device, num_classes, args.eval_seed)
+    records = [json.loads(line) for line in
+               (args.out / "metrics.jsonl").read_text().splitlines()]
+    final = dict(dataset=args.dataset, attention=args.attention, seed=args.seed,
+                 epochs=len(records), best_epoch=best_epoch, val_metric=best,
+                 test_accuracy=test["metric"], test_loss=test["loss"],
+                 seconds_per_epoch=sum(r["seconds"] for r in records) / len(records),
+                 peak_memory_bytes=max((r["peak_memory_bytes"] or 0) for r in records),
+                 args=jsonable(args))
+    if "density" in test:
+        final.update(density=test["density"],
+                     density_per_layer_head=test["density_per_layer_head"])
+    (args.out / "final.json").write_text(json.dumps(final, indent=1))
+    return final
