@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The tests that launch Triton kernels (selected by "triton" in their names
 # or parameters).
 TESTS = ["tests/ops/test_triton_attention.py", "tests/ops/test_triton_dense.py",
+         "tests/ops/test_dropout.py",
          "tests/sampling/test_fastrg_op.py",
          "tests/sampling/test_backends.py", "tests/sampling/test_fastrg.py",
          "tests/nn/test_conv.py"]
@@ -81,8 +82,8 @@ def _model_sizes() -> None:
     # The paper's and the benchmarks' sizes: k = 128 and 256 clusters, head
     # sizes 32, 64 and 128, float32, float64 and bfloat16 rows, both sampler
     # modes with and without exploration, attention with edge
-    # probabilities and with memberships; few rows, as the interpreter runs
-    # them.
+    # probabilities and with memberships, with and without dropout; few
+    # rows, as the interpreter runs them.
     import torch
 
     from sbm_pyg.nn.functional import sparse_attention
@@ -110,6 +111,10 @@ def _model_sizes() -> None:
             sbm = tuple(t.to(dtype).requires_grad_() for t in (memb, block, memb))
             sparse_attention(q, kk, v, graph, sbm=sbm,
                              backend="triton").sum().backward()
+            # With attention dropout (GraphGPS's 0.5): the mask recomputed
+            # in all three kernels.
+            sparse_attention(q, kk, v, graph, sbm=sbm, dropout=0.5, training=True,
+                             generator=g, backend="triton").sum().backward()
     _dense_sizes(g)
 
 

@@ -22,7 +22,8 @@ INSTALL_BLOCKS = re.findall(r"```python\n(.*?)```",
 MODULES = sorted(m.name for m in pkgutil.walk_packages(sbm_pyg.__path__, "sbm_pyg.")
                  if m.name not in ("sbm_pyg._C", "sbm_pyg.__main__"))
 PUBLIC_MODULES = ["sbm_pyg", "sbm_pyg.sampling", "sbm_pyg.nn", "sbm_pyg.nn.functional",
-                  "sbm_pyg.models", "sbm_pyg.theory", "sbm_pyg.experiments"]
+                  "sbm_pyg.models", "sbm_pyg.theory", "sbm_pyg.experiments",
+                  "sbm_pyg.datasets"]
 # The main public functions and classes: each has an Examples section.
 WITH_EXAMPLES = [
     "sbm_pyg.sampling.fastrg", "sbm_pyg.sampling.SampledGraph",
@@ -32,7 +33,7 @@ WITH_EXAMPLES = [
     "sbm_pyg.nn.SBMMultiheadAttention", "sbm_pyg.nn.SBMGPSConv", "sbm_pyg.nn.GraphRecorder",
     "sbm_pyg.models.SBMTransformer", "sbm_pyg.theory.check_conditions",
     "sbm_pyg.nn.density_loss", "sbm_pyg.sampling.SampledGraph.sequence",
-    "sbm_pyg.ops.backends",
+    "sbm_pyg.ops.backends", "sbm_pyg.nn.GatedGCNConv", "sbm_pyg.nn.DenseGPSConv",
     "sbm_pyg.theory.hamiltonian_path", "sbm_pyg.experiments.repeat_batch",
     "sbm_pyg.experiments.tasks.repeat_accuracy_bound",
 ]

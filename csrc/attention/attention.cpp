@@ -19,6 +19,11 @@
 //   rows:    dq_r = scale sum ds_e k_c,     d(Q̂Ŝ)_r = sum g_e K̂_c
 //   columns: dk_c = scale sum ds_e q_r,     dv_c = sum alpha_e dout_r,
 //            dK̂_c = sum g_e (Q̂Ŝ)_r
+// Under dropout each weight is multiplied by keep_e, 0 or 1 / (1 - p), a
+// function of the seed and (r, c) (sampler/stream.h, purpose 2) that both
+// passes recompute: out_r = sum alpha_e keep_e v_c, t_e = keep_e <dout_r,
+// v_c>, dv_c = sum alpha_e keep_e dout_r; delta_r = <dout_r, out_r> holds
+// as it is (FlashAttention's dropout).
 // Every output row is written by one thread in a fixed order: no atomics,
 // and the result does not depend on the thread count.
 //
@@ -30,6 +35,7 @@
 #include "attention/attention.h"
 
 #include "attention/exp.h"
+#include "sampler/stream.h"
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -246,6 +252,18 @@ struct Args {
   int64_t D, Dv, K;
   T scale;
   int64_t ste;
+  // Dropout (threshold 0: off): row r's stream state, the threshold, and
+  // the factor of a kept weight.
+  uint64_t dseed, dthreshold;
+  T dscale;
+  SBM_INLINE uint64_t dstate(int64_t r) const {
+    return sbm_pyg::Rng(dseed, r, sbm_pyg::kStreamDropout).state;
+  }
+  // The factor of edge (r, c)'s weight: 1 without dropout, else 0 or dscale.
+  SBM_INLINE T keep(uint64_t state, int64_t c) const {
+    if (dthreshold == 0) return T(1);
+    return sbm_pyg::dropout_keep(state, c, dthreshold) ? dscale : T(0);
+  }
 };
 
 template <typename T, int N, bool AVX>
@@ -274,10 +292,11 @@ SBM_INLINE void forward_rows_impl(const Args<T>& a, Scratch<T>& sc, int64_t r0,
     }
     const T inv = T(1) / sum;
     Acc<T, N> out(a.o + r * Dv, Dv);
+    const uint64_t st = a.dthreshold ? a.dstate(r) : 0;
     for (int64_t e = 0; e < n; ++e) {
       if (e + kAhead < n) prefetch(a.v + col[e0 + e + kAhead] * Dv, Dv * sizeof(T));
       w[e] *= inv;
-      out.add(w[e], a.v + col[e0 + e] * Dv);
+      out.add(w[e] * a.keep(st, col[e0 + e]), a.v + col[e0 + e] * Dv);
     }
     out.store();
     a.lse_out[r] = m + std::log(sum);
@@ -323,6 +342,10 @@ SBM_INLINE void backward_rows_impl(const Args<T>& a, Scratch<T>& sc,
     const T lse = a.lse[r];
 #pragma omp simd
     for (int64_t e = 0; e < n; ++e) w[e] = exp_shifted(s[e] - lse);
+    if (a.dthreshold) {  // dL/d alpha_e = keep_e <dout_r, v_c>
+      const uint64_t st = a.dstate(r);
+      for (int64_t e = 0; e < n; ++e) t[e] *= a.keep(st, col[e0 + e]);
+    }
     for (int64_t e = 0; e < n; ++e) {
       const int64_t c = col[e0 + e];
       const T ds = w[e] * (t[e] - delta);
@@ -366,8 +389,9 @@ SBM_INLINE void backward_cols_impl(const Args<T>& a, Scratch<T>& sc,
     for (int64_t i = 0; i < n; ++i) w[i] = exp_shifted(s[i] - w[i]);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = rows[i];
-      const T ds = w[i] * (t[i] - a.delta[r]);
-      dv.add(w[i], a.dout + r * Dv);
+      const T kept = a.dthreshold ? a.keep(a.dstate(r), c) : T(1);
+      const T ds = w[i] * (kept * t[i] - a.delta[r]);
+      dv.add(kept * w[i], a.dout + r * Dv);
       dk.add(scale * ds, a.q + r * D);
       const T g = ste_grad(ste, ds, s[i]);
       if (dkm && g != T(0)) axpy(g, a.qb + r * K, dkm, K);
@@ -478,8 +502,16 @@ bool check_memberships(const std::optional<Tensor>& q_block,
 template <typename T>
 Args<T> graph_args(const Tensor& rowptr, const Tensor& col,
                    const Tensor& colptr, const Tensor& row_t, const Tensor& q,
-                   const Tensor& k, const Tensor& v, double scale) {
+                   const Tensor& k, const Tensor& v, double scale,
+                   int64_t dropout_seed, int64_t dropout_threshold) {
+  TORCH_CHECK(dropout_threshold >= 0 && dropout_threshold < (int64_t(1) << 53),
+              "sbm_pyg::sparse_attention: dropout_threshold must lie in "
+              "[0, 2^53)");
   Args<T> a{};
+  a.dseed = (uint64_t)dropout_seed;
+  a.dthreshold = (uint64_t)dropout_threshold;
+  // 2^53 / (2^53 - t): the inverse of the probability of keeping.
+  a.dscale = (T)(0x1p53 / (double)((int64_t(1) << 53) - dropout_threshold));
   a.rowptr = rowptr.data_ptr<int32_t>();
   a.col = col.data_ptr<int32_t>();
   a.colptr = colptr.data_ptr<int32_t>();
@@ -502,7 +534,8 @@ std::tuple<Tensor, Tensor, Tensor> sparse_attention(
     const Tensor& row_t, const Tensor& q, const Tensor& k, const Tensor& v,
     const std::optional<Tensor>& edge_prob,
     const std::optional<Tensor>& q_block, const std::optional<Tensor>& k_memb,
-    double scale, int64_t ste, bool weights) {
+    double scale, int64_t ste, bool weights, int64_t dropout_seed,
+    int64_t dropout_threshold) {
   (void)edge_prob;
   (void)ste;
   check_graph(rowptr, col, colptr, row_t, q, k, v);
@@ -514,7 +547,8 @@ std::tuple<Tensor, Tensor, Tensor> sparse_attention(
   const auto bounds = chunks(rowptr.data_ptr<int32_t>(), R);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention", [&] {
     using T = scalar_t;
-    Args<T> a = graph_args<T>(rowptr, col, colptr, row_t, q, k, v, scale);
+    Args<T> a = graph_args<T>(rowptr, col, colptr, row_t, q, k, v, scale,
+                              dropout_seed, dropout_threshold);
     a.o = out.data_ptr<T>();
     a.alpha = weights ? alpha.data_ptr<T>() : nullptr;
     a.lse_out = lse.data_ptr<T>();
@@ -531,7 +565,8 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
                           const Tensor& grad_out,
                           const std::optional<Tensor>& q_block,
                           const std::optional<Tensor>& k_memb, double scale,
-                          int64_t ste) {
+                          int64_t ste, int64_t dropout_seed,
+                          int64_t dropout_threshold) {
   check_graph(rowptr, col, colptr, row_t, q, k, v);
   const bool memb = check_memberships(q_block, k_memb, q, k);
   TORCH_CHECK(ste == kSteNone || ste == kStePaper || ste == kStePublished,
@@ -559,7 +594,8 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
   const auto col_bounds = chunks(colptr.data_ptr<int32_t>(), C);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_backward", [&] {
     using T = scalar_t;
-    Args<T> a = graph_args<T>(rowptr, col, colptr, row_t, q, k, v, scale);
+    Args<T> a = graph_args<T>(rowptr, col, colptr, row_t, q, k, v, scale,
+                              dropout_seed, dropout_threshold);
     a.out = out.data_ptr<T>();
     a.lse = lse.data_ptr<T>();
     a.dout = grad_out.data_ptr<T>();

@@ -13,7 +13,10 @@ namespace sbm_pyg {
 enum SteMode : int64_t { kSteNone = 0, kStePaper = 1, kStePublished = 2 };
 
 // out [R, Dv], alpha [E] (empty unless weights), lse [R]: softmax over each CSR row's edges of
-// scale * <q_r, k_c>, the weighted sum of the values, and each row's
+// scale * <q_r, k_c>, the weighted sum of the values (each weight dropped
+// or scaled by 1 / (1 - p) under dropout_threshold > 0: the mask is a
+// function of dropout_seed and (r, c), sampler/stream.h, recomputed by the
+// backward; alpha is before dropout), and each row's
 // log-sum-exp (-inf for a row with no edge), which backward reads. The edge
 // probabilities and memberships are not read; they are arguments so that
 // autograd routes their straight-through gradients through this op.
@@ -23,7 +26,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention(
     const at::Tensor& v, const std::optional<at::Tensor>& edge_prob,
     const std::optional<at::Tensor>& q_block,
     const std::optional<at::Tensor>& k_memb, double scale, int64_t ste,
-    bool weights);
+    bool weights, int64_t dropout_seed, int64_t dropout_threshold);
 
 // grad_q, grad_k, grad_v, grad_prob [E] (empty without an estimator) and the
 // membership gradients grad_q_block [R, K], grad_k_memb [C, K] (empty
@@ -37,6 +40,7 @@ sparse_attention_backward(const at::Tensor& rowptr, const at::Tensor& col,
                           const at::Tensor& lse, const at::Tensor& grad_out,
                           const std::optional<at::Tensor>& q_block,
                           const std::optional<at::Tensor>& k_memb,
-                          double scale, int64_t ste);
+                          double scale, int64_t ste, int64_t dropout_seed,
+                          int64_t dropout_threshold);
 
 }  // namespace sbm_pyg

@@ -29,8 +29,18 @@ struct Rng {
 };
 
 // The purposes of a row's streams: its degree, its draws (and a dense row's
-// Bernoulli trials, the t-th key at counter t + 1).
+// Bernoulli trials, the t-th key at counter t + 1), and the attention
+// dropout of its weights (key column c at counter c + 1,
+// sbm_pyg/ops/dropout.py).
 constexpr uint64_t kStreamDegree = 0;
 constexpr uint64_t kStreamDraws = 1;
+constexpr uint64_t kStreamDropout = 2;
+
+// Whether the attention weight of (row stream state, column c) is kept:
+// the top 53 bits of the stream's output at counter c + 1 reach the
+// threshold ceil(p 2^53).
+inline bool dropout_keep(uint64_t state, uint64_t c, uint64_t threshold) {
+  return (mix64(state + (c + 1) * 0x9E3779B97F4A7C15ULL) >> 11) >= threshold;
+}
 
 }  // namespace sbm_pyg

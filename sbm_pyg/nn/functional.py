@@ -22,6 +22,7 @@ from sbm_pyg.ops.fused_attention import fused_attention
 from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.ops.torch_attention import SDDMM, SDDMMGradOnly, SparseAttention
 from sbm_pyg.sampling import SampledGraph
+from sbm_pyg.sampling.fastrg_op import stream_seed
 from sbm_pyg.validation import check_generator, require_tensor
 
 __all__ = ["sparse_attention", "edge_probability",
@@ -225,19 +226,19 @@ def sparse_attention(
         training (bool): whether dropout is applied.
         ste (str): the straight-through estimator, :obj:`"paper"` or
             :obj:`"published"` (see above).
-        generator (torch.Generator, optional): source of the dropout mask.
+        generator (torch.Generator, optional): source of the dropout
+            mask's seed (the mask is a function of it and each edge,
+            :mod:`sbm_pyg.ops.dropout`: the same on every backend).
         return_attention_weights (bool): also return :math:`\alpha`
             :obj:`[E]` in edge order (before dropout).
         backend (str, optional): :obj:`"cpp"`, the fused kernel of the
             compiled extension (CPU), or :obj:`"triton"`, fused kernels
             (CUDA; on the CPU only under ``TRITON_INTERPRET=1``, for
             testing), both keeping nothing per edge for backward (the
-            output and each row's log-sum-exp), or :obj:`"torch"`, CSR
-            kernels of PyTorch (any device; the reference), or
-            :obj:`"auto"`: the fused kernel for the tensors' device, and
-            :obj:`"torch"` with attention dropout, which only the PyTorch
-            path has (:func:`~sbm_pyg.ops.resolve_backend`; a fused kernel
-            asked for with dropout raises).
+            output and each row's log-sum-exp; under dropout the mask is
+            recomputed), or :obj:`"torch"`, CSR kernels of PyTorch (any
+            device; the reference), or :obj:`"auto"`: the fused kernel for
+            the tensors' device (:func:`~sbm_pyg.ops.resolve_backend`).
         sbm ((Tensor, Tensor, Tensor), optional): instead of
             :obj:`edge_prob`, the SBM the graph was sampled from,
             :obj:`(q_memb [N_q, H, k], block [H, k, k], k_memb [N_k, H,
@@ -291,10 +292,12 @@ def sparse_attention(
                               dropout=dropout)
     scale = 1.0 / math.sqrt(D)
     q, k, v = heads_first(query), heads_first(key), heads_first(value)
+    # One draw from the generator, on the host (no sync): the mask's seed.
+    seed = stream_seed(generator, query.device) if dropout > 0 else 0
     if backend in ("cpp", "triton"):
         flat, weights = _fused_attention(
             graph.csr, q, k, v, edge_prob, sbm, scale, ste,
-            return_attention_weights, triton=backend == "triton",
+            return_attention_weights, dropout, seed, triton=backend == "triton",
             triton_on_cpu=backend == "triton" and query.device.type == "cpu")
         out = nodes_first(flat.to(value.dtype), H)
         if return_attention_weights:
@@ -302,7 +305,7 @@ def sparse_attention(
             return out, weights
         return out
     out, alpha = _torch_attention(graph, q, k, v, edge_prob, sbm, scale,
-                                  dropout, generator, ste)
+                                  dropout, seed, ste)
     out = nodes_first(out, H)
     if return_attention_weights:
         assert alpha is not None
@@ -310,20 +313,19 @@ def sparse_attention(
     return out
 
 
-# The PyTorch path's autograd functions take the graph object and draw the
-# dropout mask: torch.compile runs them eagerly (a graph break). The fused
-# path is one operator with fake kernels, which the compiler traces.
+# The PyTorch path's autograd functions take the graph object: torch.compile
+# runs them eagerly (a graph break). The fused path is one operator with
+# fake kernels, which the compiler traces.
 @torch.compiler.disable
 def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
-                     scale: float, dropout: float,
-                     generator: Optional[torch.Generator],
+                     scale: float, dropout: float, dropout_seed: int,
                      ste: str) -> Tuple[Tensor, Tensor]:
     if sbm is not None:
         edge_prob = straight_through_probability(*sbm, graph)
     return SparseAttention.apply(graph.csr, q, k, v, edge_prob, scale,
-                                 dropout, generator, ste)
+                                 dropout, dropout_seed, ste)
 
 
 def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -> None:
@@ -345,7 +347,8 @@ def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -
 def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
-                     scale: float, ste: str, weights: bool, triton: bool,
+                     scale: float, ste: str, weights: bool, dropout: float,
+                     dropout_seed: int, triton: bool,
                      triton_on_cpu: bool) -> Tuple[Tensor, Optional[Tensor]]:
     # The kernels compute in float32 or float64. The Triton kernels read
     # half precision rows as they are, half the bytes of each gathered row;
@@ -367,5 +370,5 @@ def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
         return fused_attention(
             graph, q.to(rows).contiguous(), k.to(rows).contiguous(),
             v.to(rows).contiguous(), edge_prob, q_block, k_memb,
-            scale=scale, ste=ste, weights=weights,
-            triton_on_cpu=triton_on_cpu)
+            scale=scale, ste=ste, weights=weights, dropout=dropout,
+            dropout_seed=dropout_seed, triton_on_cpu=triton_on_cpu)

@@ -105,12 +105,12 @@ def resolve_backend(op: str, backend: Optional[str],
 
     * :obj:`"auto"` (or :obj:`None`): :obj:`"cpp"` on the CPU where the
       compiled extension is built, :obj:`"triton"` on CUDA where Triton is
-      installed, else :obj:`"torch"`. The attention with :obj:`dropout > 0`
-      takes :obj:`"torch"`, the only kernel with attention dropout; a layer
-      passes its configured dropout in training and evaluation alike, so
-      that both run the same kernel. Given the expected :obj:`density` of
-      the graph to come, the attention takes :obj:`"dense"` from
-      :data:`DENSE_CROSSOVER` on, where that kernel runs.
+      installed, else :obj:`"torch"`; every one of them has attention
+      dropout. Given the expected :obj:`density` of the graph to come, the
+      attention takes :obj:`"dense"` from :data:`DENSE_CROSSOVER` on, where
+      that kernel runs (not with attention dropout, which it lacks; a
+      layer passes its configured dropout in training and evaluation
+      alike, so that both run the same kernel).
     * :obj:`"cpp"`: the compiled extension ``sbm_pyg._C`` (CPU tensors).
     * :obj:`"triton"`: the Triton kernels (CUDA tensors, or CPU tensors
       under ``TRITON_INTERPRET=1``).
@@ -138,8 +138,8 @@ def resolve_backend(op: str, backend: Optional[str],
     Example:
         >>> resolve_backend("attention", "torch", "cpu")
         'torch'
-        >>> resolve_backend("attention", "auto", "cpu", dropout=0.1)
-        'torch'
+        >>> resolve_backend("attention", "auto", "cpu", dropout=0.1)  # doctest: +SKIP
+        'cpp'
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
@@ -149,9 +149,7 @@ def resolve_backend(op: str, backend: Optional[str],
                          f"{backend!r}")
     device = torch.device(device)
     if backend is None or backend == "auto":
-        if op == "attention" and dropout > 0:
-            return "torch"
-        if op == "attention" and density is not None and \
+        if op == "attention" and density is not None and dropout == 0 and \
                 density >= DENSE_CROSSOVER and dense_runs(device):
             return "dense"
         if device.type == "cpu" and WITH_EXTENSION:
@@ -176,10 +174,10 @@ def resolve_backend(op: str, backend: Optional[str],
         raise ValueError(f"{op} backend 'triton' needs triton and CUDA "
                          f"tensors (or TRITON_INTERPRET=1 on the CPU); the "
                          f"tensors are on {device}")
-    if op == "attention" and dropout > 0 and backend != "torch":
-        raise ValueError(f"attention backend {backend!r} has no attention "
-                         f"dropout; use backend 'torch' or 'auto', or "
-                         f"dropout=0")
+    if op == "attention" and dropout > 0 and backend == "dense":
+        raise ValueError("attention backend 'dense' has no attention "
+                         "dropout; use another backend or 'auto', or "
+                         "dropout=0")
     return backend
 
 

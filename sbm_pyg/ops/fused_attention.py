@@ -1,8 +1,9 @@
 r"""The fused sparse attention as one torch operator with a kernel per
 device.
 
-``sbm_pyg::sparse_attention`` computes scores, softmax and the weighted sum
-of values in one pass per (head, query) row, and keeps only each row's
+``sbm_pyg::sparse_attention`` computes scores, softmax, attention dropout
+(by counter, :mod:`sbm_pyg.ops.dropout`) and the weighted sum of values in
+one pass per (head, query) row, and keeps only each row's
 log-sum-exp :obj:`[R]` (and the output) for backward. Its backward,
 ``sbm_pyg::sparse_attention_backward``, goes once over the rows (query
 gradient, the straight-through gradient :math:`\partial L / \partial p_e`
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor
 
 from sbm_pyg.ops.csr import row_index, sddmm
+from sbm_pyg.ops.dropout import dropout_threshold
 from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.ops.library import OpSpec, define_autograd_ops
 from sbm_pyg.ops.torch_attention import STE_CODES
@@ -41,11 +43,13 @@ _GRAPH = "Tensor rowptr, Tensor col, Tensor colptr, Tensor row_t"
 _SCHEMAS = {
     "": (f"({_GRAPH}, Tensor q, Tensor k, Tensor v, Tensor? edge_prob, "
          "Tensor? q_block, Tensor? k_memb, float scale, int ste, "
-         "bool weights) -> (Tensor, Tensor, Tensor)"),
+         "bool weights, int dropout_seed=0, int dropout_threshold=0) -> "
+         "(Tensor, Tensor, Tensor)"),
     "_backward": (f"({_GRAPH}, Tensor q, Tensor k, Tensor v, Tensor out, "
                   "Tensor lse, Tensor grad_out, Tensor? q_block, "
-                  "Tensor? k_memb, float scale, int ste) -> (Tensor, Tensor, "
-                  "Tensor, Tensor, Tensor, Tensor)"),
+                  "Tensor? k_memb, float scale, int ste, int dropout_seed=0, "
+                  "int dropout_threshold=0) -> (Tensor, Tensor, Tensor, Tensor, "
+                  "Tensor, Tensor)"),
 }
 _STE_NAMES = {code: name for name, code in STE_CODES.items()}
 
@@ -55,6 +59,7 @@ def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                     q_block: Optional[Tensor] = None,
                     k_memb: Optional[Tensor] = None, *, scale: float,
                     ste: Optional[str] = "paper", weights: bool = False,
+                    dropout: float = 0.0, dropout_seed: int = 0,
                     triton_on_cpu: bool = False,
                     ) -> Tuple[Tensor, Optional[Tensor]]:
     r"""Softmax attention over the nonzeros of a CSR matrix, differentiable,
@@ -79,7 +84,13 @@ def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
         scale (float): the scores' factor, :math:`1/\sqrt{D}`.
         ste (str, optional): :obj:`"paper"` or :obj:`"published"`.
         weights (bool): also return the attention weights (else
-            :obj:`None`: nothing per edge is allocated in the forward).
+            :obj:`None`: nothing per edge is allocated in the forward),
+            before dropout.
+        dropout (float): dropout on the attention weights, by counter
+            (:mod:`sbm_pyg.ops.dropout`): the mask is a function of
+            :obj:`dropout_seed` and each edge's (row, column), which the
+            backward recomputes.
+        dropout_seed (int): the mask's seed, in :math:`[0, 2^{62})`.
         triton_on_cpu (bool): run the Triton kernels on CPU tensors (the
             twin operator, only under ``TRITON_INTERPRET=1``).
 
@@ -91,14 +102,17 @@ def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
           else torch.ops.sbm_pyg.sparse_attention)
     out, alpha, _ = op(graph.rowptr, graph.col, graph.colptr, graph.row_t(),
                        q, k, v, edge_prob, q_block, k_memb, float(scale),
-                       STE_CODES[ste], weights)
+                       STE_CODES[ste], weights, int(dropout_seed),
+                       dropout_threshold(dropout))
     return out, alpha.detach() if weights else None
 
 
 def _triton_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
-                    k_memb, scale, ste, weights):
+                    k_memb, scale, ste, weights, dropout_seed=0,
+                    dropout_threshold=0):
     from sbm_pyg.ops.triton_attention import attention_forward
-    out, lse = attention_forward(rowptr, col, q, k, v, scale)
+    out, lse = attention_forward(rowptr, col, q, k, v, scale, dropout_seed,
+                                 dropout_threshold)
     alpha = q.new_empty(0)
     if weights:  # recomputed from the log-sum-exp: the kernel keeps none
         # with the scale the kernel used, rounded to the accumulation dtype,
@@ -111,11 +125,12 @@ def _triton_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
 
 
 def _triton_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
-                     q_block, k_memb, scale, ste):
+                     q_block, k_memb, scale, ste, dropout_seed=0,
+                     dropout_threshold=0):
     from sbm_pyg.ops.triton_attention import attention_backward
     dq, dk, dv, dprob, dqb, dkm = attention_backward(
         rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out, scale,
-        _STE_NAMES[ste], q_block, k_memb)
+        _STE_NAMES[ste], q_block, k_memb, dropout_seed, dropout_threshold)
     empty = q.new_empty(0)
     return (dq, dk, dv, empty if dprob is None else dprob,
             empty if dqb is None else dqb, empty if dkm is None else dkm)
@@ -128,14 +143,16 @@ def _accumulation(q: Tensor) -> torch.dtype:
 
 
 def _fake_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
-                  k_memb, scale, ste, weights):
+                  k_memb, scale, ste, weights, dropout_seed=0,
+                  dropout_threshold=0):
     return (v.new_empty(q.size(0), v.size(1)),
             q.new_empty(col.size(0) if weights else 0),
             q.new_empty(q.size(0), dtype=_accumulation(q)))
 
 
 def _fake_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
-                   q_block, k_memb, scale, ste):
+                   q_block, k_memb, scale, ste, dropout_seed=0,
+                   dropout_threshold=0):
     memb = q_block is not None
     empty = q.new_empty(0)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -146,12 +163,15 @@ def _fake_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
 
 
 def _setup_context(ctx, inputs, output) -> None:
+    # The dispatcher leaves out trailing arguments at their defaults.
     (rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block, k_memb, scale,
-     ste, weights) = inputs
+     ste, weights, dropout_seed, dropout_threshold) = (
+        tuple(inputs) + (0, 0)[len(inputs) - 13:])
     out, _, lse = output
     ctx.save_for_backward(rowptr, col, colptr, row_t, q, k, v, out, lse,
                           q_block, k_memb)
     ctx.scale, ctx.ste = scale, ste
+    ctx.dropout = (dropout_seed, dropout_threshold)
     # No zeros [E] for the gradient of alpha, which is never used.
     ctx.set_materialize_grads(False)
 
@@ -160,7 +180,7 @@ def _autograd(backward_op):
     def backward(ctx, grad_out: Optional[Tensor], _grad_alpha: Tensor,
                  _grad_lse: Tensor):
         if grad_out is None:  # the output took no part in the loss
-            return (None,) * 13
+            return (None,) * 15
         (rowptr, col, colptr, row_t, q, k, v, out, lse, q_block,
          k_memb) = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -169,11 +189,11 @@ def _autograd(backward_op):
         dq, dk, dv, dprob, dqb, dkm = backward_op(
             rowptr, col, colptr, row_t, q, k, v, out, lse,
             grad_out.contiguous(), q_block if want_memb else None,
-            k_memb if want_memb else None, ctx.scale, ste)
+            k_memb if want_memb else None, ctx.scale, ste, *ctx.dropout)
         return (None, None, None, None, dq if need[4] else None,
                 dk if need[5] else None, dv if need[6] else None,
                 dprob if want_prob else None, dqb if need[8] else None,
-                dkm if need[9] else None, None, None, None)
+                dkm if need[9] else None, None, None, None, None, None)
     return backward
 
 

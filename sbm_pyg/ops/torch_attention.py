@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from sbm_pyg.ops.csr import sddmm, segment_softmax, segment_sum, spmm
+from sbm_pyg.ops.dropout import dropout_keep, dropout_threshold, keep_scale
 from sbm_pyg.ops.graph import CSRGraph
 
 # The estimators by the code the fused kernels take: none, the paper's
@@ -83,24 +84,24 @@ class SparseAttention(torch.autograd.Function):
     (the PyTorch path).
 
     Saved for backward: the flattened :obj:`q, k, v` (:obj:`[H N, D]`), the
-    attention weights and, when needed, the scores and the dropout mask
-    (:obj:`[E]` each).
+    attention weights and, when needed, the scores and the dropout factors
+    (:obj:`[E]` each). The dropout mask is the fused kernels' (by counter,
+    :mod:`sbm_pyg.ops.dropout`), the same for the same seed.
     """
 
     @staticmethod
     def forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                 edge_prob: Optional[Tensor], scale: float, dropout: float,
-                generator: Optional[torch.Generator], ste: str
-                ) -> Tuple[Tensor, Tensor]:
+                dropout_seed: int, ste: str) -> Tuple[Tensor, Tensor]:
         rowptr, col = graph.rowptr, graph.col
         score = sddmm(rowptr, col, q, k, scale)  # [E]
         alpha = segment_softmax(score, rowptr, graph.row())  # [E]
         keep = None
         weight = alpha
         if dropout > 0:
-            keep = torch.rand(alpha.shape, dtype=alpha.dtype,
-                              device=alpha.device, generator=generator)
-            keep = (keep >= dropout).to(alpha.dtype) / (1.0 - dropout)
+            threshold = dropout_threshold(dropout)
+            keep = dropout_keep(dropout_seed, graph.row(), col, threshold)
+            keep = keep.to(alpha.dtype) * keep_scale(threshold)
             weight = alpha * keep
         out = spmm(rowptr, col, weight, v)  # [H * N_q, D]
         ctx.graph, ctx.scale, ctx.ste = graph, scale, ste

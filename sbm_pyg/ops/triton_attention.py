@@ -16,6 +16,11 @@ straight-through gradient of each edge's probability), one per key column
 :math:`\partial L / \partial \mathbf{v}`. Accumulation is in float32 (float64
 for float64 inputs); outputs are in the inputs' dtype.
 
+Attention dropout is by counter (:mod:`sbm_pyg.ops.dropout`): each edge's
+factor, 0 or :math:`1/(1-p)`, is a function of the seed and its (row,
+column), computed where it is needed, in the forward and again in both
+backward kernels, as the C++ kernel does, with the same mask.
+
 Without a GPU the kernels run under Triton's interpreter
 (``TRITON_INTERPRET=1`` set before this module is imported), which is how
 the tests check them against the PyTorch path on the CPU.
@@ -33,7 +38,14 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
+from sbm_pyg.ops.dropout import DROPOUT_STREAM
 from sbm_pyg.ops.torch_attention import STE_CODES
+
+if triton is not None:
+    from sbm_pyg.sampling.triton_streams import bits, stream
+
+    # A global a compiled kernel may read must be a constexpr.
+    _DROPOUT_STREAM = tl.constexpr(DROPOUT_STREAM)
 
 __all__ = ["attention_forward", "attention_backward"]
 
@@ -58,10 +70,22 @@ if triton is not None:
                        other=0.0).to(ACC)
 
     @triton.jit
-    def _forward_kernel(Q, K, V, Out, Lse, rowptr, col, Scale,
+    def _keep(seed, threshold, r, c, ACC: tl.constexpr):
+        # Each edge (r, c)'s dropout factor: 0, or 2^53 / (2^53 - t) where
+        # the top 53 bits of row r's dropout stream at counter c + 1 reach
+        # the threshold t.
+        b = bits(stream(seed, r, _DROPOUT_STREAM), c.to(tl.int64) + 1)
+        scale = 9007199254740992.0 / (9007199254740992 - threshold).to(tl.float64)
+        return tl.where((b >> 11) >= threshold.to(tl.uint64), scale.to(ACC), 0.0)
+
+    # The dropout's seed and threshold change from call to call: typed,
+    # not specialized on their values.
+    @triton.jit(do_not_specialize=["DSeed", "DThr"])
+    def _forward_kernel(Q, K, V, Out, Lse, rowptr, col, Scale, DSeed: tl.int64, DThr: tl.int64,
                         D: tl.constexpr, DV: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                        BLOCK: tl.constexpr, ACC: tl.constexpr):
+                        BLOCK: tl.constexpr, ACC: tl.constexpr,
+                        DROP: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         scale = tl.load(Scale)
         # int64 edge offsets: an int32 block start plus arange(BLOCK) wraps
@@ -87,7 +111,10 @@ if triton is not None:
             p = tl.exp(s - m_new)
             rescale = tl.exp(m - m_new)
             v = _rows(V, c, live, dv, DV, ACC)
-            acc = acc * rescale + tl.sum(p[:, None] * v, 0)
+            w = p
+            if DROP:
+                w = p * _keep(DSeed, DThr, r, c, ACC)
+            acc = acc * rescale + tl.sum(w[:, None] * v, 0)
             norm = norm * rescale + tl.sum(p, 0)
             m = m_new
         # A row without edges outputs zeros; its log-sum-exp is never read.
@@ -105,14 +132,17 @@ if triton is not None:
             return ds * s
         return tl.minimum(tl.maximum(ds, -1.0), 1.0)
 
-    @triton.jit
+    # The dropout's seed and threshold change from call to call: typed,
+    # not specialized on their values.
+    @triton.jit(do_not_specialize=["DSeed", "DThr"])
     def _backward_query_kernel(Q, K, V, GradOut, Lse, Delta, GradQ, GradProb,
-                               Km, GradQb, rowptr, col, Scale,
+                               Km, GradQb, rowptr, col, Scale, DSeed: tl.int64, DThr: tl.int64,
                                D: tl.constexpr, DV: tl.constexpr,
                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                                BLOCK: tl.constexpr, ACC: tl.constexpr,
                                STE: tl.constexpr, MEMB: tl.constexpr,
-                               KM: tl.constexpr, BLOCK_K: tl.constexpr):
+                               KM: tl.constexpr, BLOCK_K: tl.constexpr,
+                               DROP: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         scale = tl.load(Scale)
         start = tl.load(rowptr + r).to(tl.int64)  # int64, as in the forward kernel
@@ -134,8 +164,12 @@ if triton is not None:
             v = _rows(V, c, live, dv, DV, ACC)
             s = tl.sum(k * q[None, :], 1) * scale
             p = tl.where(live, tl.exp(s - lse), 0.0)
-            # Softmax backward: dL/ds_e = a_e (dL/da_e - sum_row a dL/da).
-            ds = p * (tl.sum(v * g[None, :], 1) - delta)
+            # Softmax backward: dL/ds_e = a_e (dL/da_e - sum_row a dL/da),
+            # dL/da_e = keep_e <g_r, v_c> under dropout.
+            t = tl.sum(v * g[None, :], 1)
+            if DROP:
+                t = t * _keep(DSeed, DThr, r, c, ACC)
+            ds = p * (t - delta)
             grad_q += tl.sum(ds[:, None] * k, 0)
             if MEMB:  # dL/dp_e summed into (Q̂Ŝ)_r through K̂_c
                 km = _rows(Km, c, live, kk, KM, ACC)
@@ -148,14 +182,17 @@ if triton is not None:
             tl.store(GradQb + r * KM + kk, grad_qb.to(GradQb.dtype.element_ty),
                      mask=kk < KM)
 
-    @triton.jit
+    # The dropout's seed and threshold change from call to call: typed,
+    # not specialized on their values.
+    @triton.jit(do_not_specialize=["DSeed", "DThr"])
     def _backward_key_kernel(Q, K, V, GradOut, Lse, Delta, GradK, GradV,
-                             Qb, GradKm, colptr, row_t, Scale,
+                             Qb, GradKm, colptr, row_t, Scale, DSeed: tl.int64, DThr: tl.int64,
                              D: tl.constexpr, DV: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                              BLOCK: tl.constexpr, ACC: tl.constexpr,
                              STE: tl.constexpr, MEMB: tl.constexpr,
-                             KM: tl.constexpr, BLOCK_K: tl.constexpr):
+                             KM: tl.constexpr, BLOCK_K: tl.constexpr,
+                             DROP: tl.constexpr):
         c = tl.program_id(0).to(tl.int64)
         scale = tl.load(Scale)
         start = tl.load(colptr + c).to(tl.int64)  # int64, as in the forward kernel
@@ -178,8 +215,14 @@ if triton is not None:
             delta = tl.load(Delta + r, mask=live, other=0.0)
             s = tl.sum(q * k[None, :], 1) * scale
             p = tl.where(live, tl.exp(s - lse), 0.0)
-            grad_v += tl.sum(p[:, None] * g, 0)
-            ds = p * (tl.sum(g * v[None, :], 1) - delta)
+            t_e = tl.sum(g * v[None, :], 1)
+            if DROP:
+                kept = _keep(DSeed, DThr, r, c, ACC)
+                grad_v += tl.sum((p * kept)[:, None] * g, 0)
+                ds = p * (kept * t_e - delta)
+            else:
+                grad_v += tl.sum(p[:, None] * g, 0)
+                ds = p * (t_e - delta)
             grad_k += tl.sum(ds[:, None] * q, 0)
             if MEMB:  # dL/dp_e summed into K̂_c through (Q̂Ŝ)_r
                 qb = _rows(Qb, r, live, kk, KM, ACC)
@@ -236,7 +279,8 @@ def _scale(scale: float, q: Tensor) -> Tensor:
 
 
 def attention_forward(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor,
-                      v: Tensor, scale: float) -> Tuple[Tensor, Tensor]:
+                      v: Tensor, scale: float, dropout_seed: int = 0,
+                      dropout_threshold: int = 0) -> Tuple[Tensor, Tensor]:
     r"""Softmax attention over the nonzeros of each CSR row.
 
     Args:
@@ -247,6 +291,8 @@ def attention_forward(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor,
         k (Tensor): :obj:`[C, D]`, contiguous.
         v (Tensor): :obj:`[C, D_v]`, contiguous.
         scale (float): the scores are :math:`s \langle q_r, k_c \rangle`.
+        dropout_seed, dropout_threshold (int): attention dropout
+            (:mod:`sbm_pyg.ops.dropout`; threshold 0: none).
 
     Returns:
         :obj:`(out [R, D_v], lse [R])`: the output in :obj:`v`'s dtype and
@@ -258,7 +304,9 @@ def attention_forward(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor,
     lse = torch.empty(R, dtype=_acc_dtype(q), device=q.device)
     if R:
         _forward_kernel[(R,)](q, k, v, out, lse, rowptr, col,
-                              _scale(scale, q), **_meta(q, v))
+                              _scale(scale, q),
+                              dropout_seed, dropout_threshold,
+                              DROP=dropout_threshold > 0, **_meta(q, v))
     return out, lse
 
 
@@ -268,9 +316,10 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
                        scale: float, ste: Optional[str],
                        q_block: Optional[Tensor] = None,
                        k_memb: Optional[Tensor] = None,
+                       dropout_seed: int = 0, dropout_threshold: int = 0,
                        ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor],
                                   Optional[Tensor], Optional[Tensor]]:
-    r"""Gradients of :func:`attention_forward`.
+    r"""Gradients of :func:`attention_forward` (with its dropout).
 
     Args:
         colptr, row_t (IntTensor): the transposed CSR, :obj:`[C + 1]` and
@@ -310,7 +359,8 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
     elif ste is not None:
         grad_prob = torch.empty(col.numel(), dtype=acc, device=q.device)
     meta = dict(_meta(q, v, K), STE=STE_CODES[ste], MEMB=memb,
-                KM=K, BLOCK_K=triton.next_power_of_2(K))
+                KM=K, BLOCK_K=triton.next_power_of_2(K),
+                DROP=dropout_threshold > 0)
     unused = grad_q  # a pointer for arguments a constexpr branch never reads
     scale_t = _scale(scale, q)
     if R:
@@ -319,11 +369,12 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
             unused if grad_prob is None else grad_prob,
             unused if k_memb is None else k_memb,
             unused if grad_qb is None else grad_qb,
-            rowptr, col, scale_t, **meta)
+            rowptr, col, scale_t, dropout_seed, dropout_threshold, **meta)
     if C:
         _backward_key_kernel[(C,)](
             q, k, v, grad_out, lse, delta, grad_k, grad_v,
             unused if q_block is None else q_block,
             unused if grad_km is None else grad_km,
-            colptr, row_t, scale_t, **meta)
+            colptr, row_t, scale_t, dropout_seed, dropout_threshold,
+            **meta)
     return grad_q, grad_k, grad_v, grad_prob, grad_qb, grad_km

@@ -379,19 +379,20 @@ def test_backends_are_constructor_arguments_and_the_layer_says_what_ran(
 
 
 def test_training_and_evaluation_run_the_same_kernels():
-    # With attention dropout, "auto" takes the one kernel that has it, in
-    # eval too; a fused kernel asked for with dropout raises at the forward.
+    # With attention dropout, "auto" takes the fused sparse kernel, in eval
+    # too; the dense-regime kernel, which has none, raises at the forward.
+    from sbm_pyg.ops import backends
     conv = make_conv(dropout=0.3)
     ran = []
     for training in (True, False):
         conv.train(training)
         run(conv, x_input(), batch=BATCH)
         ran.append(conv.last_backends["attention"])
-    assert ran == ["torch", "torch"]
-    for backend in ("cpp", "triton"):
-        conv = make_conv(dropout=0.3, attention_backend=backend)
-        with pytest.raises(ValueError, match=f"attention backend '{backend}'"):
-            run(conv, x_input(), batch=BATCH)
+    fused = backends(torch.get_default_device())["attention"]
+    assert ran == [fused, fused]
+    conv = make_conv(dropout=0.3, attention_backend="dense")
+    with pytest.raises(ValueError, match="attention backend 'dense'"):
+        run(conv, x_input(), batch=BATCH)
 
 
 def test_aggregations_and_flows_other_than_attention_are_refused():
@@ -441,11 +442,11 @@ def test_auto_takes_the_dense_kernel_from_the_crossover_on(monkeypatch):
     monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", float("inf"))
     run(conv, x_input(), batch=BATCH)
     assert conv.last_backends == {"sampler": "cpp", "attention": "cpp"}
-    # With attention dropout only the torch kernel runs.
+    # With attention dropout the sparse kernel runs: the dense one has none.
     monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", 0.0)
     conv = make_conv(dropout=0.2)
     run(conv, x_input(), batch=BATCH)
-    assert conv.last_backends["attention"] == "torch"
+    assert conv.last_backends == {"sampler": "cpp", "attention": "cpp"}
 
 
 @needs_cpp

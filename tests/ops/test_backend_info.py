@@ -41,14 +41,19 @@ def test_resolve_backend_raises_where_the_kernel_cannot_run(monkeypatch):
         monkeypatch.undo()
     with pytest.raises(ValueError, match="op must be one of"):
         resolve("softmax", "auto", "cpu")
-    # Dropout: auto takes the one kernel that has it; a fused kernel raises.
-    assert resolve("attention", "auto", "cpu", dropout=0.1) == "torch"
+    # Dropout: every sparse kernel has it, so auto's choice stands; the
+    # dense-regime kernel lacks it: auto does not take it, and asked for
+    # it raises.
+    monkeypatch.setattr(backend_info, "WITH_EXTENSION", True)
+    assert resolve("attention", "auto", "cpu", dropout=0.1) == "cpp"
+    assert resolve("attention", "cpp", "cpu", dropout=0.1) == "cpp"
+    assert resolve("attention", "auto", "cpu", dropout=0.1, density=1.0) == "cpp"
+    assert resolve("attention", "auto", "cpu", density=1.0) == "dense"
     assert resolve("sampler", "auto", "cpu", dropout=0.1) == resolve(
         "sampler", "auto", "cpu")
-    monkeypatch.setattr(backend_info, "WITH_EXTENSION", True)
-    with pytest.raises(ValueError, match="attention backend 'cpp' has no "
+    with pytest.raises(ValueError, match="attention backend 'dense' has no "
                                          "attention dropout"):
-        resolve("attention", "cpp", "cpu", dropout=0.1)
+        resolve("attention", "dense", "cpu", dropout=0.1)
 
 
 WITHOUT_EXTENSION = """

@@ -133,16 +133,13 @@ def test_default_backend_on_the_cpu(monkeypatch):
     monkeypatch.setattr(functional, "fused_attention", spy)
     sparse_attention(q, k, v, graph)
     assert calls == [1]
-    # Attention dropout is on the PyTorch path only.
+    # Attention dropout runs in the fused kernel too.
     sparse_attention(q, k, v, graph, dropout=0.5, training=True,
                      generator=seeded(0))
-    assert calls == [1]
-    with pytest.raises(ValueError, match="no attention dropout"):
-        sparse_attention(q, k, v, graph, dropout=0.5, training=True,
-                         backend="cpp")
+    assert calls == [1, 1]
     monkeypatch.setattr(backend_info, "WITH_EXTENSION", False)
     sparse_attention(q, k, v, graph)
-    assert calls == [1]
+    assert calls == [1, 1]
     with pytest.raises(ValueError, match="backend 'cpp' needs the compiled extension"):
         sparse_attention(q, k, v, graph, backend="cpp")
 
@@ -174,16 +171,18 @@ def op_inputs(form):
     return [rowptr, col, graph.colptr, graph.csr.row_t()] + flat + extra
 
 
+@pytest.mark.parametrize("dropout", [(), (2**40 + 3, 2**52)])
 @pytest.mark.parametrize("form", ["edge_prob", "sbm"])
-def test_opcheck(form):
+def test_opcheck(form, dropout):
     # The schema, the autograd registration and the fake kernels, as
-    # torch.library's own checker sees them (torch.compile's needs).
+    # torch.library's own checker sees them (torch.compile's needs), with
+    # and without dropout (seed, threshold of p = 1/2).
     args = op_inputs(form)
     for i in range(4, 10):
         if args[i] is not None:
             args[i] = args[i].requires_grad_()
     torch.library.opcheck(torch.ops.sbm_pyg.sparse_attention.default,
-                          args + [0.5, 1, True])
+                          args + [0.5, 1, True, *dropout])
 
 
 def test_compiles_without_graph_breaks():
