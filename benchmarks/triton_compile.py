@@ -120,7 +120,8 @@ def _model_sizes() -> None:
 
 def _dense_sizes(g) -> None:
     # The dense-regime kernels at k = 128 and 256, heads of 32, 64 and 128,
-    # float32 and float64, both modes and estimators.
+    # float32 and float64, both modes and estimators, with and without
+    # dropout.
     import torch
 
     from sbm_pyg.ops import dense_attention
@@ -140,6 +141,12 @@ def _dense_sizes(g) -> None:
                                           self_loops=True, ste=ste,
                                           triton_on_cpu=True)
                     res.out.sum().backward()
+                # With attention dropout (GraphGPS's 0.5).
+                res = dense_attention(*x, q_block, k_memb, ptr, ptr, heads=H,
+                                      scale=D**-0.5, seed=1, ste="paper",
+                                      dropout=0.5, dropout_seed=2**40 + 3,
+                                      triton_on_cpu=True)
+                res.out.sum().backward()
 
 
 def load(directory: Path) -> List[dict]:

@@ -108,6 +108,31 @@ SBM_INLINE double uniform_at(uint64_t state, uint64_t t) {
                       11) * 0x1p-53;
 }
 
+// Attention dropout by counter (sbm_pyg/ops/dropout.py): row r's weight on
+// key column c0 + j kept (times scale) or dropped, as the sparse kernel
+// decides it for the same global (row, column).
+template <typename T>
+struct Dropout {
+  uint64_t seed, threshold;  // threshold 0: off
+  T scale;
+  int64_t c0;  // the global column of the tile's first key
+  SBM_INLINE void apply(int64_t r, T* __restrict x, int64_t nk) const {
+    if (!threshold) return;
+    const uint64_t state = sbm_pyg::Rng(seed, r, sbm_pyg::kStreamDropout).state;
+    for (int64_t j = 0; j < nk; ++j)
+      x[j] *= sbm_pyg::dropout_keep(state, c0 + j, threshold) ? scale : T(0);
+  }
+};
+
+template <typename T>
+Dropout<T> make_dropout(int64_t seed, int64_t threshold, int64_t c0) {
+  TORCH_CHECK(threshold >= 0 && threshold < (int64_t(1) << 53),
+              "sbm_pyg::dense_attention: dropout_threshold must lie in "
+              "[0, 2^53)");
+  return Dropout<T>{(uint64_t)seed, (uint64_t)threshold,
+                    (T)(0x1p53 / (double)((int64_t(1) << 53) - threshold)), c0};
+}
+
 // A tile's forward row work: the trials, the mask bits and the masked
 // softmax of rows t0..t1 of a [rows, n_k] tile.
 template <typename T>
@@ -124,6 +149,7 @@ struct ForwardTile {
   const int64_t* inc_ptr;
   const int64_t* inc_col;
   T scale;
+  Dropout<T> drop;
 };
 
 template <typename T>
@@ -194,6 +220,7 @@ SBM_INLINE void forward_rows_impl(const ForwardTile<T>& a, int64_t t0,
     const T inv = T(1) / sum;
     for (int64_t j = 0; j < nk; ++j) s[j] *= inv;
     a.lse[t] = m + std::log(sum);
+    a.drop.apply(a.r0 + t, s, nk);  // out = (A o keep) V
   }
 }
 
@@ -210,6 +237,8 @@ struct BackwardTile {
   const T* grad_out;
   int64_t nk, dv, ste;
   T scale;
+  Dropout<T> drop;
+  int64_t r0;  // the tile's first global row
 };
 
 template <typename T>
@@ -236,6 +265,8 @@ SBM_INLINE void backward_rows_impl(const BackwardTile<T>& a, int64_t t0,
     T delta_r = 0;
     for (int64_t x = 0; x < a.dv; ++x)
       delta_r += a.grad_out[t * a.dv + x] * a.out[t * a.dv + x];
+    // Under dropout dA is keep o (dOut V^T), and dV takes (A o keep)^T.
+    a.drop.apply(a.r0 + t, d, nk);
 #pragma omp simd
     for (int64_t j = 0; j < nk; ++j) {
       const T sc = s[j] * scale;
@@ -246,6 +277,7 @@ SBM_INLINE void backward_rows_impl(const BackwardTile<T>& a, int64_t t0,
       s[j] = w;
       if (gr) gr[j] = sc;
     }
+    a.drop.apply(a.r0 + t, s, nk);
     if (gr && a.ste == sbm_pyg::kStePaper) {
       for (int64_t j = 0; j < nk; ++j) gr[j] *= d[j];
     } else if (gr) {
@@ -311,7 +343,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dense_attention(
     const Tensor& inc_col, const Tensor& q_, const Tensor& k_,
     const Tensor& v_, const Tensor& q_block_, const Tensor& k_memb_,
     int64_t heads, double delta, bool exact, bool self_loops, int64_t seed,
-    double scale, int64_t ste) {
+    double scale, int64_t ste, int64_t dropout_seed,
+    int64_t dropout_threshold) {
   (void)ste;  // the estimator acts in backward; an argument for autograd
   // The products below are this op's kernels, not autograd's business (on
   // every thread: a dispatch guard would hold on this one only).
@@ -357,7 +390,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dense_attention(
             P.data_ptr<T>(), S.data_ptr<T>(),
             mk + sh.base[g] + (h * nq + i0) * row_bytes(nk), lp + r0,
             count.data(), nk, ks, qs, i0, r0, delta, exact, self_loops,
-            (uint64_t)seed, ip, ic, (T)scale};
+            (uint64_t)seed, ip, ic, (T)scale,
+            make_dropout<T>(dropout_seed, dropout_threshold, c0)};
         at::parallel_for(0, bq, 16, [&](int64_t t0, int64_t t1) {
           forward_rows(tile, t0, t1);
         });
@@ -375,7 +409,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dense_attention_backward(
     const Tensor& k_, const Tensor& v_, const Tensor& q_block_,
     const Tensor& k_memb_, const Tensor& mask, const Tensor& out_,
     const Tensor& lse_, const Tensor& grad_out_, int64_t heads, double scale,
-    int64_t ste) {
+    int64_t ste, int64_t dropout_seed, int64_t dropout_threshold) {
   const Tensor q = q_.detach(), k = k_.detach(), v = v_.detach(),
                q_block = q_block_.detach(), k_memb = k_memb_.detach(),
                out = out_.detach(), lse = lse_.detach(),
@@ -421,7 +455,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dense_attention_backward(
             S.data_ptr<T>(), dA.data_ptr<T>(),
             memb ? Gt.data_ptr<T>() : nullptr,
             mk + sh.base[g] + (h * nq + i0) * row_bytes(nk), lp + r0,
-            op + r0 * Dv, gp + r0 * Dv, nk, Dv, ste, (T)scale};
+            op + r0 * Dv, gp + r0 * Dv, nk, Dv, ste, (T)scale,
+            make_dropout<T>(dropout_seed, dropout_threshold, c0), r0};
         at::parallel_for(0, bq, 16, [&](int64_t t0, int64_t t1) {
           backward_rows(tile, t0, t1);
         });

@@ -102,7 +102,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
     :obj:`attention_backend="auto"` a (sequence, head) takes the dense regime
     where its expected density reaches
     :data:`~sbm_pyg.ops.backend_info.DENSE_CROSSOVER` and the kernel runs on
-    the device (no attention dropout); a batch of both kinds runs each
+    the device; a batch of both kinds runs each
     regime on its own pairs. :obj:`"dense"` runs it for all, any other
     backend the sparse path with that kernel.
 
@@ -119,7 +119,10 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
             :func:`~sbm_pyg.sampling.fastrg`.
         ste (str): :obj:`"paper"` or :obj:`"published"`, see
             :func:`~sbm_pyg.nn.functional.sparse_attention`.
-        dropout (float): attention dropout (the :obj:`"torch"` kernel).
+        dropout (float): attention dropout, in every kernel
+            (:mod:`sbm_pyg.ops.dropout`: a pure (sequence, head) regime
+            drops the same weights on either kernel for the same seed; the
+            dense pairs of a mixed batch are indexed as their own batch).
         training (bool): apply the dropout.
         sampler_backend (str): see :func:`~sbm_pyg.sampling.fastrg`.
         attention_backend (str): one of
@@ -208,8 +211,7 @@ def _regimes(query: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
     # ([G, H] bool), or None where the choice is not the expected density's.
     Nq, device = query.size(0), query.device
     ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, Nk, device)
-    auto = (backend == "auto" and dropout == 0 and not custom
-            and dense_runs(device))
+    auto = backend == "auto" and not custom and dense_runs(device)
     if not auto:
         if backend == "dense":
             resolve_backend("attention", "dense", device, dropout=dropout)
@@ -290,6 +292,10 @@ def _dense(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
     grad = torch.is_grad_enabled() and not need_graph
     need_ste = grad and q_memb.requires_grad
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    seed = stream_seed(generator, query.device)
+    # The dropout's own seed, drawn after the mask's (none without dropout).
+    drop = dropout if training and not need_graph else 0.0
+    drop_seed = stream_seed(generator, query.device) if drop > 0 else 0
     # Q̂Ŝ feeds the mask's draws: computed in full precision, whatever
     # autocast and the TF32 setting say.
     with full_precision(query.device), torch.set_grad_enabled(grad):
@@ -303,9 +309,9 @@ def _dense(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
             query, key, value, q_block, k_memb_d))
         res = dense_attention(
             q, k, v, qb, kmd, ptr_q, ptr_k, heads=H, scale=1.0 / math.sqrt(C),
-            seed=stream_seed(generator, query.device), mode=mode,
+            seed=seed, mode=mode,
             exploration=exploration, self_loops=self_loops, included=included,
-            ste=ste if need_ste else None)
+            ste=ste if need_ste else None, dropout=drop, dropout_seed=drop_seed)
     if not need_graph:
         return _Part(nodes_first(res.out, H), None, None, res.edges)
     graph = SampledGraph.from_keys(mask_keys(res.mask, ptr_q, ptr_k, H), H, Nq,

@@ -96,7 +96,8 @@ class SBMConv(MessagePassing):
         attention_backend (str): a backend of
             :func:`~sbm_pyg.nn.sbm_attention` (:obj:`"auto"` runs each
             (sequence, head) on the dense or the sparse regime by its
-            expected density; only :obj:`"torch"` has dropout), or
+            expected density; every kernel has attention dropout, by
+            counter: :mod:`sbm_pyg.ops.dropout`), or
             :obj:`"message_passing"`: PyG's :meth:`message` (the same
             result with :obj:`[E, H, d]` memory). (default: :obj:`"auto"`)
         **kwargs (optional): additional arguments of

@@ -108,23 +108,22 @@ def resolve_backend(op: str, backend: Optional[str],
       installed, else :obj:`"torch"`; every one of them has attention
       dropout. Given the expected :obj:`density` of the graph to come, the
       attention takes :obj:`"dense"` from :data:`DENSE_CROSSOVER` on, where
-      that kernel runs (not with attention dropout, which it lacks; a
-      layer passes its configured dropout in training and evaluation
-      alike, so that both run the same kernel).
+      that kernel runs (with the same attention dropout).
     * :obj:`"cpp"`: the compiled extension ``sbm_pyg._C`` (CPU tensors).
     * :obj:`"triton"`: the Triton kernels (CUDA tensors, or CPU tensors
       under ``TRITON_INTERPRET=1``).
     * :obj:`"torch"`: pure PyTorch, any device: the reference.
     * :obj:`"dense"` (attention only): the dense-regime kernel, which
       samples the mask itself: the compiled extension's on CPU tensors, the
-      Triton one on CUDA (no attention dropout).
+      Triton one on CUDA.
 
     Args:
         op (str): :obj:`"sampler"` or :obj:`"attention"`.
         backend (str, optional): one of :data:`BACKENDS` (for the
             attention :data:`ATTENTION_BACKENDS`) or :obj:`None`.
         device (torch.device or str): where the tensors are.
-        dropout (float): the attention dropout that must run.
+        dropout (float): the attention dropout that must run (every
+            attention kernel has it: kept for callers that pass it).
         density (float, optional): the expected density of the attention
             graph, for :obj:`"auto"`'s choice of the dense-regime kernel.
 
@@ -133,13 +132,13 @@ def resolve_backend(op: str, backend: Optional[str],
 
     Raises:
         ValueError: an unknown name, or a backend that cannot run here
-            (not built, another device, no dropout).
+            (not built, another device).
 
     Example:
         >>> resolve_backend("attention", "torch", "cpu")
         'torch'
-        >>> resolve_backend("attention", "auto", "cpu", dropout=0.1)  # doctest: +SKIP
-        'cpp'
+        >>> resolve_backend("attention", "torch", "cpu", dropout=0.1)
+        'torch'
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
@@ -149,7 +148,7 @@ def resolve_backend(op: str, backend: Optional[str],
                          f"{backend!r}")
     device = torch.device(device)
     if backend is None or backend == "auto":
-        if op == "attention" and density is not None and dropout == 0 and \
+        if op == "attention" and density is not None and \
                 density >= DENSE_CROSSOVER and dense_runs(device):
             return "dense"
         if device.type == "cpu" and WITH_EXTENSION:
@@ -174,10 +173,6 @@ def resolve_backend(op: str, backend: Optional[str],
         raise ValueError(f"{op} backend 'triton' needs triton and CUDA "
                          f"tensors (or TRITON_INTERPRET=1 on the CPU); the "
                          f"tensors are on {device}")
-    if op == "attention" and dropout > 0 and backend == "dense":
-        raise ValueError("attention backend 'dense' has no attention "
-                         "dropout; use another backend or 'auto', or "
-                         "dropout=0")
     return backend
 
 

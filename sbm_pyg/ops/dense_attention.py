@@ -40,6 +40,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from sbm_pyg.ops.dropout import dropout_threshold
 from sbm_pyg.ops.library import OpSpec, define_autograd_ops
 from sbm_pyg.ops.torch_attention import STE_CODES
 
@@ -48,11 +49,13 @@ __all__ = ["DenseAttention", "dense_attention", "mask_bytes", "mask_keys"]
 _SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor inc_ptr, Tensor inc_col, "
            "Tensor q, Tensor k, Tensor v, Tensor q_block, Tensor k_memb, "
            "int heads, float delta, bool exact, bool self_loops, int seed, "
-           "float scale, int ste) -> (Tensor, Tensor, Tensor, Tensor)")
+           "float scale, int ste, int dropout_seed=0, "
+           "int dropout_threshold=0) -> (Tensor, Tensor, Tensor, Tensor)")
 _BACKWARD_SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor q, Tensor k, "
                     "Tensor v, Tensor q_block, Tensor k_memb, Tensor mask, "
                     "Tensor out, Tensor lse, Tensor grad_out, int heads, "
-                    "float scale, int ste) -> (Tensor, Tensor, Tensor, "
+                    "float scale, int ste, int dropout_seed=0, "
+                    "int dropout_threshold=0) -> (Tensor, Tensor, Tensor, "
                     "Tensor, Tensor)")
 
 
@@ -101,7 +104,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
                     heads: int, scale: float, seed: int, mode: str = "exact",
                     exploration: float = 0.0, self_loops: bool = False,
                     included: Optional[Tuple[Tensor, Tensor]] = None,
-                    ste: Optional[str] = "paper",
+                    ste: Optional[str] = "paper", dropout: float = 0.0,
+                    dropout_seed: int = 0,
                     triton_on_cpu: bool = False) -> DenseAttention:
     r"""Samples the SBM's mask of every (sequence, head) and computes the
     masked softmax attention over it, differentiable in :obj:`q`, :obj:`k`,
@@ -133,6 +137,10 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
             the included keys (global indices) of each query.
         ste (str, optional): :obj:`"paper"`, :obj:`"published"` or
             :obj:`None` (no gradient to the memberships).
+        dropout (float): dropout on the attention weights, by counter
+            (:mod:`sbm_pyg.ops.dropout`): the sparse kernels' mask for the
+            same seed and (row, column).
+        dropout_seed (int): its seed.
         triton_on_cpu (bool): run the Triton kernels on CPU tensors (the
             twin operator, only under ``TRITON_INTERPRET=1``).
 
@@ -156,12 +164,13 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
     out, _, mask, edges = op(
         ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb, heads,
         float(exploration), mode == "exact", self_loops, seed, float(scale),
-        STE_CODES[ste])
+        STE_CODES[ste], int(dropout_seed), dropout_threshold(dropout))
     return DenseAttention(out, edges, mask)
 
 
 def _fake_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb,
-                  heads, delta, exact, self_loops, seed, scale, ste):
+                  heads, delta, exact, self_loops, seed, scale, ste,
+                  dropout_seed=0, dropout_threshold=0):
     size = torch.library.get_ctx().new_dynamic_size()
     return (q.new_empty(q.size(0), v.size(1)), q.new_empty(q.size(0)),
             q.new_empty(size, dtype=torch.uint8),
@@ -169,7 +178,8 @@ def _fake_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb,
 
 
 def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
-                   grad_out, heads, scale, ste):
+                   grad_out, heads, scale, ste, dropout_seed=0,
+                   dropout_threshold=0):
     memb = (torch.empty_like(q_block), torch.empty_like(k_memb)) if ste else (
         q.new_empty(0), q.new_empty(0))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -177,20 +187,24 @@ def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
 
 
 def _triton_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
-                    k_memb, heads, delta, exact, self_loops, seed, scale, ste):
+                    k_memb, heads, delta, exact, self_loops, seed, scale, ste,
+                    dropout_seed=0, dropout_threshold=0):
     from sbm_pyg.ops.triton_dense import dense_forward
     _check("sbm_pyg::dense_attention", q, k, v, q_block, k_memb, heads)
     return dense_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
-                         k_memb, heads, delta, exact, self_loops, seed, scale)
+                         k_memb, heads, delta, exact, self_loops, seed, scale,
+                         dropout_seed, dropout_threshold)
 
 
 def _triton_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
-                     grad_out, heads, scale, ste):
+                     grad_out, heads, scale, ste, dropout_seed=0,
+                     dropout_threshold=0):
     from sbm_pyg.ops.triton_dense import dense_backward
     _check("sbm_pyg::dense_attention_backward", q, k, v, q_block, k_memb,
            heads)
     return dense_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
-                          lse, grad_out, heads, scale, ste)
+                          lse, grad_out, heads, scale, ste, dropout_seed,
+                          dropout_threshold)
 
 
 def _check(op: str, q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
@@ -214,30 +228,32 @@ def _check(op: str, q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
 
 
 def _setup_context(ctx, inputs, output) -> None:
+    # The dispatcher leaves out trailing arguments at their defaults.
     (ptr_q, ptr_k, _, _, q, k, v, q_block, k_memb, heads, _, _, _, _, scale,
-     ste) = inputs
+     ste, dropout_seed, dropout_threshold) = tuple(inputs) + (0, 0)[len(inputs) - 16:]
     out, lse, mask, _ = output
     ctx.save_for_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
                           lse)
     ctx.heads, ctx.scale, ctx.ste = heads, scale, ste
+    ctx.dropout = (dropout_seed, dropout_threshold)
     ctx.set_materialize_grads(False)
 
 
 def _autograd(backward_op):
     def backward(ctx, grad_out: Optional[Tensor], *_):
         if grad_out is None:  # the output took no part in the loss
-            return (None,) * 16
+            return (None,) * 18
         (ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
          lse) = ctx.saved_tensors
         need = ctx.needs_input_grad
         ste = ctx.ste if need[7] or need[8] else 0
         dq, dk, dv, dqb, dkm = backward_op(
             ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
-            grad_out.contiguous(), ctx.heads, ctx.scale, ste)
+            grad_out.contiguous(), ctx.heads, ctx.scale, ste, *ctx.dropout)
         return (None, None, None, None, dq if need[4] else None,
                 dk if need[5] else None, dv if need[6] else None,
                 dqb if need[7] and ste else None,
-                dkm if need[8] and ste else None) + (None,) * 7
+                dkm if need[8] and ste else None) + (None,) * 9
     return backward
 
 

@@ -106,7 +106,8 @@ def _scalar(x: float, dtype: torch.dtype, device: torch.device) -> Tensor:
 def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
                   inc_col: Tensor, q: Tensor, k: Tensor, v: Tensor,
                   q_block: Tensor, k_memb: Tensor, heads: int, delta: float,
-                  exact: bool, self_loops: bool, seed: int, scale: float
+                  exact: bool, self_loops: bool, seed: int, scale: float,
+                  dropout_seed: int = 0, dropout_threshold: int = 0
                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The forward of ``sbm_pyg::dense_attention`` (arguments as there):
     :obj:`(out [R, D_v], lse [R], mask, edges [G, H])`."""
@@ -137,7 +138,7 @@ def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
         forward_kernel[grid](
             q, k, v, mask, ptr_q, ptr_k, base, tile_seq, tile_row,
             _scalar(scale, q.dtype, q.device), out, lse, count, Nq, Nk, G,
-            **meta)
+            dropout_seed, dropout_threshold, DROP=dropout_threshold > 0, **meta)
     # The edges of each (sequence, head): the rows' counts summed per
     # sequence, by prefix sums (no sync).
     csum = torch.cat([count.new_zeros(H, 1, dtype=torch.long),
@@ -168,7 +169,8 @@ def _include(mask: Tensor, base: Tensor, ptr_q: Tensor, ptr_k: Tensor,
 def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
                    v: Tensor, q_block: Tensor, k_memb: Tensor, mask: Tensor,
                    out: Tensor, lse: Tensor, grad_out: Tensor, heads: int,
-                   scale: float, ste: int
+                   scale: float, ste: int, dropout_seed: int = 0,
+                   dropout_threshold: int = 0
                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     r"""The backward of ``sbm_pyg::dense_attention`` (arguments as
     ``sbm_pyg::dense_attention_backward``): :obj:`(dq, dk, dv, d_q_block,
@@ -193,11 +195,17 @@ def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
     # inner tiles are narrower than the forward's, and the key kernel's
     # tiles too, so that neither spills at D <= 64, k <= 128.
     meta["BLOCK_N"] = 16
+    if dropout_threshold > 0:
+        # The mask's hash took the float32 query kernel past its registers
+        # at 32 rows (8 stack bytes at D = 32, k = 128, sm_90): 16 rows.
+        meta["BLOCK_M"] = 16
     tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
     backward_query_kernel[(tile_seq.numel(), H)](
-        *args, tile_seq, tile_row, scale_t, dq, dqb, Nq, Nk, G, **meta)
+        *args, tile_seq, tile_row, scale_t, dq, dqb, Nq, Nk, G, dropout_seed,
+        dropout_threshold, DROP=dropout_threshold > 0, **meta)
     meta["BLOCK_M"] = 16
     tile_seq, tile_row = _tiles(ptr_k, Nk, meta["BLOCK_N"])
     backward_key_kernel[(tile_seq.numel(), H)](
-        *args, tile_seq, tile_row, scale_t, dk, dv, dkm, Nq, Nk, G, **meta)
+        *args, tile_seq, tile_row, scale_t, dk, dv, dkm, Nq, Nk, G,
+        dropout_seed, dropout_threshold, DROP=dropout_threshold > 0, **meta)
     return dq, dk, dv, dqb, dkm

@@ -14,7 +14,22 @@ __all__ = ["mask_kernel", "forward_kernel", "backward_query_kernel",
            "backward_key_kernel"]
 
 if triton is not None:
-    from sbm_pyg.sampling.triton_streams import one_minus_exp, stream, uniform
+    from sbm_pyg.ops.dropout import DROPOUT_STREAM
+    from sbm_pyg.sampling.triton_streams import bits, one_minus_exp, stream, uniform
+
+    _DROPOUT_STREAM = tl.constexpr(DROPOUT_STREAM)
+
+    @triton.jit
+    def _kept(seed, threshold, r, cols):
+        # Whether each (row r, column) weight of a tile is kept: the sparse
+        # kernels' mask (sbm_pyg/ops/dropout.py).
+        b = bits(stream(seed, r, _DROPOUT_STREAM)[:, None], cols[None, :] + 1)
+        return (b >> 11) >= threshold.to(tl.uint64)
+
+    @triton.jit
+    def _keep_scale(threshold):
+        # A kept weight's factor, 2^53 / (2^53 - t).
+        return 9007199254740992.0 / (9007199254740992 - threshold).to(tl.float64)
 
     @triton.jit
     def _pair(TileSeq, TileRow, PtrA, PtrB):
@@ -45,6 +60,8 @@ if triton is not None:
     # The sizes vary with every batch: not specialised on, so that one
     # compiled kernel serves them all.
     SIZES = ["Nq", "Nk", "G"]
+    # The dropout's seed and threshold change from call to call.
+    DROPOUT = ["DSeed", "DThr"]
 
     @triton.jit(do_not_specialize=SIZES)
     def mask_kernel(QB, KM, PtrQ, PtrK, Base, TileSeq, TileRow, Mask, Seed,
@@ -86,12 +103,13 @@ if triton is not None:
                          byte.to(tl.uint8),
                          mask=live_q[:, None] & (jb[None, :] < rb))
 
-    @triton.jit(do_not_specialize=SIZES)
+    @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def forward_kernel(Q, K, V, Mask, PtrQ, PtrK, Base, TileSeq, TileRow,
-                        Scale, Out, Lse, Count, Nq, Nk, G, D: tl.constexpr,
+                        Scale, Out, Lse, Count, Nq, Nk, G, DSeed: tl.int64,
+                        DThr: tl.int64, D: tl.constexpr,
                         DV: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr):
+                        BLOCK_N: tl.constexpr, DROP: tl.constexpr):
         g, i0, qs, nq, ks, nk = _pair(TileSeq, TileRow, PtrQ, PtrK)
         if g < G:
             h = tl.program_id(1).to(tl.int64)
@@ -122,7 +140,11 @@ if triton is not None:
                 p = tl.exp(s - shift[:, None])
                 rescale = tl.exp(m - shift)
                 v = _load(V, cols, live_k, dv, DV)
-                acc = acc * rescale[:, None] + tl.dot(p, v,
+                w = p
+                if DROP:  # the output takes the kept weights, the norm all
+                    w = tl.where(_kept(DSeed, DThr, r, cols),
+                                 p * _keep_scale(DThr).to(p.dtype), 0.0)
+                acc = acc * rescale[:, None] + tl.dot(w, v,
                                                       input_precision="ieee")
                 norm = norm * rescale + tl.sum(p, 1)
                 m = m_new
@@ -145,28 +167,37 @@ if triton is not None:
                 tl.load(Delta + r, mask=live, other=0.0))
 
     @triton.jit
-    def _grad_tile(q, k, v, do, lse, delta, on, scale, STE: tl.constexpr):
-        # The weights, their score gradients and the straight-through
-        # gradient of one [rows, keys] tile, recomputed from the mask and the
-        # rows' log-sum-exp (the CPU kernel's formulas).
+    def _grad_tile(q, k, v, do, lse, delta, on, scale, seed, threshold, r,
+                   cols, STE: tl.constexpr, DROP: tl.constexpr):
+        # Returns the weights dV takes (A o keep under dropout), ds and
+        # the estimator's gradient.
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         a = tl.where(on, tl.exp(tl.minimum(s - lse[:, None], 0.0)), 0.0)
         da = tl.dot(do, tl.trans(v), input_precision="ieee")
-        ds = a * (da - delta[:, None])
+        if DROP:  # computed here, late: fewer registers live at once
+            kept = _kept(seed, threshold, r, cols)
+            factor = _keep_scale(threshold).to(da.dtype)
+            da = tl.where(kept, da * factor, 0.0)
+            ds = a * (da - delta[:, None])
+            a = tl.where(kept, a * factor, 0.0)
+        else:
+            ds = a * (da - delta[:, None])
         if STE == 1:
             gr = ds * s
         else:
             gr = tl.minimum(tl.maximum(ds, -1.0), 1.0)
         return a, ds, tl.where(on, gr, 0.0)
 
-    @triton.jit(do_not_specialize=SIZES)
+    @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def backward_query_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
                                PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
-                               GradQ, GradQB, Nq, Nk, G, D: tl.constexpr,
+                               GradQ, GradQB, Nq, Nk, G, DSeed: tl.int64,
+                               DThr: tl.int64, D: tl.constexpr,
                                DV: tl.constexpr, KC: tl.constexpr,
                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                                BLOCK_KC: tl.constexpr, BLOCK_M: tl.constexpr,
-                               BLOCK_N: tl.constexpr, STE: tl.constexpr):
+                               BLOCK_N: tl.constexpr, STE: tl.constexpr,
+                               DROP: tl.constexpr):
         g, i0, qs, nq, ks, nk = _pair(TileSeq, TileRow, PtrQ, PtrK)
         if g < G:
             h = tl.program_id(1).to(tl.int64)
@@ -189,7 +220,8 @@ if triton is not None:
                 on = _bits(Mask, row_byte, j, live_q[:, None] & live_k[None, :])
                 k = _load(K, cols, live_k, d, D)
                 a, ds, gr = _grad_tile(q, k, _load(V, cols, live_k, dv, DV),
-                                       do, lse, delta, on, scale, STE)
+                                       do, lse, delta, on, scale, DSeed, DThr,
+                                       r, cols, STE, DROP)
                 dq += tl.dot(ds, k, input_precision="ieee")
                 if STE != 0:
                     dqb += tl.dot(gr, _load(KM, cols, live_k, c, KC),
@@ -200,14 +232,16 @@ if triton is not None:
                 tl.store(GradQB + r[:, None] * KC + c[None, :], dqb,
                          mask=live_q[:, None] & (c[None, :] < KC))
 
-    @triton.jit(do_not_specialize=SIZES)
+    @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def backward_key_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
                              PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
-                             GradK, GradV, GradKM, Nq, Nk, G, D: tl.constexpr,
+                             GradK, GradV, GradKM, Nq, Nk, G, DSeed: tl.int64,
+                             DThr: tl.int64, D: tl.constexpr,
                              DV: tl.constexpr, KC: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                              BLOCK_KC: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, STE: tl.constexpr):
+                             BLOCK_N: tl.constexpr, STE: tl.constexpr,
+                             DROP: tl.constexpr):
         # Tiles of keys (PtrK first), walking the sequence's query tiles.
         g, j0, ks, nk, qs, nq = _pair(TileSeq, TileRow, PtrK, PtrQ)
         if g < G:
@@ -235,7 +269,7 @@ if triton is not None:
                 on = _bits(Mask, base + il * rb, j,
                            live_q[:, None] & live_k[None, :])
                 a, ds, gr = _grad_tile(q, k, v, do, lse, delta, on, scale,
-                                       STE)
+                                       DSeed, DThr, r, cols, STE, DROP)
                 dvv += tl.dot(tl.trans(a), do, input_precision="ieee")
                 dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
                 if STE != 0:

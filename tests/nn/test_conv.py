@@ -379,8 +379,8 @@ def test_backends_are_constructor_arguments_and_the_layer_says_what_ran(
 
 
 def test_training_and_evaluation_run_the_same_kernels():
-    # With attention dropout, "auto" takes the fused sparse kernel, in eval
-    # too; the dense-regime kernel, which has none, raises at the forward.
+    # With attention dropout, "auto" takes the fused kernel, in training
+    # and evaluation alike.
     from sbm_pyg.ops import backends
     conv = make_conv(dropout=0.3)
     ran = []
@@ -390,9 +390,6 @@ def test_training_and_evaluation_run_the_same_kernels():
         ran.append(conv.last_backends["attention"])
     fused = backends(torch.get_default_device())["attention"]
     assert ran == [fused, fused]
-    conv = make_conv(dropout=0.3, attention_backend="dense")
-    with pytest.raises(ValueError, match="attention backend 'dense'"):
-        run(conv, x_input(), batch=BATCH)
 
 
 def test_aggregations_and_flows_other_than_attention_are_refused():
@@ -442,11 +439,11 @@ def test_auto_takes_the_dense_kernel_from_the_crossover_on(monkeypatch):
     monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", float("inf"))
     run(conv, x_input(), batch=BATCH)
     assert conv.last_backends == {"sampler": "cpp", "attention": "cpp"}
-    # With attention dropout the sparse kernel runs: the dense one has none.
+    # With attention dropout too (the dense kernel has it).
     monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", 0.0)
     conv = make_conv(dropout=0.2)
     run(conv, x_input(), batch=BATCH)
-    assert conv.last_backends == {"sampler": "cpp", "attention": "cpp"}
+    assert conv.last_backends == {"sampler": "dense", "attention": "dense"}
 
 
 @needs_cpp
@@ -491,9 +488,16 @@ def test_dense_kernel_trains_the_layer_like_the_sparse_one(monkeypatch):
 
 @needs_cpp
 def test_dense_kernel_refusals_and_guard():
-    conv = make_conv(attention_backend="dense", dropout=0.1)
-    with pytest.raises(ValueError, match="no attention dropout"):
-        run(conv, x_input(), batch=BATCH)
+    # Attention dropout runs on the dense kernel: only in training.
+    conv = make_conv(attention_backend="dense", dropout=0.5, eval_seed=1)
+    x = x_input()
+    conv.train()
+    assert conv(x, batch=BATCH, generator=seeded(0)).equal(
+        conv(x, batch=BATCH, generator=seeded(0)))
+    assert conv.last_backends["attention"] == "dense"
+    # Another seed: another mask and other dropped weights.
+    assert not conv(x, batch=BATCH, generator=seeded(1)).equal(
+        conv(x, batch=BATCH, generator=seeded(0)))
     conv = make_conv(attention_backend="dense", max_edges=10)
     with pytest.raises(ValueError, match="max_edges"):
         run(conv, x_input(), batch=BATCH)

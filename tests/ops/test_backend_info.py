@@ -41,19 +41,14 @@ def test_resolve_backend_raises_where_the_kernel_cannot_run(monkeypatch):
         monkeypatch.undo()
     with pytest.raises(ValueError, match="op must be one of"):
         resolve("softmax", "auto", "cpu")
-    # Dropout: every sparse kernel has it, so auto's choice stands; the
-    # dense-regime kernel lacks it: auto does not take it, and asked for
-    # it raises.
+    # Dropout: every kernel has it, so it changes no choice.
     monkeypatch.setattr(backend_info, "WITH_EXTENSION", True)
     assert resolve("attention", "auto", "cpu", dropout=0.1) == "cpp"
     assert resolve("attention", "cpp", "cpu", dropout=0.1) == "cpp"
-    assert resolve("attention", "auto", "cpu", dropout=0.1, density=1.0) == "cpp"
-    assert resolve("attention", "auto", "cpu", density=1.0) == "dense"
+    assert resolve("attention", "dense", "cpu", dropout=0.1) == "dense"
+    assert resolve("attention", "auto", "cpu", dropout=0.1, density=1.0) == "dense"
     assert resolve("sampler", "auto", "cpu", dropout=0.1) == resolve(
         "sampler", "auto", "cpu")
-    with pytest.raises(ValueError, match="attention backend 'dense' has no "
-                                         "attention dropout"):
-        resolve("attention", "dense", "cpu", dropout=0.1)
 
 
 WITHOUT_EXTENSION = """
@@ -88,8 +83,7 @@ def test_the_dense_kernel_runs_on_the_cpu_and_cuda(monkeypatch):
         assert resolve("attention", "dense", device) == "dense"
         assert resolve("attention", "auto", device, density=0.5) == "dense"
         assert resolve("attention", "auto", device, density=0.1) != "dense"
-        with pytest.raises(ValueError, match="dropout"):
-            resolve("attention", "dense", device, dropout=0.1)
+        assert resolve("attention", "dense", device, dropout=0.1) == "dense"
     monkeypatch.setattr(backend_info, "WITH_TRITON", False)
     assert not backend_info.dense_runs(torch.device("cuda"))
     assert resolve("attention", "auto", "cuda", density=0.5) == "torch"

@@ -197,3 +197,65 @@ def test_layer_with_dropout_runs_the_fused_kernel_as_the_torch_path():
     assert [r[0] for r in results] == ["cpp", "torch"]
     for a, b in zip(results[0][1:], results[1][1:]):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _dense_backends():
+    out = []
+    if backend_info.WITH_EXTENSION:
+        out.append(pytest.param(False, id="cpp"))
+    if importlib.util.find_spec("triton") is not None and backend_info.triton_runs(
+            torch.device("cpu")) and torch.get_default_device().type == "cpu":
+        out.append(pytest.param(True, id="triton"))
+    return out
+
+
+@pytest.mark.parametrize("triton_on_cpu", _dense_backends())
+def test_dense_regime_drops_what_the_sparse_kernel_drops(triton_on_cpu):
+    # The dense-regime kernel with dropout against the sparse PyTorch path
+    # on the graph it sampled (read off its mask), with the same dropout
+    # seed: the same output and gradients, the memberships' included.
+    from sbm_pyg.ops.csr import heads_first, nodes_first
+    from sbm_pyg.ops.dense_attention import dense_attention, mask_keys
+    from sbm_pyg.sampling import SampledGraph
+    g = seeded(0)
+    H, N, D = 2, 12, 4
+    ptr = torch.tensor([0, 5, 12])
+    x = [torch.randn(N, H, D, generator=g, dtype=torch.float64) for _ in range(3)]
+    qm = torch.rand(N, H, 3, generator=g, dtype=torch.float64)
+    km = torch.rand(N, H, 3, generator=g, dtype=torch.float64)
+    block = torch.eye(3, dtype=torch.float64).expand(H, 3, 3) * 0.4
+    w = torch.randn(N, H, D, generator=g, dtype=torch.float64)
+
+    def grads(fn):
+        leaves = [t.clone().requires_grad_() for t in x + [qm, km]]
+        out = fn(*leaves)
+        (out * w).sum().backward()
+        return [out.detach()] + [t.grad for t in leaves]
+
+    keys = []
+
+    def dense(q, k, v, qm_, km_):
+        qb = heads_first(torch.einsum("nhu,huv->nhv", qm_, block)).contiguous()
+        res = dense_attention(
+            *(heads_first(t).contiguous() for t in (q, k, v)), qb,
+            heads_first(km_).contiguous(), ptr, ptr, heads=H, scale=0.5,
+            seed=5, ste="paper", dropout=0.4, dropout_seed=99,
+            triton_on_cpu=triton_on_cpu)
+        keys.append(mask_keys(res.mask, ptr, ptr, H))
+        return nodes_first(res.out, H)
+
+    got = grads(dense)
+    graph = SampledGraph.from_keys(keys[0], H, N, N, ptr_q=ptr, ptr_k=ptr)
+    assert 0 < graph.num_edges < H * (5 * 5 + 7 * 7)
+
+    def sparse(q, k, v, qm_, km_):
+        from sbm_pyg.ops.torch_attention import SparseAttention
+        prob = edge_probability(qm_, block, km_, graph)
+        out, _ = SparseAttention.apply(graph.csr, heads_first(q), heads_first(k),
+                                       heads_first(v), prob, 0.5, 0.4, 99, "paper")
+        return nodes_first(out, H)
+
+    want = grads(sparse)
+    for name, a, b in zip(["out", "q", "k", "v", "q_memb", "k_memb"], got, want):
+        assert b.abs().max() > 0, name
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
