@@ -12,7 +12,7 @@ resident set; on CUDA ``max_memory_allocated``.
 Sections (one module each): ``attention``, ``sampler``, ``published``,
 ``exact``, ``memory`` (in :mod:`benchmarks.sampler`), ``scaling``,
 ``layer`` (and ``crossover``, in :mod:`benchmarks.layer`), ``training``,
-``ext``, ``budget``.
+``ext``, ``budget``, ``gps`` (:mod:`benchmarks.gps_scaling`, CPU only).
 
 ``--quick`` runs tiny sizes in seconds (the test suite runs it so that the
 script cannot rot; timings are never pass/fail in tests).
@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from benchmarks import gps_scaling
 from benchmarks.attention import attention_case, bench_attention, sdpa_backend
 from benchmarks.budget import bench_budget
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
@@ -77,9 +78,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--threads", type=int, default=2,
                         help="torch CPU threads (default 2)")
     sections = ["attention", "sampler", "published", "exact", "memory",
-                "scaling", "layer", "crossover", "training", "ext", "budget"]
-    parser.add_argument("--sections", nargs="+", default=sections,
-                        choices=sections)
+                "scaling", "layer", "crossover", "training", "ext", "budget", "gps"]
+    parser.add_argument("--sections", nargs="+", default=None, choices=sections,
+                        help="default: all (gps on the CPU only)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output (default benchmarks/results-DEVICE.json)")
     parser.add_argument("--memory", choices=["subprocess", "profiler"], default=None,
@@ -93,6 +94,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available")
+    if args.sections is None:
+        args.sections = [s for s in sections if s != "gps" or device.type == "cpu"]
+    elif "gps" in args.sections and device.type != "cpu":
+        parser.error("--sections gps: the GPS scaling benchmark runs on the CPU")
     if args.repeats < 1 or args.threads < 1:
         parser.error("--repeats and --threads must be >= 1")
     torch.set_num_threads(args.threads)
@@ -104,6 +109,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         training_sizes, training_densities = [128], [0.05, 0.2]
         crossover_n, crossover_densities = 128, [0.05, 0.5]
         budget_sizes = [16]
+        # The budgeted variant's weights take minutes to train: not in --quick.
+        gps_sizes, gps_variants = [256], ["performer", "sbm"]
     else:
         sizes, densities, scaling_n = [1024, 4096, 16384], [0.005, 0.01, 0.05, 0.2], 4096
         scaling_densities = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
@@ -113,6 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         training_densities = [0.01, 0.05, 0.2, 0.5, 1.0]
         crossover_n, crossover_densities = 2048, [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
         budget_sizes = [64, 128, 256]
+        gps_sizes, gps_variants = [1024, 4096, 16384, 65536], list(gps_scaling.VARIANTS)
 
     results = dict(device=str(device), threads=args.threads,
                    torch=torch.__version__, machine=platform.machine(),
@@ -198,6 +206,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         log("\n[budget] one step of --preset repeat-paper, batch 256: fixed "
             "lambda vs a DensityBudget setting it, in turns, time per step")
         results["budget"] = bench_budget(budget_sizes, device, args.repeats, log)
+    if "gps" in args.sections:
+        log("\n[gps] one training step of the GPS CPU preset's model on one "
+            "PATTERN-like graph (benchmarks.gps_scaling)")
+        results["gps"] = gps_scaling.bench_gps_scaling(
+            gps_sizes, gps_variants, args.repeats, args.threads,
+            20 * 2**30, 600.0, gps_scaling.ROOT / "docs" / "runs" / "gps-scaling"
+            / "sbm-1pct.pt", log)
     out = args.out or Path(__file__).parent / f"results-{device.type}.json"
     out.write_text(json.dumps(results, indent=1))
     log(f"\nwritten to {out}")

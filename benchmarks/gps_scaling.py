@@ -209,7 +209,7 @@ def bench_gps_scaling(sizes, variants, repeats: int, threads: int,
         for variant in variants:
             row = dict(n=n, variant=variant, **cases[variant])
             if variant in times:
-                row["step_s"] = times[variant]
+                row.update(step_s=times[variant], repeats=repeats)
             rows.append(row)
             log(f"  n={n:6d} {variant:17s} step {row.get('step_s', float('nan')):.3f} s")
         del steps
@@ -236,12 +236,15 @@ def main(argv=None) -> List[dict]:
     if args.memory_case:
         print(json.dumps(memory_case(json.loads(args.memory_case))))
         return []
-    rows = bench_gps_scaling(args.sizes, args.variants, args.repeats, args.threads,
-                             int(args.memory_limit_gib * 2**30), args.timeout,
-                             args.weights, lambda s: print(s, flush=True))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(dict(threads=args.threads, rows=rows), indent=1))
+    rows: List[dict] = []
+    for n in args.sizes:  # the JSON written after every size: the large ones take long
+        rows += bench_gps_scaling([n], args.variants, args.repeats, args.threads,
+                                  int(args.memory_limit_gib * 2**30), args.timeout,
+                                  args.weights, lambda s: print(s, flush=True))
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(dict(threads=args.threads, rows=rows),
+                                            indent=1))
     return rows
 
 

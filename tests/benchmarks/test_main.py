@@ -39,4 +39,12 @@ def test_quick_benchmark_runs(tmp_path, capsys):
     assert [(row["n"], row["sbm_init"]) for row in results["budget"]] == [
         (16, "paper"), (16, "dense")]
     assert all(row["lam_ms"] > 0 and row["budget_ms"] > 0 for row in results["budget"])
+    assert [(row["n"], row["variant"], row["status"]) for row in results["gps"]] == [
+        (256, "performer", "ok"), (256, "sbm", "ok")]
+    assert all(row["step_s"] > 0 for row in results["gps"])
     assert "[layer]" in capsys.readouterr().out
+
+
+def test_gps_section_is_cpu_only():
+    with pytest.raises(SystemExit):
+        main(["--device", "meta", "--sections", "gps"])
