@@ -120,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         training_densities = [0.01, 0.05, 0.2, 0.5, 1.0]
         crossover_n, crossover_densities = 2048, [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
         budget_sizes = [64, 128, 256]
-        gps_sizes, gps_variants = [1024, 4096, 16384, 65536], list(gps_scaling.VARIANTS)
+        gps_sizes, gps_variants = list(gps_scaling.SIZES), list(gps_scaling.VARIANTS)
 
     results = dict(device=str(device), threads=args.threads,
                    torch=torch.__version__, machine=platform.machine(),
@@ -211,8 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             "PATTERN-like graph (benchmarks.gps_scaling)")
         results["gps"] = gps_scaling.bench_gps_scaling(
             gps_sizes, gps_variants, args.repeats, args.threads,
-            20 * 2**30, 600.0, gps_scaling.ROOT / "docs" / "runs" / "gps-scaling"
-            / "sbm-1pct.pt", log)
+            int(gps_scaling.MEMORY_LIMIT_GIB * 2**30), gps_scaling.TIMEOUT_S,
+            gps_scaling.WEIGHTS, log)
     out = args.out or Path(__file__).parent / f"results-{device.type}.json"
     out.write_text(json.dumps(results, indent=1))
     log(f"\nwritten to {out}")

@@ -44,6 +44,11 @@ from benchmarks.measure import median_times, peak_rss, pin_mmap_threshold
 
 VARIANTS = ("multihead", "multihead-nodrop", "performer", "sbm", "sbm-1%")
 ROOT = Path(__file__).resolve().parents[1]
+# The defaults, shared with ``make bench``'s ``gps`` section.
+SIZES = (1024, 4096, 16384, 65536)
+MEMORY_LIMIT_GIB = 20.0
+TIMEOUT_S = 600.0
+WEIGHTS = ROOT / "docs" / "runs" / "gps-scaling" / "sbm-1pct.pt"
 
 
 def scaled_pattern_graph(n: int, generator: torch.Generator) -> Data:
@@ -219,17 +224,17 @@ def bench_gps_scaling(sizes, variants, repeats: int, threads: int,
 def main(argv=None) -> List[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+",
-                        default=[1024, 4096, 16384, 65536])
+                        default=list(SIZES))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
                         choices=VARIANTS)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--memory-limit-gib", type=float, default=20.0,
+    parser.add_argument("--memory-limit-gib", type=float, default=MEMORY_LIMIT_GIB,
                         help="address-space limit of each memory case")
-    parser.add_argument("--timeout", type=float, default=600.0,
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
                         help="seconds for a memory case (warm-up and a step)")
     parser.add_argument("--weights", type=Path,
-                        default=ROOT / "docs" / "runs" / "gps-scaling" / "sbm-1pct.pt")
+                        default=WEIGHTS)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--memory-case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
