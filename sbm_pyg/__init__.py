@@ -9,6 +9,7 @@ from sbm_pyg.nn import (
     SBMMultiheadAttention,
     StochasticBlockModel,
     density_loss,
+    distillation_loss,
 )
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
 from sbm_pyg.sampling import SampledGraph, bernoulli, expected_adjacency, fastrg
@@ -32,6 +33,7 @@ __all__ = [
     "SBMGPSConv",
     "density_loss",
     "DensityBudget",
+    "distillation_loss",
     "models",
     "datasets",
     "experiments",

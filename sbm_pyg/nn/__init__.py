@@ -5,9 +5,11 @@ from sbm_pyg.nn import functional
 from sbm_pyg.nn._sbm_attention import SBMAttention, sbm_attention
 from sbm_pyg.nn.attention import SBMMultiheadAttention
 from sbm_pyg.nn.baselines import FullAttention, LinearAttention
+from sbm_pyg.nn.bigbird import BigBirdAttention, bigbird_graph, bigbird_sizes
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.nn.density import DensityBudget, density_loss
+from sbm_pyg.nn.distillation import attention_distillation, distillation_loss
 from sbm_pyg.nn.gated_gcn import GatedGCNConv
 from sbm_pyg.nn.gps import DenseGPSConv, SBMGPSConv
 from sbm_pyg.nn.positional import AddLaplacianPE, LapPEEncoder
@@ -17,4 +19,5 @@ __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "SBMGPSConv", "GraphRecorder", "FullAttention",
            "LinearAttention", "density_loss", "DensityBudget", "functional", "sbm_attention",
            "SBMAttention", "DenseGPSConv", "GatedGCNConv", "AddLaplacianPE",
-           "LapPEEncoder"]
+           "LapPEEncoder", "attention_distillation", "distillation_loss",
+           "BigBirdAttention", "bigbird_graph", "bigbird_sizes"]

@@ -80,7 +80,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
                   ptr_k: PtrLike = None, mode: str = "exact",
                   exploration: float = 0.0, self_loops: bool = False,
                   include_edges: Optional[Tensor] = None,
-                  max_edges: Optional[int] = None, ste: str = "paper",
+                  max_edges: Optional[int] = None, ste: Optional[str] = "paper",
                   dropout: float = 0.0, training: bool = False,
                   sampler_backend: str = "auto",
                   attention_backend: str = "auto",
@@ -117,8 +117,11 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
             the queries and keys (:obj:`None`: one sequence).
         mode, exploration, self_loops, include_edges, max_edges: as for
             :func:`~sbm_pyg.sampling.fastrg`.
-        ste (str): :obj:`"paper"` or :obj:`"published"`, see
-            :func:`~sbm_pyg.nn.functional.sparse_attention`.
+        ste (str, optional): :obj:`"paper"` or :obj:`"published"`, see
+            :func:`~sbm_pyg.nn.functional.sparse_attention`, or :obj:`None`:
+            no straight-through gradient (where the graph does not follow
+            the SBM, e.g. every pair attended by a large exploration; the
+            densities still reach it).
         dropout (float): attention dropout, in every kernel
             (:mod:`sbm_pyg.ops.dropout`: a pure (sequence, head) regime
             drops the same weights on either kernel for the same seed; the
@@ -153,8 +156,8 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
         >>> res.out.shape, res.sampled_density.shape
         (torch.Size([10, 2, 4]), torch.Size([2]))
     """
-    if ste not in STE_MODES:
-        raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
+    if ste is not None and ste not in STE_MODES:
+        raise ValueError(f"ste must be one of {STE_MODES} or None, got {ste!r}")
     if attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of "
                          f"{ATTENTION_BACKENDS}, got {attention_backend!r}")
@@ -259,10 +262,12 @@ def _attend(query, key, value, q_memb, block, k_memb, graph, ste, dropout,
         return attend(graph, need_alpha)
     # The straight-through estimator uses the edge probabilities' gradient
     # only: their values are never computed.
-    need_ste = torch.is_grad_enabled() and q_memb.requires_grad
+    need_ste = (torch.is_grad_enabled() and q_memb.requires_grad
+                and ste is not None)
     sbm = (q_memb, block, k_memb) if need_ste else None
     res = sparse_attention(query, key, value, graph, None, dropout, training,
-                           ste=ste, generator=generator, backend=attention,
+                           ste=ste or "paper", generator=generator,
+                           backend=attention,
                            sbm=sbm, return_attention_weights=need_alpha)
     return res if need_alpha else (res, None)
 
@@ -290,7 +295,7 @@ def _dense(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
                 ptr_q.numel() - 1, H, Nq, Nk)
     included = None if include_edges is None else included_csr(i, j, Nq, Nk)
     grad = torch.is_grad_enabled() and not need_graph
-    need_ste = grad and q_memb.requires_grad
+    need_ste = grad and q_memb.requires_grad and ste is not None
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
     seed = stream_seed(generator, query.device)
     # The dropout's own seed, drawn after the mask's (none without dropout).

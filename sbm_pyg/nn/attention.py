@@ -36,8 +36,8 @@ class SBMMultiheadAttention(torch.nn.Module):
             (default: :obj:`True`)
         dropout (float): dropout on the attention weights. (default: :obj:`0.`)
         **kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
-            :obj:`max_edges`, :obj:`ste`, :obj:`sbm_init`, :obj:`eval_seed` of
-            :class:`SBMConv`.
+            :obj:`max_edges`, :obj:`ste`, :obj:`distill`, :obj:`sbm_init`,
+            :obj:`eval_seed` of :class:`SBMConv`.
 
     Shapes:
         - **input:** x :math:`(B, N, C)`, mask :math:`(B, N)` (bool, True =
@@ -79,6 +79,12 @@ class SBMMultiheadAttention(torch.nn.Module):
         """The kernels of the last forward, e.g. :obj:`{'sampler': 'cpp',
         'attention': 'cpp'}` (:attr:`SBMConv.last_backends`)."""
         return self.conv.last_backends
+
+    @property
+    def distillation(self) -> Optional[Tensor]:
+        """Per-head attention distillation of the last training forward
+        (differentiable; with :obj:`distill > 0`), :obj:`[H]`."""
+        return self.conv.distillation
 
     @property
     def expected_density(self) -> Optional[Tensor]:

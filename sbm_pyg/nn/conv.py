@@ -17,6 +17,7 @@ from torch_geometric.utils import softmax
 
 from sbm_pyg.nn._sbm_attention import sbm_attention
 from sbm_pyg.nn.block_model import StochasticBlockModel
+from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, attention_distillation
 from sbm_pyg.nn.functional import straight_through_probability
 from sbm_pyg.nn.inputs import check_options, project, raise_for_features, sequence_pointers
 from sbm_pyg.ops.csr import heads_first
@@ -59,7 +60,22 @@ class SBMConv(MessagePassing):
     :math:`[H]` holds the fraction of pairs sampled and
     :obj:`expected_density` :math:`[H]` the expected one, differentiable:
     the paper's sparsity regularizer (both averaged over non-empty
-    sequences).
+    sequences). With :obj:`distill` :math:`\beta > 0`, each training
+    forward also sets :obj:`distillation` :math:`[H]`, the attention
+    distillation (:func:`~sbm_pyg.nn.attention_distillation`, smoothing
+    :data:`~sbm_pyg.nn.distillation.DISTILL_SMOOTHING`; the SBM's inputs
+    detached, so that it teaches the SBM only), which
+    :func:`~sbm_pyg.nn.distillation_loss` adds up over a model's layers,
+    each weighted by its :math:`\beta`: it teaches the SBM to put its
+    edges where the attention goes, so that a head held sparse keeps the
+    edges it needs. With :obj:`attend_all` set (an attribute, e.g. for
+    a dense warm-up in which the attention learns the task on every pair
+    while the distillation teaches the SBM), training samples every pair
+    (exploration 1; in :obj:`"exact"` mode, all of them) and the SBM learns
+    on the side: no straight-through gradient (the graph does not follow
+    it), and its memberships, so its densities too, computed from detached
+    queries and keys, so that neither a density penalty nor the
+    distillation pulls at the attention.
 
     Args:
         in_channels (int or tuple): size of each input sample (:obj:`-1`:
@@ -84,6 +100,12 @@ class SBMConv(MessagePassing):
             than this in one forward.
         ste (str): the straight-through estimator, :obj:`"paper"` or
             :obj:`"published"`. (default: :obj:`"paper"`)
+        distill (float): the strength :math:`\beta \geq 0` of the
+            attention distillation in :func:`~sbm_pyg.nn.distillation_loss`
+            (0: not computed). It costs the weights on the sampled edges and
+            an :math:`O(E k)` product; a (sequence, head) in the dense
+            regime is attended by the sparse kernel on the graph read off
+            its mask. (default: :obj:`0.0`)
         sbm_init (str): :obj:`"paper"` (about 25% of the pairs sampled) or
             :obj:`"dense"` (about 99%), see :class:`StochasticBlockModel`.
             (default: :obj:`"paper"`)
@@ -132,20 +154,26 @@ class SBMConv(MessagePassing):
                  bias: bool = True, root_weight: bool = True,
                  exploration: float = 0.01, self_loops: bool = False,
                  mode: str = "exact", max_edges: Optional[int] = None,
-                 ste: str = "paper", sbm_init: str = "paper",
-                 eval_seed: Optional[int] = None,
+                 ste: str = "paper", distill: float = 0.0,
+                 sbm_init: str = "paper", eval_seed: Optional[int] = None,
                  sampler_backend: str = "auto",
                  attention_backend: str = "auto", **kwargs):
         check_options(kwargs, dropout=dropout, mode=mode, ste=ste,
                       sbm_init=sbm_init, sampler_backend=sampler_backend,
                       attention_backend=attention_backend,
                       exploration=exploration, eval_seed=eval_seed)
+        if not (isinstance(distill, (int, float)) and distill >= 0):
+            raise ValueError(f"distill must be a number >= 0, got {distill!r}")
         super().__init__(node_dim=0, **kwargs)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.heads, self.concat, self.num_clusters = heads, concat, num_clusters
         self.dropout, self.root_weight = dropout, root_weight
         self.exploration, self.self_loops = exploration, self_loops
         self.mode, self.max_edges, self.ste = mode, max_edges, ste
+        self.distill = float(distill)
+        # A dense warm-up (set by a training loop): in training, every pair
+        # is sampled (exploration 1) whatever the SBM says.
+        self.attend_all = False
         self.sampler_backend = sampler_backend
         self.attention_backend = attention_backend
         self.eval_seed = eval_seed
@@ -163,6 +191,7 @@ class SBMConv(MessagePassing):
                                         init=sbm_init)
         self.sampled_density: Optional[Tensor] = None  # [H], set by forward
         self.expected_density: Optional[Tensor] = None
+        self.distillation: Optional[Tensor] = None  # [H], with distill > 0
         self.last_backends: Optional[Dict[str, str]] = None
         self._alpha: Optional[Tensor] = None
         self._graph_hooks: OrderedDict[int, Callable] = OrderedDict()
@@ -218,23 +247,34 @@ class SBMConv(MessagePassing):
         query = project(self.lin_query, x_dst, "x_dst").view(-1, H, C)
         key = project(self.lin_key, x_src, "x_src").view(-1, H, C)
         value = project(self.lin_value, x_src, "x_src").view(-1, H, C)
-        q_memb, block, k_memb = self.sbm(query, key)
+        warmup = self.attend_all and self.training
+        # In a dense warm-up the graph does not follow the SBM: it learns on
+        # the side (distillation, density penalty) from detached queries and
+        # keys, which nothing then pulls but the attention's own loss.
+        q_memb, block, k_memb = (self.sbm(query.detach(), key.detach())
+                                 if warmup else self.sbm(query, key))
         ptr_k, ptr_q = sequence_pointers(batch, ptr, key.size(0),
                                          query.size(0))
         if generator is None and not self.training and self.eval_seed is not None:
             generator = torch.Generator(query.device).manual_seed(self.eval_seed)
         passing = self.attention_backend == "message_passing"
+        distilling = (self.distill > 0 and self.training
+                      and torch.is_grad_enabled())
         try:
             res = sbm_attention(
                 query, key, value, q_memb, block, k_memb, ptr_q=ptr_q,
                 ptr_k=ptr_k, mode=self.mode,
-                exploration=self.exploration if self.training else 0.0,
+                exploration=(1.0 if self.attend_all else self.exploration)
+            if self.training else 0.0,
                 self_loops=self.self_loops, include_edges=include_edges,
-                max_edges=self.max_edges, ste=self.ste, dropout=self.dropout,
+                max_edges=self.max_edges,
+                ste=None if warmup else self.ste,
+                dropout=self.dropout,
                 training=self.training, sampler_backend=self.sampler_backend,
                 attention_backend="auto" if passing else self.attention_backend,
                 return_graph=bool(self._graph_hooks),
-                return_attention_weights=bool(return_attention_weights),
+                return_attention_weights=(bool(return_attention_weights)
+                                          or distilling),
                 attend=partial(self._propagate, query, key, value,
                                (q_memb, block, k_memb)) if passing else None,
                 generator=generator)
@@ -245,6 +285,15 @@ class SBMConv(MessagePassing):
             hook(self, res.graph)
         self.expected_density, self.sampled_density = (res.expected_density,
                                                        res.sampled_density)
+        self.distillation = None
+        if distilling:
+            # The SBM alone learns from it: its inputs detached, so that the
+            # queries and keys that make the target are not moved toward it.
+            assert res.graph is not None and res.alpha is not None
+            sbm = ((q_memb, block, k_memb) if warmup
+                   else self.sbm(query.detach(), key.detach()))
+            self.distillation = attention_distillation(
+                res.alpha, *sbm, res.graph, smoothing=DISTILL_SMOOTHING)
         self.last_backends = res.backends
         out = res.out.reshape(-1, H * C) if self.concat else res.out.mean(1)
         if self.lin_skip is not None:
@@ -260,7 +309,8 @@ class SBMConv(MessagePassing):
         # attention_backend="message_passing": PyG's message() over the
         # heads-first graph; edge_prob carries the straight-through gradient.
         H, C = self.heads, self.out_channels
-        need_ste = torch.is_grad_enabled() and sbm[0].requires_grad
+        need_ste = (torch.is_grad_enabled() and sbm[0].requires_grad
+                    and not (self.attend_all and self.training))
         edge_prob = straight_through_probability(*sbm, graph) if need_ste else None
         Nq, Nk = graph.num_queries, graph.num_keys
         out = self.propagate(
@@ -291,4 +341,5 @@ class SBMConv(MessagePassing):
         return (f"{self.__class__.__name__}({self.in_channels}, "
                 f"{self.out_channels}, heads={self.heads}, "
                 f"num_clusters={self.num_clusters}, mode={self.mode!r}, "
-                f"ste={self.ste!r})")
+                f"ste={self.ste!r}"
+                + (f", distill={self.distill}" if self.distill else "") + ")")

@@ -96,7 +96,14 @@ class DensityBudget:
     density reaches it, and the budget comes down over :obj:`warmup`
     steps, geometrically from the density of the first step to
     :math:`\rho`, rather than at once (Adam moves the SBM at its learning
-    rate whatever :math:`\lambda` is, so a step change overshoots).
+    rate whatever :math:`\lambda` is, so a step change overshoots). With
+    :obj:`delay`, the budget does not act for that many steps (no penalty,
+    :math:`\lambda` kept), and the warm-up starts from the density it then
+    finds: for a dense warm-up, in which the attention learns the task on
+    every pair (and, with attention distillation, the SBM learns where it
+    goes) before the budget takes edges away. A penalty in that time would
+    pull at the queries and keys the attention is learning, through the
+    memberships.
 
     With :obj:`floor` (the default) a second multiplier
     :math:`\lambda^-_t`, from the same law on :math:`\log(\rho_t /
@@ -124,6 +131,8 @@ class DensityBudget:
             one per layer and head :obj:`[L, H]` (layers in module order).
         warmup (int): steps over which the budget comes down to
             :math:`\rho`. (default: :obj:`0`)
+        delay (int): steps before the budget acts; the warm-up then starts
+            from that step's density. (default: :obj:`0`)
         floor (bool): also keep the density from falling below the budget.
             (default: :obj:`True`)
         lam (float): the starting :math:`\lambda_0 > 0`.
@@ -150,6 +159,7 @@ class DensityBudget:
 
     def __init__(self, model: torch.nn.Module, target: Union[float, Tensor],
                  warmup: int = 0, floor: bool = True, lam: float = 1e-3,
+                 delay: int = 0,
                  kp: float = 1.0,
                  ki: float = 0.02, lam_min: Optional[float] = None,
                  lam_max: float = 100.0):
@@ -171,8 +181,9 @@ class DensityBudget:
                             f"{type(target).__name__}")
         if not all(0.0 < v <= 1.0 for v in values):  # NaN fails too
             raise ValueError(f"target must lie in (0, 1], got {target!r}")
-        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+        for name, count in (("warmup", warmup), ("delay", delay)):
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {count!r}")
         lam_min = lam if lam_min is None else lam_min
         for name, value, low in (("lam", lam, 0.0), ("ki", ki, 0.0),
                                  ("lam_min", lam_min, 0.0)):
@@ -188,6 +199,7 @@ class DensityBudget:
         if not isinstance(floor, bool):
             raise TypeError(f"floor must be a bool, got {type(floor).__name__}")
         self.warmup, self.floor, self.kp, self.ki = warmup, floor, float(kp), float(ki)
+        self.delay = delay
         self.lam0, self.lam_min, self.lam_max = float(lam), float(lam_min), float(lam_max)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.per_head = isinstance(target, Tensor)
@@ -224,11 +236,13 @@ class DensityBudget:
         return self.lams[1] if self.floor else None
 
     def current_target(self) -> Tensor:
-        r"""The budget :math:`\rho_t` of this step: on the way down from the
-        first step's density during the warm-up, then :math:`\rho`."""
-        if self.start is None or self.steps >= self.warmup:
+        r"""The budget :math:`\rho_t` of this step: on the way down from
+        the density of the first step after the delay during the warm-up,
+        then :math:`\rho` (before that, :math:`\rho`, which no penalty
+        enforces)."""
+        if self.start is None or self.steps >= self.delay + self.warmup:
             return self.target
-        left = 1.0 - self.steps / self.warmup
+        left = 1.0 - (self.steps - self.delay) / self.warmup
         return self.target * (self.start / self.target) ** left
 
     def penalty(self) -> Tensor:
@@ -238,6 +252,8 @@ class DensityBudget:
         it."""
         density = self.density()
         self._density = density.detach()
+        if self.steps < self.delay:
+            return density.sum() * 0.0
         self._begin(self._density)
         over = density - self.current_target().to(density)
         sides = torch.stack([over, -over][:1 + self.floor]).clamp(min=0)
@@ -262,6 +278,9 @@ class DensityBudget:
             density = density.clone()
             torch.distributed.all_reduce(density)
             density /= torch.distributed.get_world_size()
+        if self.steps < self.delay:
+            self.steps += 1
+            return
         self._begin(density)
         # Clipped: a head far from its budget (or whose density underflowed)
         # moves lambda no faster than one near it.
@@ -279,13 +298,16 @@ class DensityBudget:
         return dict(target=self.target.cpu(), integral=self.integral.cpu(),
                     lams=self.lams.cpu(), steps=self.steps,
                     start=None if self.start is None else self.start.cpu(),
-                    warmup=self.warmup, floor=self.floor, lam0=self.lam0,
+                    warmup=self.warmup, delay=self.delay, floor=self.floor,
+                    lam0=self.lam0,
                     kp=self.kp, ki=self.ki,
                     lam_min=self.lam_min, lam_max=self.lam_max)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         r"""Restores :meth:`state_dict`; the budget and gains must match."""
-        for key in ("warmup", "floor", "lam0", "kp", "ki", "lam_min", "lam_max"):
+        state = dict(state, delay=state.get("delay", 0))  # saved before delay
+        for key in ("warmup", "delay", "floor", "lam0", "kp", "ki", "lam_min",
+                    "lam_max"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"the saved budget has {key}={state[key]!r}, "
                                  f"this one {getattr(self, key)!r}")
@@ -301,6 +323,7 @@ class DensityBudget:
     def __repr__(self) -> str:
         target = self.target.tolist()
         return (f"{self.__class__.__name__}(target={target}, "
-                f"warmup={self.warmup}, floor={self.floor}, lam={self.lam0}, "
+                f"warmup={self.warmup}, delay={self.delay}, "
+                f"floor={self.floor}, lam={self.lam0}, "
                 f"kp={self.kp}, "
                 f"ki={self.ki})")

@@ -89,6 +89,39 @@ def test_budget_comes_down_geometrically_over_the_warmup():
     assert float(high.current_target()) == pytest.approx(0.9)
 
 
+def test_budget_delay_waits_then_comes_down_from_that_density():
+    torch.manual_seed(0)
+    conv = SBMConv(8, 4, num_clusters=3)
+    _forward(conv)
+    d0 = float(density_loss(conv).detach())
+    budget = DensityBudget(conv, target=0.01, warmup=4, delay=3)
+    penalties, targets = [], []
+    for _ in range(9):
+        penalties.append(float(budget.penalty()))
+        targets.append(float(budget.current_target()))
+        budget.step()
+    # No penalty and lambda kept during the delay; then the warm-up from
+    # the density of the first step after it.
+    assert penalties[:4] == [0.0] * 4 and penalties[4] > 0  # 3: at its start
+    expected = [0.01 * (d0 / 0.01) ** (1 - t / 4) for t in range(4)] + [0.01, 0.01]
+    assert targets[3:] == pytest.approx(expected, rel=1e-9)
+    fresh = DensityBudget(conv, target=0.01, warmup=4)
+    delayed = DensityBudget(conv, target=0.01, warmup=4, delay=2)
+    for _ in range(2):
+        delayed.penalty()
+        delayed.step()
+    assert torch.equal(delayed.lams, fresh.lams) and delayed.start is None
+    with pytest.raises(ValueError, match="delay"):
+        DensityBudget(conv, target=0.01, delay=-1)
+    # The delay is part of the saved state; a state saved before it loads as 0.
+    state = budget.state_dict()
+    assert state["delay"] == 3
+    with pytest.raises(ValueError, match="delay"):
+        DensityBudget(conv, target=0.01, warmup=4).load_state_dict(state)
+    del state["delay"]
+    DensityBudget(conv, target=0.01, warmup=4).load_state_dict(state)
+
+
 def test_budget_step_is_the_pi_law_in_log_space():
     # lambda_1 = lam0 * exp((ki + kp) * log(d / rho)) after one step.
     torch.manual_seed(0)

@@ -1,0 +1,147 @@
+r"""Attention distillation: a loss that teaches each head's SBM where its
+attention goes.
+
+The straight-through estimator passes the task's gradient to the sampled
+edges' probabilities only through the mask's derivative, and that gradient
+is tiny (docs/experiments.md). This loss teaches the SBM directly: the
+attention weights on the sampled edges, detached, are the target of the
+SBM's own distribution over each query's keys.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torch import Tensor
+
+from sbm_pyg.nn.functional import _check_memberships, edge_probability
+from sbm_pyg.sampling import SampledGraph
+from sbm_pyg.validation import require_tensor
+
+__all__ = ["attention_distillation", "distillation_loss", "DISTILL_SMOOTHING"]
+
+#: The smoothing of :class:`~sbm_pyg.nn.SBMConv`'s distillation: label
+#: smoothing's usual 0.1, so that a key the SBM misses pulls at most
+#: :math:`10 n` times its weight.
+DISTILL_SMOOTHING = 0.1
+
+# Guards of the logarithm and the division: a row of zero mass (memberships
+# that underflowed) or an edge of zero probability without smoothing.
+_MIN_MASS = 1e-30
+
+
+def attention_distillation(alpha: Tensor, q_memb: Tensor, block: Tensor,
+                           k_memb: Tensor, graph: SampledGraph, *,
+                           smoothing: float = 0.0) -> Tensor:
+    r"""The cross-entropy from each query's attention weights on its sampled
+    edges to the SBM's distribution over its sequence's keys, averaged over
+    the queries with an edge, per head:
+
+    .. math::
+        \mathcal{L}_h = -\frac{1}{|\mathcal{I}_h|} \sum_{i \in \mathcal{I}_h}
+        \sum_{j \in \mathcal{N}_h(i)} \bar{\alpha}_{hij} \log \Big(
+        (1 - \varepsilon) \frac{p_{hij}}{\sum_{j' \in s(i)} p_{hij'}}
+        + \frac{\varepsilon}{n_{s(i)}} \Big)
+
+    where :math:`p_{hij} = \hat{\mathbf{Q}}_i \hat{\mathbf{S}}_h
+    \hat{\mathbf{K}}_j^{\top}`, :math:`s(i)` is the :math:`n_{s(i)}` keys of
+    :math:`i`'s sequence, :math:`\mathcal{I}_h` the queries with a sampled
+    key, :math:`\bar{\alpha}` the weights, detached (they sum to 1 over each
+    query's edges), and :math:`\varepsilon` a smoothing toward the uniform
+    row, which bounds the gradient of an edge the SBM gives (almost) no
+    probability by :math:`n / \varepsilon`. It is the KL divergence from
+    the attention's row to the SBM's, up to the attention's entropy:
+    smallest where the SBM puts its row's mass on the keys the attention
+    weights. It depends only on the shape of each row, not on the SBM's
+    scale: the density is left to the density penalty or
+    :class:`~sbm_pyg.nn.DensityBudget`. The row sums are in closed form,
+    :math:`\hat{\mathbf{Q}}_i \hat{\mathbf{S}}_h \sum_{j \in s(i)}
+    \hat{\mathbf{K}}_j^{\top}`: the cost is :math:`O(E k + N k^2)`, with
+    nothing of size :obj:`[E, k]` kept. Keys the SBM misses reach the
+    target through the sampler's exploration.
+
+    Args:
+        alpha (Tensor): :obj:`[E]` attention weights in :obj:`graph`'s
+            edge order (e.g. from :func:`sparse_attention` with
+            :obj:`return_attention_weights=True`); not differentiated.
+        q_memb (Tensor): :math:`\hat{\mathbf{Q}}` :obj:`[N_q, H, k]`.
+        block (Tensor): :math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`.
+        k_memb (Tensor): :math:`\hat{\mathbf{K}}` :obj:`[N_k, H, k]`.
+        graph (SampledGraph): the sampled edges.
+        smoothing (float): :math:`\varepsilon \in [0, 1)`.
+            (default: :obj:`0.0`)
+
+    Returns:
+        Tensor :obj:`[H]`, differentiable in the memberships and the block.
+
+    Example:
+        >>> memb = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])  # [N, H, k]
+        >>> block = torch.full((1, 2, 2), 0.25)
+        >>> graph = SampledGraph.from_edge_index(torch.tensor([[0, 1], [0, 0]]), 2, 2)
+        >>> alpha = torch.tensor([0.5, 0.5])  # query 0 weighs both keys alike
+        >>> attention_distillation(alpha, memb, block, memb, graph)  # KL = 0
+        tensor([0.6931])
+    """
+    _check_memberships(graph, q_memb, block, k_memb)
+    require_tensor("alpha", alpha, 1, floating=True)
+    if alpha.numel() != graph.num_edges:
+        raise ValueError(f"alpha must have one entry per edge "
+                         f"({graph.num_edges}), got {alpha.numel()}")
+    if not 0 <= smoothing < 1:  # NaN fails too
+        raise ValueError(f"smoothing must lie in [0, 1), got {smoothing}")
+    Nq, H, k = q_memb.shape
+    dtype = torch.promote_types(q_memb.dtype, torch.float32)
+    q_memb, block, k_memb = (t.to(dtype) for t in (q_memb, block, k_memb))
+    ptr_q, ptr_k = graph.ptr_q, graph.ptr_k
+    # Each row's sum over its sequence's keys: Q̂_i Ŝ_h (sum of the K̂_j).
+    mass_k = torch.segment_reduce(k_memb, "sum", offsets=ptr_k, axis=0,
+                                  unsafe=True)  # [G, H, k]
+    seq = torch.repeat_interleave(
+        torch.arange(ptr_q.numel() - 1, device=q_memb.device), ptr_q.diff(),
+        output_size=Nq)
+    q_block = torch.einsum("nhu,huv->nhv", q_memb, block)
+    total = torch.einsum("nhv,nhv->nh", q_block, mass_k[seq])  # [Nq, H]
+    keys = ptr_k.diff()[seq].to(dtype)[:, None].expand(Nq, H)
+    rows = graph.csr.row().long()  # heads first: h * Nq + i
+    total, keys = (t.transpose(0, 1).reshape(-1)[rows] for t in (total, keys))
+    share = edge_probability(q_memb, block, k_memb, graph) / total.clamp(
+        min=_MIN_MASS)
+    target = (1 - smoothing) * share + smoothing / keys
+    cross = alpha.detach().to(dtype) * target.clamp(min=_MIN_MASS).log()
+    per_row = cross.new_zeros(H * Nq).index_add_(0, rows, -cross).view(H, Nq)
+    has_edges = (graph.csr.rowptr.diff() > 0).to(dtype).view(H, Nq)
+    return per_row.sum(1) / has_edges.sum(1).clamp(min=1)
+
+
+def distillation_loss(model: torch.nn.Module) -> Tensor:
+    r"""The attention distillation of every SBM attention layer in
+    :obj:`model` with :obj:`distill > 0`, from their last forward pass in
+    training: :math:`\sum_l \beta_l \frac{1}{H} \sum_h \mathcal{L}_{l,h}`
+    (:func:`attention_distillation`), :math:`\beta_l` the layer's
+    :obj:`distill`. Train with :obj:`task_loss + distillation_loss(model)`
+    after the forward pass; 0 where no layer distils.
+
+    Args:
+        model (torch.nn.Module): any module holding
+            :class:`~sbm_pyg.nn.SBMConv` layers.
+
+    Returns:
+        A scalar tensor.
+
+    Example:
+        >>> from sbm_pyg.nn import SBMMultiheadAttention
+        >>> model = SBMMultiheadAttention(16, heads=2, head_channels=8,
+        ...                               num_clusters=4, distill=0.1)
+        >>> out = model(torch.randn(2, 5, 16))
+        >>> distillation_loss(model).shape
+        torch.Size([])
+    """
+    from sbm_pyg.nn.density import _sbm_convs
+    terms: List[Tensor] = []
+    for conv in _sbm_convs(model):
+        if conv.distill > 0 and conv.distillation is not None:
+            terms.append(conv.distill * conv.distillation.mean())
+    if not terms:
+        param = next(model.parameters(), None)
+        return torch.zeros((), device=None if param is None else param.device)
+    return torch.stack(terms).sum()

@@ -1,0 +1,276 @@
+"""Attention distillation: exact values on a tiny graph, its gradient, and
+the same loss from every attention kernel."""
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from sbm_pyg.models import SBMTransformer
+from sbm_pyg.nn import (
+    SBMConv,
+    SBMMultiheadAttention,
+    attention_distillation,
+    distillation_loss,
+    sbm_attention,
+)
+from sbm_pyg.nn.distillation import DISTILL_SMOOTHING
+from sbm_pyg.ops import backend_info
+from sbm_pyg.sampling import SampledGraph
+from tests.helpers import seeded
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="triton not installed")
+
+
+def tiny():
+    # One head, k = 1 (so S = 1 and p_ij = q_i k_j): sequence 0 has three
+    # queries and keys, sequence 1 one of each.
+    q = torch.tensor([1.0, 0.5, 0.3, 0.8], dtype=torch.float64).view(4, 1, 1)
+    k = torch.tensor([0.5, 0.25, 0.25, 0.5], dtype=torch.float64).view(4, 1, 1)
+    block = torch.ones(1, 1, 1, dtype=torch.float64)
+    # (key, query) edges: query 0 <- keys 0, 1; query 1 <- key 2; query 2
+    # none; query 3 <- key 3.
+    edges = torch.tensor([[0, 1, 2, 3], [0, 0, 1, 3]])
+    graph = SampledGraph.from_edge_index(edges, 4, 4, ptr_q=[0, 3, 4],
+                                         ptr_k=[0, 3, 4])
+    alpha = torch.tensor([0.75, 0.25, 1.0, 1.0], dtype=torch.float64)
+    return alpha, q, block, k, graph
+
+
+def test_exact_value_on_a_tiny_graph():
+    alpha, q, block, k, graph = tiny()
+    got = attention_distillation(alpha, q, block, k, graph)
+    # Row 0: p = (0.5, 0.25) on its edges, 1.0 over its sequence's keys;
+    # row 1: p = 0.125 of 0.5; row 3: p = 0.4 of 0.4; row 2 has no edge.
+    rows = [math.log(1.0) - (0.75 * math.log(0.5) + 0.25 * math.log(0.25)),
+            math.log(0.5) - math.log(0.125),
+            math.log(0.4) - math.log(0.4)]
+    assert got.shape == (1,)
+    assert got.item() == pytest.approx(sum(rows) / 3, rel=1e-12)
+
+
+def test_exact_value_with_smoothing():
+    alpha, q, block, k, graph = tiny()
+    got = attention_distillation(alpha, q, block, k, graph, smoothing=0.1)
+    # Each target is 0.9 x the SBM's share of its row + 0.1 / (keys of the
+    # sequence): row 0 has shares 0.5, 0.25 of 3 keys, row 1 0.25 of 3,
+    # row 3 all of its one key.
+    third = 0.1 / 3
+    rows = [-(0.75 * math.log(0.45 + third) + 0.25 * math.log(0.225 + third)),
+            -math.log(0.225 + third),
+            -math.log(0.9 + 0.1)]
+    assert got.item() == pytest.approx(sum(rows) / 3, rel=1e-12)
+    # The SBM's scale does not matter.
+    scaled = attention_distillation(alpha, q, block * 0.01, k, graph,
+                                    smoothing=0.1)
+    assert scaled.item() == pytest.approx(got.item(), rel=1e-12)
+
+
+def test_smallest_where_the_sbm_follows_the_attention():
+    # Query 0 of the tiny graph with every key: where the SBM's row is the
+    # weights, the loss is their entropy (KL 0); any other SBM row gives
+    # more (Gibbs' inequality).
+    alpha, q, block, k, graph = tiny()
+    q, k = q[:3], k[:3]
+    one = SampledGraph.from_edge_index(torch.tensor([[0, 1, 2], [0, 0, 0]]),
+                                       3, 3)
+    w = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)  # = k / sum(k)
+    at_w = attention_distillation(w, q, block, k, one)
+    assert at_w.item() == pytest.approx(-(w * w.log()).sum().item(), rel=1e-12)
+    for other in ([0.9, 0.05, 0.05], [0.2, 0.4, 0.4], [1 / 3] * 3):
+        keys = torch.tensor(other, dtype=torch.float64).view(3, 1, 1)
+        assert attention_distillation(w, q, block, keys, one).item() > at_w.item()
+
+
+def test_per_head_and_the_weights_are_not_differentiated():
+    g = seeded(0)
+    N, H, k = 7, 3, 4
+    memb = torch.rand(N, H, k, generator=g, dtype=torch.float64)
+    block = torch.softmax(torch.randn(H, k * k, generator=g,
+                                      dtype=torch.float64), -1).view(H, k, k)
+    res = sbm_attention(*(torch.randn(N, H, 2, generator=g,
+                                      dtype=torch.float64) for _ in "qkv"),
+                        memb, block, memb, return_attention_weights=True,
+                        generator=g)
+    alpha = res.alpha.clone().requires_grad_()
+    loss = attention_distillation(alpha, memb, block, memb, res.graph)
+    assert loss.shape == (H,)
+    assert not loss.requires_grad  # memberships without grad, alpha detached
+    # Each head's loss is that head's graph alone.
+    for h in range(H):
+        keys = res.graph.edge_index  # (key, query) of every head
+        own = res.graph.head == h
+        sub = SampledGraph.from_edge_index(keys[:, own], N, N)
+        one = attention_distillation(res.alpha[own], memb[:, h:h + 1],
+                                     block[h:h + 1], memb[:, h:h + 1], sub)
+        torch.testing.assert_close(loss[h:h + 1], one)
+
+
+def test_gradient_check():
+    g = seeded(1)
+    N, H, k = 6, 2, 3
+    ptr = torch.tensor([0, 2, 6])
+    q = torch.rand(N, H, k, generator=g, dtype=torch.float64)
+    kk = torch.rand(N, H, k, generator=g, dtype=torch.float64)
+    block = torch.softmax(torch.randn(H, k * k, generator=g,
+                                      dtype=torch.float64), -1).view(H, k, k)
+    res = sbm_attention(*(torch.randn(N, H, 2, generator=g,
+                                      dtype=torch.float64) for _ in "qkv"),
+                        q, block * 2, kk, ptr_q=ptr, ptr_k=ptr,
+                        return_attention_weights=True, generator=g)
+    assert res.graph.num_edges > 4
+    leaves = [t.clone().requires_grad_() for t in (q, block, kk)]
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: attention_distillation(res.alpha, a, b, c, res.graph,
+                                               smoothing=0.05),
+        leaves)
+
+
+def test_bad_input_is_named():
+    alpha, q, block, k, graph = tiny()
+    with pytest.raises(ValueError, match="alpha"):
+        attention_distillation(alpha[:2], q, block, k, graph)
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="smoothing"):
+            attention_distillation(alpha, q, block, k, graph, smoothing=bad)
+    with pytest.raises(ValueError, match="distill"):
+        SBMConv(4, 2, distill=-0.1)
+
+
+def _layer_call(backend, distill, seed=3, sbm_init="paper"):
+    torch.manual_seed(0)
+    conv = SBMConv(8, 4, heads=2, num_clusters=3, distill=distill,
+                   sbm_init=sbm_init, attention_backend=backend)
+    x = torch.randn(19, 8, generator=seeded(2))
+    batch = torch.tensor([0] * 7 + [1] * 12)
+    out = conv(x, batch, generator=seeded(seed))
+    loss = out.square().sum() + distillation_loss(conv)
+    grads = torch.autograd.grad(loss, list(conv.sbm.parameters()))
+    return out, conv.distillation, grads
+
+
+@pytest.mark.parametrize("backend", [
+    "cpp", "message_passing",
+    pytest.param("triton", marks=needs_triton)])
+def test_every_kernel_gives_the_same_loss_and_gradient(backend):
+    if backend == "cpp" and not backend_info.backends()["attention"] == "cpp" \
+            and torch.get_default_device().type == "cpu":
+        pytest.skip("no compiled extension")
+    if backend == "cpp" and torch.get_default_device().type != "cpu":
+        backend = "auto"
+    ref = _layer_call("torch", 0.5)
+    got = _layer_call(backend, 0.5)
+    torch.testing.assert_close(got[0], ref[0])
+    torch.testing.assert_close(got[1], ref[1])
+    for a, b in zip(got[2], ref[2]):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_dense_regime_distils_too():
+    # attend_all samples every pair in either regime, so the dense kernel's
+    # graph (read off its mask, its weights from the sparse kernel) and the
+    # sampler's agree.
+    if not backend_info.dense_runs(torch.get_default_device()):
+        pytest.skip("no dense-regime kernel on this device")
+    torch.manual_seed(0)
+    x = torch.randn(9, 8, generator=seeded(4))
+    res = {}
+    for backend in ("dense", "torch"):
+        torch.manual_seed(0)
+        conv = SBMConv(8, 4, heads=2, num_clusters=3, distill=1.0,
+                       attention_backend=backend)
+        conv.attend_all = True
+        conv(x, generator=seeded(5))
+        assert conv.sampled_density.tolist() == [1.0, 1.0]
+        grads = torch.autograd.grad(distillation_loss(conv),
+                                    list(conv.sbm.parameters()))
+        res[backend] = (conv.distillation, grads, conv.last_backends)
+    assert res["dense"][2]["sampler"] == "dense"
+    # Not the uniform row's value: the weights and the SBM matter.
+    assert (res["torch"][0] - math.log(9)).abs().min() > 1e-3
+    assert all(bool((g != 0).any()) for g in res["torch"][1][-1:])
+    torch.testing.assert_close(res["dense"][0], res["torch"][0])
+    for a, b in zip(res["dense"][1], res["torch"][1]):
+        torch.testing.assert_close(a, b)
+
+
+def test_distill_leaves_the_forward_as_it_is():
+    # The same draws with and without distillation: the loss is an extra,
+    # computed from the weights the kernel returns.
+    for backend in ("auto", "torch"):
+        a = _layer_call(backend, 0.0)
+        b = _layer_call(backend, 0.5)
+        torch.testing.assert_close(a[0], b[0])
+        assert a[1] is None and b[1] is not None
+
+
+def test_computed_in_training_only_and_summed_over_layers():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        SBMMultiheadAttention(8, heads=2, head_channels=4, num_clusters=3,
+                              distill=0.5),
+        SBMMultiheadAttention(8, heads=2, head_channels=4, num_clusters=3,
+                              distill=2.0),
+        SBMMultiheadAttention(8, heads=2, head_channels=4, num_clusters=3))
+    x = torch.randn(2, 5, 8, generator=seeded(0))
+    model(x)
+    first, second = (m.distillation for m in model[:2])
+    assert model[2].distillation is None
+    torch.testing.assert_close(distillation_loss(model),
+                               0.5 * first.mean() + 2.0 * second.mean())
+    model.eval()
+    model(x)
+    assert all(m.distillation is None for m in model)
+    assert distillation_loss(model).item() == 0.0
+    assert "distill=0.5" in repr(model[0].conv)
+    # It teaches the SBMs only: the queries and keys are its target.
+    model.train()
+    model(x)
+    conv = model[0].conv
+    grads = torch.autograd.grad(
+        distillation_loss(model), [conv.lin_query.weight, conv.lin_key.weight,
+                                   conv.sbm.clusters], allow_unused=True)
+    assert grads[0] is None and grads[1] is None
+    assert bool((grads[2] != 0).any())
+
+
+def test_the_model_reports_it_per_layer_and_head():
+    torch.manual_seed(0)
+    model = SBMTransformer(10, 8, channels=8, num_layers=2, heads=2,
+                           num_clusters=3, distill=0.25)
+    out = model(torch.randint(1, 10, (3, 8), generator=seeded(1)))
+    assert out.distillation.shape == (2, 2)
+    torch.testing.assert_close(out.distill_loss,
+                               0.25 * out.distillation.mean(1).sum())
+    plain = SBMTransformer(10, 8, channels=8, num_clusters=3)
+    result = plain(torch.randint(1, 10, (3, 8), generator=seeded(1)))
+    assert result.distillation is None and result.distill_loss.item() == 0.0
+
+
+def test_attend_all_samples_every_pair_and_passes_no_estimator_gradient():
+    torch.manual_seed(0)
+    conv = SBMConv(8, 4, heads=2, num_clusters=3, distill=0.5)
+    conv.attend_all = True
+    x = torch.randn(10, 8, generator=seeded(2))
+    batch = torch.tensor([0] * 4 + [1] * 6)
+    out = conv(x, batch, generator=seeded(3))
+    assert conv.sampled_density.tolist() == [1.0, 1.0]
+    sbm = list(conv.sbm.parameters())
+    # The task's loss reaches the SBM only through the estimator: none here.
+    task = torch.autograd.grad(out.square().sum(), sbm, allow_unused=True)
+    assert all(g is None or bool((g == 0).all()) for g in task)
+    # The distillation and the density still teach it, and neither pulls
+    # at the queries and keys.
+    out = conv(x, batch, generator=seeded(3))
+    side = distillation_loss(conv) + conv.expected_density.sum()
+    taught = torch.autograd.grad(side, sbm, retain_graph=True)
+    assert any(bool((g != 0).any()) for g in taught)
+    pulled = torch.autograd.grad(side, [conv.lin_query.weight,
+                                        conv.lin_key.weight], allow_unused=True)
+    assert pulled == (None, None)
+    # Without attend_all, the estimator's gradient is back.
+    conv.attend_all = False
+    out = conv(x, batch, generator=seeded(3))
+    back = torch.autograd.grad(out.square().sum(), sbm, allow_unused=True)
+    assert any(g is not None and bool((g != 0).any()) for g in back)
