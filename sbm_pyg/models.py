@@ -19,13 +19,15 @@ from sbm_pyg.nn import (
     SBMMultiheadAttention,
 )
 from sbm_pyg.nn.baselines import FullAttention, LinearAttention
+from sbm_pyg.nn.bigbird import BigBirdAttention
+from sbm_pyg.nn.distillation import distillation_loss
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["SBMTransformer", "TransformerOutput", "FullAttention",
+__all__ = ["SBMTransformer", "TransformerOutput", "ShortConv", "FullAttention",
            "LinearAttention", "ATTENTIONS", "GPSNodeClassifier",
            "GPS_ATTENTIONS"]
 
-ATTENTIONS = ("sbm", "full", "linear", "performer")
+ATTENTIONS = ("sbm", "full", "linear", "performer", "bigbird")
 
 
 @dataclass
@@ -43,6 +45,13 @@ class TransformerOutput:
         density_loss (Tensor): the paper's regularizer :math:`L_s`, the mean
             expected density over layers and heads (0 for other attentions);
             train with ``task_loss + lam * density_loss``.
+        distillation (Tensor, optional): :math:`(L, H)`, the attention
+            distillation per layer and head (``sbm`` with :obj:`distill >
+            0`, in training; :func:`~sbm_pyg.nn.attention_distillation`).
+        distill_loss (Tensor): its mean over heads times :math:`\beta`,
+            summed over layers (:func:`~sbm_pyg.nn.distillation_loss`; 0
+            without it);
+            train with ``task_loss + distill_loss``.
     """
 
     token_logits: Optional[Tensor]
@@ -50,13 +59,40 @@ class TransformerOutput:
     sampled_density: Optional[Tensor]
     expected_density: Optional[Tensor]
     density_loss: Tensor
+    distillation: Optional[Tensor] = None
+    distill_loss: Optional[Tensor] = None
+
+
+class ShortConv(Module):
+    r"""A causal depthwise convolution over neighbouring tokens, as Zoology's
+    models put before attention: token :math:`t` sees tokens :math:`t -
+    s + 1, \dots, t`, so that attention need not learn to shift a key onto
+    the value after it.
+
+    Shapes: x :math:`(B, N, C)`, mask :math:`(B, N)` → :math:`(B, N, C)`
+    (padded tokens contribute nothing).
+    """
+
+    def __init__(self, channels: int, size: int):
+        super().__init__()
+        self.size = size
+        self.conv = torch.nn.Conv1d(channels, channels, size, groups=channels,
+                                    padding=size - 1)
+
+    def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+        if mask is not None:
+            x = x * mask[..., None].to(x.dtype)
+        return self.conv(x.transpose(1, 2))[..., :x.size(1)].transpose(1, 2)
 
 
 class _Block(Module):
-    # Pre-norm: x + drop(attn(LN(x))); x + drop(MLP(LN(x))).
+    # Pre-norm: x + drop(attn(LN(x))); x + drop(MLP(LN(x))); with a short
+    # convolution, x + conv(LN(x)) first.
     def __init__(self, attention: Module, channels: int, mlp_channels: int,
-                 dropout: float):
+                 dropout: float, short_conv: int = 0):
         super().__init__()
+        self.short_conv = ShortConv(channels, short_conv) if short_conv else None
+        self.norm0 = LayerNorm(channels) if short_conv else None
         self.attention = attention
         self.norm1, self.norm2 = LayerNorm(channels), LayerNorm(channels)
         self.mlp = torch.nn.Sequential(Linear(channels, mlp_channels), torch.nn.GELU(),
@@ -65,8 +101,11 @@ class _Block(Module):
 
     def forward(self, x: Tensor, mask: Optional[Tensor],
                 generator: Optional[torch.Generator]) -> Tensor:
+        if self.short_conv is not None:
+            assert self.norm0 is not None
+            x = x + self.short_conv(self.norm0(x), mask)
         h = self.norm1(x)
-        if isinstance(self.attention, SBMMultiheadAttention):
+        if isinstance(self.attention, (SBMMultiheadAttention, BigBirdAttention)):
             h = self.attention(h, mask, generator=generator)
         else:
             h = self.attention(h, mask)
@@ -96,16 +135,23 @@ class SBMTransformer(Module):
             :obj:`2 * channels`).
         attention (str): ``"sbm"`` (:class:`SBMMultiheadAttention` on ragged
             batches), ``"full"`` (:class:`FullAttention`), ``"linear"``
-            (:class:`LinearAttention`) or ``"performer"`` (PyG's
-            :class:`PerformerAttention`).
+            (:class:`LinearAttention`), ``"performer"`` (PyG's
+            :class:`PerformerAttention`) or ``"bigbird"``
+            (:class:`~sbm_pyg.nn.BigBirdAttention` at
+            :obj:`bigbird_density`).
         num_clusters (int): SBM clusters per head. (default: :obj:`128`)
         token_classes (int): outputs of the token head. (default: :obj:`1`)
         seq_classes (int): outputs of the sequence head. (default: :obj:`10`)
         dropout (float): dropout after attention and MLP. (default: :obj:`0.`)
-        attn_dropout (float): dropout on attention weights (sbm, full).
+        attn_dropout (float): dropout on attention weights (sbm, full,
+            bigbird).
+        short_conv (int): size of a causal depthwise convolution before
+            each attention (:class:`ShortConv`; 0: none). (default: :obj:`0`)
+        bigbird_density (float): the pairs BigBird attends.
+            (default: :obj:`0.05`)
         **sbm_kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
-            :obj:`max_edges`, :obj:`ste`, :obj:`sbm_init` of
-            :class:`~sbm_pyg.nn.SBMConv`.
+            :obj:`max_edges`, :obj:`ste`, :obj:`distill`, :obj:`sbm_init`
+            of :class:`~sbm_pyg.nn.SBMConv`.
 
     Shapes:
         - **input:** tokens :math:`(B, N)` (long), mask :math:`(B, N)` (bool,
@@ -128,7 +174,8 @@ class SBMTransformer(Module):
                  mlp_channels: Optional[int] = None, attention: str = "sbm",
                  num_clusters: int = 128, token_classes: int = 1,
                  seq_classes: int = 10, dropout: float = 0.0,
-                 attn_dropout: float = 0.0, **sbm_kwargs):
+                 attn_dropout: float = 0.0, short_conv: int = 0,
+                 bigbird_density: float = 0.05, **sbm_kwargs):
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got "
@@ -138,14 +185,17 @@ class SBMTransformer(Module):
                             ("heads", heads)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(short_conv, int) or short_conv < 0:
+            raise ValueError(f"short_conv must be an int >= 0, got {short_conv!r}")
         head_channels = head_channels or max(channels // heads, 1)
         self.attention_kind, self.max_len = attention, max_len
         self.token_embedding = torch.nn.Embedding(num_tokens, channels)
         self.position_embedding = torch.nn.Embedding(max_len, channels)
         self.blocks = ModuleList(
             _Block(self._attention(attention, channels, heads, head_channels,
-                                   num_clusters, attn_dropout, sbm_kwargs),
-                   channels, mlp_channels or 2 * channels, dropout)
+                                   num_clusters, attn_dropout, sbm_kwargs,
+                                   bigbird_density),
+                   channels, mlp_channels or 2 * channels, dropout, short_conv)
             for _ in range(num_layers))
         self.norm = LayerNorm(channels)
         self.token_head = Linear(channels, token_classes)
@@ -170,7 +220,8 @@ class SBMTransformer(Module):
 
     @staticmethod
     def _attention(kind: str, channels: int, heads: int, head_channels: int,
-                   num_clusters: int, attn_dropout: float, sbm_kwargs) -> Module:
+                   num_clusters: int, attn_dropout: float, sbm_kwargs,
+                   bigbird_density: float) -> Module:
         if kind == "sbm":
             return SBMMultiheadAttention(channels, heads, head_channels,
                                          num_clusters, dropout=attn_dropout,
@@ -181,6 +232,9 @@ class SBMTransformer(Module):
             return FullAttention(channels, heads, head_channels, attn_dropout)
         if kind == "linear":
             return LinearAttention(channels, heads, head_channels)
+        if kind == "bigbird":
+            return BigBirdAttention(channels, heads, head_channels,
+                                    bigbird_density, attn_dropout)
         # PyG draws the projection buffer on the CPU: moved to torch's
         # default device, where every other parameter is created.
         return PerformerAttention(channels, heads, head_channels).to(
@@ -232,14 +286,20 @@ class SBMTransformer(Module):
                 weights = mask.to(x.dtype)[..., None]
                 seq_logits = self.seq_head((x * weights).sum(1)
                                            / weights.sum(1).clamp(min=1))
-        sampled = expected = None
-        density_loss = x.new_zeros(())
+        sampled = expected = distillation = None
+        density_loss = distill_loss = x.new_zeros(())
+        if self.attention_kind == "bigbird":
+            sampled = torch.stack([b.attention.sampled_density for b in self.blocks])
         if self.attention_kind == "sbm":
             sampled = torch.stack([b.attention.sampled_density for b in self.blocks])
             expected = torch.stack([b.attention.expected_density for b in self.blocks])
             density_loss = expected.mean()
+            distilled = [b.attention.distillation for b in self.blocks]
+            if all(d is not None for d in distilled):
+                distillation = torch.stack(distilled)  # type: ignore[arg-type]
+                distill_loss = distillation_loss(self)
         return TransformerOutput(token_logits, seq_logits, sampled, expected,
-                                 density_loss)
+                                 density_loss, distillation, distill_loss)
 
 
 GPS_ATTENTIONS = ("none", "multihead", "performer", "sbm")

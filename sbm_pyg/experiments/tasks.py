@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["repeat_batch", "repeat_accuracy_bound", "OPERATORS", "VOCAB",
-           "generate_expression", "evaluate_expression", "tokenize", "ListOps",
-           "RepeatTask", "ListOpsTask", "make_task"]
+__all__ = ["repeat_batch", "repeat_accuracy_bound", "mqar_batch",
+           "OPERATORS", "VOCAB", "generate_expression", "evaluate_expression",
+           "tokenize", "ListOps", "RepeatTask", "ListOpsTask", "MQARTask",
+           "make_task"]
 
 
 def repeat_batch(batch: int, length: int,
@@ -79,6 +80,78 @@ def repeat_accuracy_bound(length: int, edge_prob: float) -> float:
     pm = log_pm.exp()
     missed = pm[1:] * (1 - edge_prob) ** m[1:]
     return float(pm[1:].sum() - missed.sum() + torch.maximum(pm[0], missed.sum()))
+
+
+#: Zoology's exponent of the power law that places the queries (a < 1:
+#: most queries close to the key-value pairs, some far).
+MQAR_POWER = 0.01
+
+
+def mqar_batch(batch: int, length: int, num_pairs: int, vocab_size: int,
+               generator: Optional[torch.Generator] = None
+               ) -> Tuple[Tensor, Tensor]:
+    r"""One batch of multi-query associative recall (MQAR), by the recipe of
+    Zoology (Arora et al., 2023, "Zoology: Measuring and Improving Recall in
+    Efficient Language Models"): :obj:`num_pairs` key-value pairs
+    :math:`k_1 v_1 k_2 v_2 \dots` open the sequence (keys distinct, from
+    :math:`\{1, \dots, V/2 - 1\}`; values distinct, from :math:`\{V/2,
+    \dots, V - 1\}`); each key is asked once in the rest of the sequence,
+    at an even offset :math:`2g` after the pairs, the gaps :math:`g` drawn
+    without replacement with probability :math:`\propto (g + 1)^{a - 1}`,
+    :math:`a = 0.01`; every other position holds a uniform random token.
+    The target of a query is its key's value; nothing else is asked.
+
+    Returns:
+        tokens :math:`(B, N)` long in :math:`[0, V)`, targets :math:`(B, N)`
+        long: the value at each query, :obj:`-100` elsewhere.
+
+    Example:
+        >>> tokens, targets = mqar_batch(2, 16, 4, 32, torch.Generator().manual_seed(0))
+        >>> tokens.shape, int((targets != -100).sum())  # 4 queries a sequence
+        (torch.Size([2, 16]), 8)
+    """
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch must be a positive int, got {batch!r}")
+    check_mqar(length, num_pairs, vocab_size)
+    device = None if generator is None else generator.device
+
+    def distinct(low: int, high: int) -> Tensor:
+        # num_pairs distinct integers in [low, high) per sequence.
+        scores = torch.rand(batch, high - low, generator=generator, device=device)
+        return scores.topk(num_pairs, dim=1).indices + low
+
+    half = vocab_size // 2
+    keys, values = distinct(1, half), distinct(half, vocab_size)
+    tokens = torch.randint(0, vocab_size, (batch, length), generator=generator,
+                           device=device)
+    context = 2 * num_pairs
+    tokens[:, 0:context:2], tokens[:, 1:context:2] = keys, values
+    space = (length - context) // 2
+    weights = torch.arange(1, space + 1, dtype=torch.float64,
+                           device=device) ** (MQAR_POWER - 1)
+    gaps = torch.multinomial(weights.expand(batch, space), num_pairs,
+                             replacement=False, generator=generator)
+    where = context + 2 * gaps
+    tokens.scatter_(1, where, keys)
+    targets = torch.full_like(tokens, -100).scatter_(1, where, values)
+    return tokens, targets
+
+
+def check_mqar(length: int, num_pairs: int, vocab_size: int) -> None:
+    r"""Raises :class:`ValueError` naming the first MQAR size that
+    :func:`mqar_batch` cannot build."""
+    for name, value in (("length", length), ("num_pairs", num_pairs),
+                        ("vocab_size", vocab_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if 4 * num_pairs > length:
+        raise ValueError(f"length must be at least 4 * num_pairs = "
+                         f"{4 * num_pairs} (the pairs, then room for a query "
+                         f"every other position), got {length}")
+    if num_pairs > vocab_size // 2 - 1:
+        raise ValueError(f"vocab_size must give num_pairs distinct keys in "
+                         f"[1, vocab_size // 2): need vocab_size >= "
+                         f"{2 * num_pairs + 2}, got {vocab_size}")
 
 
 # ListOps (Nangia & Bowman, 2018) with the Long Range Arena's generator rules.
@@ -199,11 +272,21 @@ class ListOps:
 Batch = Tuple[Tensor, Tensor, Tensor]  # tokens [B, N], mask [B, N], labels
 
 
-class RepeatTask:
+class _FreshBatches:
+    # A task whose batches are generated afresh for every split.
+    output = "token"
+
+    def batch(self, split: str = "train") -> Batch:
+        raise NotImplementedError
+
+    def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
+        """:obj:`count` fresh batches."""
+        return (self.batch(split) for _ in range(count))
+
+
+class RepeatTask(_FreshBatches):
     r"""Finding repeated tokens as a training task: fresh batches of
     :func:`repeat_batch`, a binary label per token."""
-
-    output = "token"
 
     def __init__(self, seq_len: int, batch_size: int,
                  generator: torch.Generator):
@@ -214,10 +297,6 @@ class RepeatTask:
         real) and a label per token."""
         tokens, labels = repeat_batch(self.batch_size, self.seq_len, self.generator)
         return tokens, torch.ones_like(tokens, dtype=torch.bool), labels
-
-    def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
-        """:obj:`count` fresh batches."""
-        return (self.batch(split) for _ in range(count))
 
     @staticmethod
     def loss_and_correct(out, mask: Tensor, labels: Tensor
@@ -274,11 +353,45 @@ class ListOpsTask:
         return loss, (out.seq_logits.argmax(-1) == target).sum(), target.numel()
 
 
-def make_task(args, generator: torch.Generator) -> Union[RepeatTask, ListOpsTask]:
+class MQARTask(_FreshBatches):
+    r"""Multi-query associative recall as a training task: fresh batches of
+    :func:`mqar_batch`, a value to recall at each query position; the
+    accuracy is over the query positions."""
+
+    def __init__(self, seq_len: int, num_pairs: int, vocab_size: int,
+                 batch_size: int, generator: torch.Generator):
+        self.seq_len, self.num_pairs, self.vocab_size = seq_len, num_pairs, vocab_size
+        self.batch_size, self.generator = batch_size, generator
+
+    def batch(self, split: str = "train") -> Batch:
+        """A fresh batch (every split is drawn alike): tokens, mask (all
+        real) and a target per token (:obj:`-100` where nothing is asked)."""
+        tokens, targets = mqar_batch(self.batch_size, self.seq_len,
+                                     self.num_pairs, self.vocab_size,
+                                     self.generator)
+        return tokens, torch.ones_like(tokens, dtype=torch.bool), targets
+
+    @staticmethod
+    def loss_and_correct(out, mask: Tensor, labels: Tensor
+                         ) -> Tuple[Tensor, Tensor, int]:
+        """Cross-entropy over the query positions, the number recalled and
+        the number of queries."""
+        logits = out.token_logits
+        target = labels.to(logits.device)
+        asked = target != -100
+        loss = F.cross_entropy(logits[asked], target[asked])
+        return loss, (logits[asked].argmax(-1) == target[asked]).sum(), int(asked.sum())
+
+
+def make_task(args, generator: torch.Generator
+              ) -> Union[RepeatTask, ListOpsTask, MQARTask]:
     r"""The task of a training run's arguments (:obj:`task`,
-    :obj:`seq_len`, :obj:`batch_size` and the ListOps options)."""
+    :obj:`seq_len`, :obj:`batch_size`, the ListOps and MQAR options)."""
     if args.task == "repeat":
         return RepeatTask(args.seq_len, args.batch_size, generator)
+    if args.task == "mqar":
+        return MQARTask(args.seq_len, args.num_pairs, args.vocab_size,
+                        args.batch_size, generator)
     data = ListOps(args.data_dir, sizes=tuple(args.listops_sizes),
                    min_length=args.listops_min_length, max_length=args.seq_len,
                    seed=args.seed)

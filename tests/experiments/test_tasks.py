@@ -5,16 +5,18 @@ import pytest
 import torch
 
 from sbm_pyg.experiments.tasks import (
+    MQAR_POWER,
     OPERATORS,
     VOCAB,
     ListOps,
     evaluate_expression,
     generate_expression,
+    mqar_batch,
     repeat_accuracy_bound,
     repeat_batch,
     tokenize,
 )
-from tests.helpers import seeded
+from tests.helpers import seeded, z_bound
 
 
 def reference_eval(text: str) -> int:
@@ -171,3 +173,61 @@ def test_repeat_accuracy_bound_values_and_errors():
         repeat_accuracy_bound(1, 0.5)
     with pytest.raises(ValueError, match="edge_prob"):
         repeat_accuracy_bound(8, 1.5)
+
+
+def test_mqar_batch_follows_the_recipe():
+    B, N, P, V = 64, 64, 8, 100
+    tokens, targets = mqar_batch(B, N, P, V, seeded(0))
+    assert tokens.shape == targets.shape == (B, N)
+    assert tokens.dtype == targets.dtype == torch.long
+    assert int(tokens.min()) >= 0 and int(tokens.max()) < V
+    keys, values = tokens[:, 0:2 * P:2], tokens[:, 1:2 * P:2]
+    assert bool(((keys >= 1) & (keys < V // 2)).all())
+    assert bool(((values >= V // 2) & (values < V)).all())
+    for row in range(B):
+        assert len(set(keys[row].tolist())) == P  # distinct keys and values
+        assert len(set(values[row].tolist())) == P
+        asked = (targets[row] != -100).nonzero().flatten()
+        # Each key is asked once, after the pairs, at an even offset, and
+        # its target is its value.
+        assert asked.numel() == P
+        assert bool(((asked >= 2 * P) & ((asked - 2 * P) % 2 == 0)).all())
+        lookup = dict(zip(keys[row].tolist(), values[row].tolist()))
+        asked_keys = tokens[row, asked].tolist()
+        assert sorted(asked_keys) == sorted(lookup)
+        assert targets[row, asked].tolist() == [lookup[k] for k in asked_keys]
+    # The same generator state gives the same batch.
+    again = mqar_batch(B, N, P, V, seeded(0))
+    assert torch.equal(again[0], tokens) and torch.equal(again[1], targets)
+
+
+def test_mqar_queries_follow_the_power_law():
+    # The gaps g (0-based) are drawn with weights (g + 1)^(a - 1) without
+    # replacement: the nearest gap is asked with its exact inclusion
+    # probability in two draws, p_0 + sum_j p_j p_0 / (1 - p_j).
+    B, N, P, V = 4000, 256, 2, 64
+    tokens, targets = mqar_batch(B, N, P, V, seeded(1))
+    asked = (targets != -100)
+    gap0 = asked[:, 2 * P].double()  # the position right after the pairs
+    space = (N - 2 * P) // 2
+    w = torch.arange(1, space + 1, dtype=torch.float64) ** (MQAR_POWER - 1)
+    p_first = float(w[0] / w.sum())
+    pj = w / w.sum()
+    p_incl = p_first + float((pj[1:] * p_first / (1 - pj[1:])).sum())
+    mean = float(gap0.mean())
+    sd = math.sqrt(p_incl * (1 - p_incl) / B)
+    assert abs(mean - p_incl) < z_bound(1) * sd
+    # Far gaps are drawn too (a < 1 has a heavy tail).
+    far = asked[:, N // 2:].any(1).double().mean()
+    assert float(far) > 0.2
+
+
+@pytest.mark.parametrize("args,match", [
+    ((2, 15, 4, 64), "length must be at least 4 \\* num_pairs"),
+    ((2, 64, 4, 8), "vocab_size must give num_pairs distinct keys"),
+    ((0, 64, 4, 64), "batch must be a positive int"),
+    ((2, 64, 0, 64), "num_pairs must be a positive int"),
+])
+def test_mqar_bad_sizes_are_named(args, match):
+    with pytest.raises(ValueError, match=match):
+        mqar_batch(*args)
