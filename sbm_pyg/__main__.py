@@ -34,8 +34,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "train" and args.preset is not None:
         # A preset only changes defaults: parse again so that arguments
         # given on the command line still win.
-        from sbm_pyg.experiments.arguments import PRESETS
-        train_parser.set_defaults(**PRESETS[args.preset])
+        from sbm_pyg.experiments.arguments import preset_defaults
+        train_parser.set_defaults(**preset_defaults(args.preset,
+                                                    args.target_density))
         args = parser.parse_args(argv)
     if args.command == "gps":
         return _gps(parser, gps_parser, GPS_PRESETS, args, argv)

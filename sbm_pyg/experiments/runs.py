@@ -21,18 +21,30 @@ __all__ = ["build_model", "load_run", "save_checkpoint", "load_checkpoint",
 def build_model(args) -> SBMTransformer:
     """The model a run trains, from its arguments (token and sequence heads
     for both tasks; the vocabulary and length follow from the task)."""
+    token_classes = 1
     if args.task == "listops":
         num_tokens, max_len = len(VOCAB), args.seq_len - 1
+    elif args.task == "mqar":
+        num_tokens = token_classes = args.vocab_size
+        max_len = args.seq_len
     else:
         num_tokens, max_len = args.seq_len + 1, args.seq_len
+    extra = {}
+    if getattr(args, "short_conv", 0):
+        extra["short_conv"] = args.short_conv
+    if args.attention == "bigbird":
+        extra["bigbird_density"] = args.bigbird_density
     return SBMTransformer(
         num_tokens, max_len,
         channels=args.channels, num_layers=args.num_layers,
         heads=args.heads, attention=args.attention,
         num_clusters=args.num_clusters,
-        token_classes=1, seq_classes=10, dropout=args.dropout,
+        token_classes=token_classes, seq_classes=10, dropout=args.dropout,
+        **extra,
         **(dict(exploration=args.exploration, mode=args.mode,
-                ste=args.ste, sbm_init=args.sbm_init)
+                ste=args.ste, sbm_init=args.sbm_init,
+                **({"distill": args.distill}
+                   if getattr(args, "distill", 0.0) else {}))
            if args.attention == "sbm" else {}),
     )
 

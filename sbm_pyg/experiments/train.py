@@ -27,13 +27,14 @@ from sbm_pyg.experiments.runs import (
     load_checkpoint,
     save_checkpoint,
 )
-from sbm_pyg.experiments.tasks import ListOpsTask, RepeatTask, make_task
+from sbm_pyg.experiments.tasks import ListOpsTask, MQARTask, RepeatTask, make_task
 from sbm_pyg.models import SBMTransformer
+from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.nn.density import DensityBudget
 
 __all__ = ["train", "train_step", "evaluate_model"]
 
-Task = Union[RepeatTask, ListOpsTask]
+Task = Union[RepeatTask, ListOpsTask, MQARTask]
 
 
 def train(args) -> dict:
@@ -54,7 +55,8 @@ def train(args) -> dict:
         warmup = getattr(args, "budget_warmup", None)
         budget = DensityBudget(model, args.target_density,
                                warmup=args.steps // 10 if warmup is None else warmup,
-                               floor=not getattr(args, "budget_ceiling", False))
+                               floor=not getattr(args, "budget_ceiling", False),
+                               delay=getattr(args, "budget_delay", 0))
     args.out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = args.out / "checkpoint.pt"
     step = 0
@@ -70,6 +72,7 @@ def train(args) -> dict:
     progress = _progress(args, step) if rank == 0 else None
     start_time = time.perf_counter()
     while step < args.steps:
+        _schedule_layers(model, args, step)
         record = train_step(net, model, optimizer, schedule, task, args,
                             device, graph_generator, budget)
         step += 1
@@ -145,11 +148,12 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
               output=task.output)
     loss, correct, count = task.loss_and_correct(out, mask, labels)
     optimizer.zero_grad()
+    total = loss if out.distill_loss is None else loss + out.distill_loss
     if budget is not None:
         applied = budget.lams.reshape(len(budget.lams), -1).mean(1)  # ceiling, floor
-        (loss + budget.penalty()).backward()
+        (total + budget.penalty()).backward()
     else:
-        (loss + args.lam * out.density_loss).backward()
+        (total + args.lam * out.density_loss).backward()
     stats = clip_and_measure(optimizer, args.clip_grad_norm)
     before = parameters_before(optimizer)
     lr = optimizer.param_groups[0]["lr"]
@@ -163,12 +167,22 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
                else torch.ones(()))
     stats.update(loss=loss.detach(), density=density,
                  expected_density=out.density_loss.detach())
-    # One host transfer for every figure of the record.
-    values = torch.stack([v.float().cpu() for v in stats.values()]).tolist()
+    # One host transfer for every figure of the record (the distillation
+    # per layer and head [L, H] after the scalars).
+    distillation = (out.distillation.detach().float().reshape(-1)
+                    if out.distillation is not None else torch.zeros(0))
+    values = torch.cat([torch.stack([v.float().cpu() for v in stats.values()]),
+                        distillation.cpu()]).tolist()
     record = dict(zip(stats, values))
-    return dict(split="train", loss=record.pop("loss"),
-                accuracy=float(correct) / count, density=record.pop("density"),
-                expected_density=record.pop("expected_density"), lr=lr, **record)
+    result = dict(split="train", loss=record.pop("loss"),
+                  accuracy=float(correct) / count, density=record.pop("density"),
+                  expected_density=record.pop("expected_density"), lr=lr)
+    if out.distillation is not None:
+        heads = out.distillation.size(1)
+        flat = values[len(stats):]
+        result["distillation_per_layer_head"] = [
+            flat[i:i + heads] for i in range(0, len(flat), heads)]
+    return dict(result, **record)
 
 
 @torch.no_grad()
@@ -194,6 +208,18 @@ def evaluate_model(model: SBMTransformer, task: Task, device: torch.device,
         result.update(density=float(per_head.mean()),
                       density_per_layer_head=per_head.tolist())
     return result
+
+
+def _schedule_layers(model: SBMTransformer, args, step: int) -> None:
+    # The SBM layers' settings of this step: every pair attended during the
+    # first --dense-steps (a dense warm-up), the distillation from
+    # --distill-start on.
+    beta = getattr(args, "distill", 0.0) if step >= getattr(
+        args, "distill_start", 0) else 0.0
+    dense = step < getattr(args, "dense_steps", 0)
+    for module in model.modules():
+        if isinstance(module, SBMConv):
+            module.distill, module.attend_all = beta, dense
 
 
 def _distributed(device_name: str) -> Tuple[int, int, torch.device]:

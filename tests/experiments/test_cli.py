@@ -147,6 +147,38 @@ def test_baselines_train(tmp_path, attention):
     assert state and all(int(s["step"]) == 2 for s in state.values())
 
 
+@pytest.mark.parametrize("attention", ["sbm", "bigbird", "full"])
+def test_mqar_task(tmp_path, attention):
+    out = tmp_path / attention
+    main(["train", "--task", "mqar", "--out", str(out), "--seq-len", "32",
+          "--num-pairs", "4", "--vocab-size", "40", "--short-conv", "3",
+          "--attention", attention, "--bigbird-density", "0.25",
+          "--channels", "16", "--num-clusters", "8", "--batch-size", "4",
+          "--steps", "2", "--no-progress", "--eval-batches", "2",
+          "--log-every", "1"])
+    final = json.loads((out / "final.json").read_text())
+    # The accuracy is over the 4 queries of each of 2 x 4 sequences.
+    assert final["accuracy"] * 32 == pytest.approx(round(final["accuracy"] * 32))
+    assert final["args"]["task"] == "mqar"
+    state = load_checkpoint(out / "checkpoint.pt")["model"]
+    assert state["token_head.weight"].shape == (40, 16)
+    assert "blocks.0.short_conv.conv.weight" in state
+    if attention == "bigbird":  # its density is measured as the SBM's
+        assert 0 < final["density"] < 0.6
+
+
+def test_distillation_and_dense_warmup_are_logged(tmp_path):
+    out = run(tmp_path, "d", "--steps", "4", "--distill", "0.5",
+              "--distill-start", "2", "--dense-steps", "3")
+    train = [r for r in metrics(out) if r["split"] == "train"]
+    # Every pair while dense; distillation from step 3 (index 2) on.
+    assert [r["density"] for r in train[:3]] == [1.0, 1.0, 1.0]
+    assert ["distillation_per_layer_head" in r for r in train] == [
+        False, False, True, True]
+    assert len(train[2]["distillation_per_layer_head"]) == 1
+    assert train[2]["distillation_per_layer_head"][0][0] > 0
+
+
 def test_listops_task(tmp_path):
     out = tmp_path / "lo"
     main(["train", "--task", "listops", "--out", str(out), "--seq-len", "40",
@@ -195,7 +227,19 @@ def test_listops_task(tmp_path):
     (["train", "--task", "repeat", "--out", "x", "--target-density", "0.1",
       "--budget-warmup", "-1"], "--budget-warmup must be >= 0"),
     (["train", "--task", "repeat", "--out", "x", "--budget-ceiling"],
-     "--budget-warmup and --budget-ceiling need --target-density"),
+     "--budget-warmup, --budget-delay and --budget-ceiling need --target-density"),
+    (["train", "--task", "repeat", "--out", "x", "--distill", "-1"],
+     "--distill must be >= 0 and needs --attention sbm"),
+    (["train", "--task", "repeat", "--out", "x", "--distill", "1",
+      "--attention", "full"], "--distill must be >= 0 and needs --attention sbm"),
+    (["train", "--task", "repeat", "--out", "x", "--dense-steps", "-1"],
+     "--distill-start and --dense-steps must be >= 0"),
+    (["train", "--task", "mqar", "--out", "x", "--seq-len", "16",
+      "--num-pairs", "8"], "length must be at least 4 * num_pairs"),
+    (["train", "--task", "mqar", "--out", "x", "--vocab-size", "10"],
+     "vocab_size must give num_pairs distinct keys"),
+    (["train", "--task", "repeat", "--out", "x", "--bigbird-density", "0"],
+     "--bigbird-density must lie in (0, 1]"),
 ])
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
