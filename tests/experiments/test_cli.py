@@ -495,3 +495,21 @@ def test_budget_warmup_defaults_to_a_tenth_of_the_steps(tmp_path):
                   "--budget-ceiling")
     assert load_checkpoint(ceiling / "checkpoint.pt")["budget"]["floor"] is False
     assert all("lam_floor" not in r for r in metrics(ceiling))
+
+
+def test_a_budget_adds_the_presets_budget_defaults(tmp_path):
+    from sbm_pyg.experiments.arguments import BUDGET_PRESETS, train_arguments
+    extra = BUDGET_PRESETS["repeat-paper"]
+    budgeted = train_arguments("repeat-paper", target_density=0.05, out=tmp_path / "a")
+    plain = train_arguments("repeat-paper", out=tmp_path / "b")
+    for key, value in extra.items():
+        assert getattr(budgeted, key) == value
+    assert plain.distill == 0.0 and plain.dense_steps == 0 and plain.sbm_lr is None
+    # On the command line too, where an explicit value still wins.
+    out = tmp_path / "c"
+    main(["train", "--preset", "repeat-paper", "--target-density", "0.05",
+          "--seq-len", "8", "--steps", "2", "--batch-size", "4",
+          "--num-clusters", "8", "--distill", "0", "--no-progress",
+          "--out", str(out)])
+    saved = json.loads((out / "final.json").read_text())["args"]
+    assert saved["distill"] == 0.0 and saved["dense_steps"] == extra["dense_steps"]

@@ -187,9 +187,8 @@ def test_the_dense_regime_distils_too():
                                     list(conv.sbm.parameters()))
         res[backend] = (conv.distillation, grads, conv.last_backends)
     assert res["dense"][2]["sampler"] == "dense"
-    # Not the uniform row's value: the weights and the SBM matter.
-    assert (res["torch"][0] - math.log(9)).abs().min() > 1e-3
-    assert all(bool((g != 0).any()) for g in res["torch"][1][-1:])
+    # A loss that moves the SBM: its gradient is not zero.
+    assert all(bool((g != 0).any()) for g in res["torch"][1])
     torch.testing.assert_close(res["dense"][0], res["torch"][0])
     for a, b in zip(res["dense"][1], res["torch"][1]):
         torch.testing.assert_close(a, b)
