@@ -12,7 +12,8 @@ import torch
 from sbm_pyg.experiments.optim import OPTIMIZERS, SCHEDULES
 from sbm_pyg.nn.block_model import INITS
 
-__all__ = ["PRESETS", "BUDGET_PRESETS", "preset_defaults", "RESUMABLE", "add_train_arguments", "train_arguments",
+__all__ = ["PRESETS", "BUDGET_PRESETS", "preset_defaults", "RESUMABLE",
+           "add_train_arguments", "train_arguments",
            "check_train_arguments", "validate_train_arguments", "resolve_resume"]
 
 #: Named experiments for ``--preset``: argument defaults that the command line
@@ -64,8 +65,8 @@ PRESETS: Dict[str, dict] = {
 #: SBM learns where it goes, and only then does the budget take the pairs
 #: away (docs/experiments.md, "Sparse and right").
 BUDGET_PRESETS: Dict[str, dict] = {
-    "repeat-paper": dict(distill=1.0, dense_steps=800, budget_delay=800,
-                         budget_warmup=400),
+    "repeat-paper": dict(distill=1.0, dense_steps=800, budget_warmup=400,
+                         sbm_lr=1e-2),
 }
 
 

@@ -290,10 +290,10 @@ class SBMConv(MessagePassing):
             # The SBM alone learns from it: its inputs detached, so that the
             # queries and keys that make the target are not moved toward it.
             assert res.graph is not None and res.alpha is not None
-            sbm = ((q_memb, block, k_memb) if warmup
-                   else self.sbm(query.detach(), key.detach()))
+            qd, bd, kd = ((q_memb, block, k_memb) if warmup
+                          else self.sbm(query.detach(), key.detach()))
             self.distillation = attention_distillation(
-                res.alpha, *sbm, res.graph, smoothing=DISTILL_SMOOTHING)
+                res.alpha, qd, bd, kd, res.graph, smoothing=DISTILL_SMOOTHING)
         self.last_backends = res.backends
         out = res.out.reshape(-1, H * C) if self.concat else res.out.mean(1)
         if self.lin_skip is not None:

@@ -138,10 +138,10 @@ def test_bad_input_is_named():
         SBMConv(4, 2, distill=-0.1)
 
 
-def _layer_call(backend, distill, seed=3, sbm_init="paper"):
+def _layer_call(backend, distill, seed=3, sbm_init="paper", ste="paper"):
     torch.manual_seed(0)
     conv = SBMConv(8, 4, heads=2, num_clusters=3, distill=distill,
-                   sbm_init=sbm_init, attention_backend=backend)
+                   sbm_init=sbm_init, attention_backend=backend, ste=ste)
     x = torch.randn(19, 8, generator=seeded(2))
     batch = torch.tensor([0] * 7 + [1] * 12)
     out = conv(x, batch, generator=seeded(seed))
@@ -150,17 +150,19 @@ def _layer_call(backend, distill, seed=3, sbm_init="paper"):
     return out, conv.distillation, grads
 
 
+@pytest.mark.parametrize("ste", ["paper", "published"])
 @pytest.mark.parametrize("backend", [
     "cpp", "message_passing",
     pytest.param("triton", marks=needs_triton)])
-def test_every_kernel_gives_the_same_loss_and_gradient(backend):
+def test_every_kernel_gives_the_same_loss_and_gradient(backend, ste):
     if backend == "cpp" and not backend_info.backends()["attention"] == "cpp" \
             and torch.get_default_device().type == "cpu":
         pytest.skip("no compiled extension")
     if backend == "cpp" and torch.get_default_device().type != "cpu":
         backend = "auto"
-    ref = _layer_call("torch", 0.5)
-    got = _layer_call(backend, 0.5)
+    # The estimator's gradient and the distillation's add up in the SBM.
+    ref = _layer_call("torch", 0.5, ste=ste)
+    got = _layer_call(backend, 0.5, ste=ste)
     torch.testing.assert_close(got[0], ref[0])
     torch.testing.assert_close(got[1], ref[1])
     for a, b in zip(got[2], ref[2]):
@@ -273,3 +275,18 @@ def test_attend_all_samples_every_pair_and_passes_no_estimator_gradient():
     out = conv(x, batch, generator=seeded(3))
     back = torch.autograd.grad(out.square().sum(), sbm, allow_unused=True)
     assert any(g is not None and bool((g != 0).any()) for g in back)
+
+
+def test_the_layer_distils_its_own_weights_and_graph():
+    torch.manual_seed(0)
+    conv = SBMConv(8, 4, heads=2, num_clusters=3, distill=0.5)
+    x = torch.randn(11, 8, generator=seeded(6))
+    batch = torch.tensor([0] * 5 + [1] * 6)
+    _, (graph, alpha) = conv(x, batch, return_attention_weights=True,
+                             generator=seeded(7))
+    H, C = conv.heads, conv.out_channels
+    query = conv.lin_query(x).view(-1, H, C)
+    key = conv.lin_key(x).view(-1, H, C)
+    expected = attention_distillation(alpha, *conv.sbm(query, key), graph,
+                                      smoothing=DISTILL_SMOOTHING)
+    torch.testing.assert_close(conv.distillation, expected)
