@@ -12,7 +12,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TASKS = {
     "repeat, N = 64": sorted(HERE.glob("repeat64-budget-0.05")) + sorted(
-        HERE.glob("repeat64-distill-*")) + sorted(HERE.glob("repeat64-lam-0")),
+        HERE.glob("repeat64-*distill-*")) + sorted(HERE.glob("repeat64-lam-0")),
     "MQAR, N = 256": sorted(p for p in (HERE / "mqar256").iterdir() if p.is_dir()),
 }
 
