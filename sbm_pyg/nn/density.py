@@ -131,8 +131,6 @@ class DensityBudget:
             one per layer and head :obj:`[L, H]` (layers in module order).
         warmup (int): steps over which the budget comes down to
             :math:`\rho`. (default: :obj:`0`)
-        delay (int): steps before the budget acts; the warm-up then starts
-            from that step's density. (default: :obj:`0`)
         floor (bool): also keep the density from falling below the budget.
             (default: :obj:`True`)
         lam (float): the starting :math:`\lambda_0 > 0`.
@@ -143,6 +141,8 @@ class DensityBudget:
         lam_min (float, optional): smallest :math:`\lambda` (default:
             :obj:`lam`: see above).
         lam_max (float): largest :math:`\lambda`. (default: :obj:`100.0`)
+        delay (int): steps before the budget acts; the warm-up then starts
+            from that step's density. (default: :obj:`0`)
 
     Example:
         >>> from sbm_pyg.nn import SBMMultiheadAttention
@@ -159,10 +159,9 @@ class DensityBudget:
 
     def __init__(self, model: torch.nn.Module, target: Union[float, Tensor],
                  warmup: int = 0, floor: bool = True, lam: float = 1e-3,
-                 delay: int = 0,
                  kp: float = 1.0,
                  ki: float = 0.02, lam_min: Optional[float] = None,
-                 lam_max: float = 100.0):
+                 lam_max: float = 100.0, delay: int = 0):
         self.convs = _sbm_convs(model)
         heads = [conv.heads for conv in self.convs]
         if isinstance(target, Tensor):
