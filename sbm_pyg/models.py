@@ -288,10 +288,9 @@ class SBMTransformer(Module):
                                            / weights.sum(1).clamp(min=1))
         sampled = expected = distillation = None
         density_loss = distill_loss = x.new_zeros(())
-        if self.attention_kind == "bigbird":
+        if self.attention_kind in ("sbm", "bigbird"):
             sampled = torch.stack([b.attention.sampled_density for b in self.blocks])
         if self.attention_kind == "sbm":
-            sampled = torch.stack([b.attention.sampled_density for b in self.blocks])
             expected = torch.stack([b.attention.expected_density for b in self.blocks])
             density_loss = expected.mean()
             distilled = [b.attention.distillation for b in self.blocks]

@@ -29,22 +29,18 @@ def build_model(args) -> SBMTransformer:
         max_len = args.seq_len
     else:
         num_tokens, max_len = args.seq_len + 1, args.seq_len
-    extra = {}
-    if getattr(args, "short_conv", 0):
-        extra["short_conv"] = args.short_conv
-    if args.attention == "bigbird":
-        extra["bigbird_density"] = args.bigbird_density
+    # getattr: runs saved before these options lack them.
     return SBMTransformer(
         num_tokens, max_len,
         channels=args.channels, num_layers=args.num_layers,
         heads=args.heads, attention=args.attention,
         num_clusters=args.num_clusters,
         token_classes=token_classes, seq_classes=10, dropout=args.dropout,
-        **extra,
+        short_conv=getattr(args, "short_conv", 0),
+        bigbird_density=getattr(args, "bigbird_density", 0.05),
         **(dict(exploration=args.exploration, mode=args.mode,
                 ste=args.ste, sbm_init=args.sbm_init,
-                **({"distill": args.distill}
-                   if getattr(args, "distill", 0.0) else {}))
+                distill=getattr(args, "distill", 0.0))
            if args.attention == "sbm" else {}),
     )
 

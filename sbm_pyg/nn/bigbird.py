@@ -11,6 +11,7 @@ from torch import Tensor
 from torch.nn import Linear, Module
 
 from sbm_pyg.nn.functional import sparse_attention
+from sbm_pyg.ops.csr import row_index
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.sampling.checks import check_pointers
 from sbm_pyg.validation import check_generator, require_tensor, sync
@@ -81,8 +82,7 @@ def bigbird_graph(ptr: Tensor, heads: int, window: int, num_global: int,
     ptr, _, checks = check_pointers(ptr, ptr, N, N, device)
     sync(checks)
     lengths = ptr.diff()
-    seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=device),
-                                  lengths, output_size=N)
+    seq = row_index(ptr, N)  # the sequence of each token
     start, n = ptr[:-1][seq], lengths[seq]  # [N] each
     pos = torch.arange(N, device=device) - start
     # Per query: the window, the global keys and the random keys, local.

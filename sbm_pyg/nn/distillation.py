@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from sbm_pyg.nn.functional import _check_memberships, edge_probability
+from sbm_pyg.ops.csr import row_index
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import require_tensor
 
@@ -96,9 +97,7 @@ def attention_distillation(alpha: Tensor, q_memb: Tensor, block: Tensor,
     # Each row's sum over its sequence's keys: Q̂_i Ŝ_h (sum of the K̂_j).
     mass_k = torch.segment_reduce(k_memb, "sum", offsets=ptr_k, axis=0,
                                   unsafe=True)  # [G, H, k]
-    seq = torch.repeat_interleave(
-        torch.arange(ptr_q.numel() - 1, device=q_memb.device), ptr_q.diff(),
-        output_size=Nq)
+    seq = row_index(ptr_q, Nq)  # the sequence of each query
     q_block = torch.einsum("nhu,huv->nhv", q_memb, block)
     total = torch.einsum("nhv,nhv->nh", q_block, mass_k[seq])  # [Nq, H]
     keys = ptr_k.diff()[seq].to(dtype)[:, None].expand(Nq, H)
