@@ -301,8 +301,10 @@ struct KeyTables {
 };
 
 // Draws resolved together: their random reads are prefetched stage by
-// stage.
-constexpr int kBatch = 16;
+// stage. 64 rather than 16: at N_k = 16384 the tables (50 MB for H = 2,
+// k = 128) miss the last-level cache, and the row pass took 23% less time
+// with four times the reads in flight; at 4096 it makes no difference.
+constexpr int kBatch = 64;
 
 template <typename scalar_t>
 KeyTables build_tables(const Problem<scalar_t>& P) {
@@ -360,7 +362,7 @@ KeyTables build_tables(const Problem<scalar_t>& P) {
 struct RowBuffers {
   std::vector<uint64_t> bits;
   std::vector<int32_t> list, keys, extra;
-  std::vector<double> cum;
+  std::vector<double> cum, uniforms;
   std::vector<int32_t> guide;
 };
 
@@ -449,13 +451,25 @@ struct Sampler {
   // key without computing p (a squeeze; c is close to 1 for a sparse row,
   // so most keys never read their memberships).
   void thin(Rng& rng, const scalar_t* w, int64_t h, int64_t ks, double c,
-            std::vector<int32_t>& keys) const {
+            std::vector<int32_t>& keys, std::vector<double>& uniforms) const {
     const size_t n = keys.size();
+    // The row's uniforms first (the stream's order is unchanged), so that
+    // the membership rows of the keys that need p, at random in Z, are
+    // prefetched together instead of missing the cache one at a time.
+    std::vector<double>& us = uniforms;
+    us.resize(n);
+    for (size_t t = 0; t < n; ++t) us[t] = rng.uniform();
+    const size_t row_bytes = (size_t)P.k * sizeof(scalar_t);
+    for (size_t t = 0; t < n; ++t) {
+      if (us[t] * c < 1.0) continue;
+      const char* z = (const char*)P.z_row(ks + keys[t], h);
+      for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(z + b);
+    }
     // Compared by products, without divisions (the GPU kernel's division
     // calls made ptxas save registers on the stack).
     size_t kept = 0;
     for (size_t t = 0; t < n; ++t) {
-      const double u = rng.uniform();
+      const double u = us[t];
       if (u * c >= 1.0) {
         const double p = dot(w, P.z_row(ks + keys[t], h), P.k) + P.delta;
         if (!(p > 0.0 && u * -std::expm1(-c * p) < std::min(p, 1.0)))
@@ -506,7 +520,7 @@ struct Sampler {
           for (uint64_t word = bits[q]; word; word &= word - 1)
             keys.push_back((int32_t)((q << 6) + __builtin_ctzll(word)));
       }
-      if (P.exact) thin(rng, w, h, ks, inflation[r], keys);
+      if (P.exact) thin(rng, w, h, ks, inflation[r], keys, buf.uniforms);
     }
     forced(i, ks, buf.extra);
     if (buf.extra.empty()) {
@@ -610,7 +624,6 @@ sbm_pyg::FourTensors sample_impl(const Problem<scalar_t>& P,
     std::vector<int32_t>().swap(parts[c]);  // free as we go
   }
   parts.clear();
-
   // (head, key, query) order by a counting sort inside each (sequence,
   // head) block: its edges are contiguous in both orders, at the same
   // offsets, so blocks are independent. Two radix passes (coarse key

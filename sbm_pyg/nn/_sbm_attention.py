@@ -163,7 +163,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
                          f"{ATTENTION_BACKENDS}, got {attention_backend!r}")
     device = query.device
     check_options(max_edges, generator, device)
-    seq_q, seq_k, dense = _regimes(
+    seq_q, seq_k, dense, per = _regimes(
         query, q_memb, block, k_memb, ptr_q, ptr_k, key.size(0), exploration,
         dropout, attention_backend, attend is not None)
     need_graph = return_graph or return_attention_weights
@@ -199,8 +199,9 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
         backends = dict(sampler=sampler, attention=attention,
                         dense_pairs=f"{int((dense & busy).sum())}/"
                                     f"{int(busy.sum())}")
-    expected, sampled = mean_densities(seq_q, seq_k, part.edges, q_memb,
-                                       block, k_memb)
+    if per is None:
+        per = expected_densities(seq_q, seq_k, q_memb, block, k_memb)
+    expected, sampled = mean_densities(seq_q, seq_k, part.edges, per)
     return SBMAttention(part.out.to(query.dtype), part.graph, part.alpha,
                         expected, sampled, backends)
 
@@ -209,24 +210,25 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
 def _regimes(query: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
              ptr_q: PtrLike, ptr_k: PtrLike, Nk: int, exploration: float,
              dropout: float, backend: str, custom: bool
-             ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    # The pointers, and which (sequence, head) pairs take the dense regime
-    # ([G, H] bool), or None where the choice is not the expected density's.
+             ) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+    # The pointers, which (sequence, head) pairs take the dense regime
+    # ([G, H] bool), or None where the choice is not the expected density's,
+    # and the expected densities [G, H] where they made the choice (with
+    # their gradient: the layer reports them too).
     Nq, device = query.size(0), query.device
     ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, Nk, device)
     auto = backend == "auto" and not custom and dense_runs(device)
     if not auto:
         if backend == "dense":
             resolve_backend("attention", "dense", device, dropout=dropout)
-        return ptr_q, ptr_k, None
+        return ptr_q, ptr_k, None, None
     # Checked here (one sync): the expected density reads the pointers.
     sync(checks)
-    with torch.no_grad():
-        per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
-        dense = per.double() + exploration >= backend_info.DENSE_CROSSOVER
+    per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
+    dense = per.detach().double() + exploration >= backend_info.DENSE_CROSSOVER
     pairs = ptr_q.diff() * ptr_k.diff()
     # Empty sequences join the other regime: no split for them.
-    return ptr_q, ptr_k, dense | ((pairs == 0)[:, None] & dense.any())
+    return ptr_q, ptr_k, dense | ((pairs == 0)[:, None] & dense.any()), per
 
 
 def _sparse(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,

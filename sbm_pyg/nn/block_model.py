@@ -8,10 +8,11 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
+from sbm_pyg.ops.csr import row_index
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["StochasticBlockModel", "INITS", "expected_densities",
-           "mean_densities"]
+__all__ = ["StochasticBlockModel", "INITS", "cluster_masses",
+           "expected_densities", "mean_densities"]
 
 #: Initializations of :class:`StochasticBlockModel`.
 INITS = ("paper", "dense")
@@ -134,6 +135,20 @@ class StochasticBlockModel(Module):
                 f"channels={self.channels}, num_clusters={self.num_clusters}{init})")
 
 
+def cluster_masses(ptr: Tensor, memb: Tensor) -> Tensor:
+    r"""The cluster masses :math:`\sum_{i \in g} \hat{\mathbf{Q}}_i` of
+    each sequence :obj:`[G, H, k]` from memberships :obj:`[N, H, k]` cut
+    by :obj:`ptr` :obj:`[G + 1]` (0 for an empty sequence);
+    differentiable."""
+    # index_add over the sequence of each row: torch.segment_reduce along
+    # dim 0 of an [N, H, k] tensor costs 20x more forward and backward on
+    # the CPU (N = 4096, k = 128: 7.4 ms against 0.35 ms), a fifth of the
+    # whole layer at 1% density.
+    seq = row_index(ptr, memb.size(0))
+    return memb.new_zeros(ptr.numel() - 1, *memb.shape[1:]).index_add(
+        0, seq, memb)
+
+
 def expected_densities(ptr_q: Tensor, ptr_k: Tensor, q_memb: Tensor,
                        block: Tensor, k_memb: Tensor) -> Tensor:
     r"""The expected density :math:`\frac{1}{n_q n_k} \sum_{ij} p_{ij}` of
@@ -141,25 +156,21 @@ def expected_densities(ptr_q: Tensor, ptr_k: Tensor, q_memb: Tensor,
     closed form from the cluster masses, :math:`O(N k + G k^2)`, and
     differentiable: known before anything is sampled."""
     pairs = (ptr_q.diff() * ptr_k.diff()).to(q_memb.dtype)
-    mass_q = torch.segment_reduce(q_memb, "sum", offsets=ptr_q, axis=0,
-                                  unsafe=True)  # [G, H, k]
-    mass_k = torch.segment_reduce(k_memb, "sum", offsets=ptr_k, axis=0,
-                                  unsafe=True)
-    expected = torch.einsum("ghu,huv,ghv->gh", mass_q, block, mass_k)
+    expected = torch.einsum("ghu,huv,ghv->gh", cluster_masses(ptr_q, q_memb),
+                            block, cluster_masses(ptr_k, k_memb))
     return expected / pairs.clamp(min=1)[:, None]
 
 
 def mean_densities(ptr_q: Tensor, ptr_k: Tensor, edge_counts: Tensor,
-                   q_memb: Tensor, block: Tensor, k_memb: Tensor
-                   ) -> Tuple[Tensor, Tensor]:
-    r"""The expected density (:func:`expected_densities`) and the sampled
-    density :math:`|E_{g,h}| / (n_{q,g} n_{k,g})` of each head :obj:`[H]`,
-    averaged over the non-empty sequences; :obj:`edge_counts` :obj:`[G, H]`
-    are the sampled edges of each sequence and head."""
-    pairs = (ptr_q.diff() * ptr_k.diff()).to(q_memb.dtype)
-    nonempty = (pairs > 0).to(q_memb.dtype)[:, None]  # [G, 1]
+                   expected: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""The expected and the sampled density of each head :obj:`[H]`,
+    averaged over the non-empty sequences, from each sequence and head's
+    :obj:`expected` density :obj:`[G, H]` (:func:`expected_densities`) and
+    its sampled edges :obj:`edge_counts` :obj:`[G, H]`: the sampled
+    density is :math:`|E_{g,h}| / (n_{q,g} n_{k,g})`."""
+    pairs = (ptr_q.diff() * ptr_k.diff()).to(expected.dtype)
+    nonempty = (pairs > 0).to(expected.dtype)[:, None]  # [G, 1]
     count = nonempty.sum().clamp(min=1)
-    expected = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
-    sampled = edge_counts.to(q_memb.dtype) / pairs.clamp(min=1)[:, None]
+    sampled = edge_counts.to(expected.dtype) / pairs.clamp(min=1)[:, None]
     return ((expected * nonempty).sum(0) / count,
             (sampled * nonempty).sum(0) / count)

@@ -14,6 +14,7 @@ from typing import List
 import torch
 from torch import Tensor
 
+from sbm_pyg.nn.block_model import cluster_masses
 from sbm_pyg.nn.functional import _check_memberships, edge_probability
 from sbm_pyg.ops.csr import row_index
 from sbm_pyg.sampling import SampledGraph
@@ -95,8 +96,7 @@ def attention_distillation(alpha: Tensor, q_memb: Tensor, block: Tensor,
     q_memb, block, k_memb = (t.to(dtype) for t in (q_memb, block, k_memb))
     ptr_q, ptr_k = graph.ptr_q, graph.ptr_k
     # Each row's sum over its sequence's keys: Q̂_i Ŝ_h (sum of the K̂_j).
-    mass_k = torch.segment_reduce(k_memb, "sum", offsets=ptr_k, axis=0,
-                                  unsafe=True)  # [G, H, k]
+    mass_k = cluster_masses(ptr_k, k_memb)  # [G, H, k]
     seq = row_index(ptr_q, Nq)  # the sequence of each query
     q_block = torch.einsum("nhu,huv->nhv", q_memb, block)
     total = torch.einsum("nhv,nhv->nh", q_block, mass_k[seq])  # [Nq, H]

@@ -28,7 +28,7 @@ __all__ = ["STE_CODES", "SDDMM", "SDDMMGradOnly", "SparseAttention", "ste_gradie
 def spmm_t(graph: CSRGraph, values: Tensor, dense: Tensor) -> Tensor:
     r"""The transposed product :math:`\mathbf{A}^{\top} \mathbf{X}` of the
     graph's CSR matrix with values in edge order."""
-    return spmm(graph.colptr, graph.row_t(), values[graph.perm], dense)
+    return spmm(graph.colptr, graph.row_t(), values.index_select(0, graph.perm), dense)
 
 
 class SDDMM(torch.autograd.Function):

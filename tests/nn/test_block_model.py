@@ -125,3 +125,20 @@ def test_one_near_certain_pair_per_node_forces_every_pair_up():
         lhs = miss[:, :, None, None, :]
         rhs = miss[:, :, :, None, None] + miss[:, None, None, :, :]
         assert bool((lhs <= rhs + 1e-6).all())
+
+
+def test_cluster_masses_and_expected_densities_exact():
+    from sbm_pyg.nn.block_model import cluster_masses, expected_densities
+    # Sequences of 2, 0 and 1 rows; H = 1, k = 2.
+    memb = torch.tensor([[[1.0, 2.0]], [[3.0, 4.0]], [[5.0, 6.0]]],
+                        requires_grad=True)
+    ptr = torch.tensor([0, 2, 2, 3])
+    mass = cluster_masses(ptr, memb)
+    assert mass.tolist() == [[[4.0, 6.0]], [[0.0, 0.0]], [[5.0, 6.0]]]
+    # The gradient of a weighted sum reaches each row through its sequence.
+    (mass * torch.tensor([1.0, 10.0, 100.0])[:, None, None]).sum().backward()
+    assert memb.grad[:, 0, 0].tolist() == [1.0, 1.0, 100.0]
+    # p_ij = q_i S k_j with S = [[0, 1], [0, 0]]: sum_ij q_i0 k_j1 / n^2.
+    block = torch.tensor([[[0.0, 1.0], [0.0, 0.0]]])
+    dens = expected_densities(ptr, ptr, memb.detach(), block, memb.detach())
+    assert dens[:, 0].tolist() == [4.0 * 6.0 / 4, 0.0, 5.0 * 6.0 / 1]
