@@ -105,6 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if args.quick:
         sizes, densities, scaling_n = [256, 512], [0.01, 0.05], 512
         scaling_densities, layer_n, batch_case = [0.01, 0.1], 256, (4, 128)
+        layer_sizes, layer_densities = [256], [0.05, 0.01]
         published_case, exact_n, memory_n = (2, 128), 256, 512
         training_sizes, training_densities = [128], [0.05, 0.2]
         crossover_n, crossover_densities = 128, [0.05, 0.5]
@@ -115,6 +116,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         sizes, densities, scaling_n = [1024, 4096, 16384], [0.005, 0.01, 0.05, 0.2], 4096
         scaling_densities = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
         layer_n, batch_case = 4096, (32, 1024)
+        layer_sizes, layer_densities = [1024, 4096, 16384], [0.05, 0.01, 0.2]
         published_case, exact_n, memory_n = (8, 1024), 4096, 16384
         training_sizes = [1024, 2048, 4096]
         training_densities = [0.01, 0.05, 0.2, 0.5, 1.0]
@@ -180,11 +182,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                            args.repeats, args.threads, log)
     if "layer" in args.sections:
         results["layer"] = []
-        for density in (0.05, 0.01):
-            log(f"\n[layer] n={layer_n}, width {HEADS * HEAD_DIM}, calibrated to "
-                f"~{density:.0%} expected density")
-            results["layer"].append(bench_layer(layer_n, density, device,
-                                                args.repeats, log))
+        for n in layer_sizes:
+            for density in layer_densities:
+                log(f"\n[layer] n={n}, width {HEADS * HEAD_DIM}, calibrated "
+                    f"to ~{density:.0%} expected density")
+                results["layer"].append(bench_layer(n, density, device,
+                                                    args.repeats, log))
     if "crossover" in args.sections:
         log(f"\n[crossover] SBMConv forward+backward, n={crossover_n}: sparse "
             f"kernels vs the dense-regime kernel")

@@ -3,10 +3,56 @@ attention) calibrated to a density vs ``torch.nn.MultiheadAttention`` of the
 same width."""
 from __future__ import annotations
 
+from typing import Callable, Dict
+
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS, calibrated_conv
 from benchmarks.measure import median_times
+
+#: The parts of a layer call, by the operators whose own time they take
+#: (torch.profiler's self time); every other operator is glue: layout
+#: copies, indexing, the density statistics, autograd's bookkeeping.
+PARTS = {
+    "sampler": ("sbm_pyg::fastrg_plan", "sbm_pyg::fastrg_sample"),
+    # The forward kernel runs inside the autograd wrapper that
+    # torch.library registers, and its time is that wrapper's.
+    "attention_forward": (
+        "sbm_pyg::sparse_attention",
+        "GeneratedBackwardFor_sbm_pyg_sparse_attention_default"),
+    "attention_backward": (
+        "sbm_pyg::sparse_attention_backward",
+        "GeneratedBackwardFor_sbm_pyg_sparse_attention_defaultBackward"),
+    # The SBM's MLP, memberships and Q̂Ŝ, and the layer's projections: the
+    # matrix products and the MLP's pointwise functions.
+    "products": ("aten::bmm", "aten::baddbmm", "aten::mm", "aten::addmm",
+                 "aten::sigmoid", "aten::sigmoid_backward", "aten::relu",
+                 "aten::threshold_backward", "aten::_softmax",
+                 "aten::_softmax_backward_data"),
+}
+
+
+def breakdown(fn: Callable[[], object], calls: int = 3) -> Dict[str, float]:
+    """Seconds per call of each part of :data:`PARTS` and of the glue (the
+    rest), from torch.profiler's self CPU time over ``calls`` calls, and
+    the wall time of the profiled calls (``total``)."""
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+    owner = {op: part for part, ops in PARTS.items() for op in ops}
+    out = dict.fromkeys([*PARTS, "glue"], 0.0)
+    for event in prof.key_averages():
+        out[owner.get(event.key, "glue")] += event.self_cpu_time_total / 1e6
+    out = {part: t / calls for part, t in out.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+def format_breakdown(parts: Dict[str, float]) -> str:
+    return ", ".join(f"{name.replace('_', ' ')} {t * 1e3:.1f}"
+                     for name, t in parts.items()) + " ms"
 
 
 def bench_layer(n: int, density: float, device: torch.device, repeats: int,
@@ -34,6 +80,9 @@ def bench_layer(n: int, density: float, device: torch.device, repeats: int,
     log(f"  SBMConv {result['sbmconv_time'] * 1e3:.1f} ms at density "
         f"{result['sampled_density']:.4f} vs MultiheadAttention "
         f"{result['mha_time'] * 1e3:.1f} ms: {result['ratio']:.3f}x")
+    if device.type == "cpu":  # the profiler's CPU self times
+        result["breakdown"] = breakdown(run_conv)
+        log(f"  SBMConv's parts: {format_breakdown(result['breakdown'])}")
     return result
 
 
