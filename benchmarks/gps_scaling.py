@@ -20,7 +20,8 @@ fused kernel), ``performer``, ``sbm`` (the preset's SBM as initialised) and
 ``sbm-1%`` (the SBM of a model trained at 1k nodes with
 :class:`~sbm_pyg.nn.DensityBudget` held at 1%, its weights used at every
 size; its measured density is reported: the expected density held at
-1%, and in a training step the exploration's 1% on top). Each variant's
+1%, and in a training step the exploration on top, a tenth of the budget
+as in a budgeted run). Each variant's
 peak memory is
 measured first in a fresh process with an address-space limit and a time
 limit; a variant that runs out of either is reported so and left out of
@@ -87,6 +88,7 @@ def scaled_pattern_graph(n: int, generator: torch.Generator) -> Data:
 
 
 def _model(variant: str):
+    from sbm_pyg.experiments.arguments import default_exploration
     from sbm_pyg.experiments.gps import GPS_PRESETS
     from sbm_pyg.models import GPSNodeClassifier
     cfg = GPS_PRESETS["graphgps-cpu"]
@@ -96,7 +98,11 @@ def _model(variant: str):
         3, 2, channels=cfg["channels"], num_layers=cfg["num_layers"],
         heads=cfg["heads"], attention=attention, dropout=cfg["dropout"],
         attn_dropout=0.0 if variant == "multihead-nodrop" else cfg["attn_dropout"],
-        sbm_kwargs=dict(num_clusters=32, max_edges=2**31 - 1))
+        # The budgeted variant explores as a budgeted run does: a tenth of
+        # its 1% (sbm_pyg.experiments.arguments.default_exploration).
+        sbm_kwargs=dict(num_clusters=32, max_edges=2**31 - 1,
+                        exploration=default_exploration(
+                            0.01 if variant == "sbm-1%" else None)))
 
 
 def budget_weights(path: Path, steps: int = 400) -> Path:

@@ -26,6 +26,7 @@ from torch import Tensor
 from torch_geometric.loader import DataLoader
 
 from sbm_pyg.datasets import SBMBenchmarkDataset
+from sbm_pyg.experiments.arguments import default_exploration
 from sbm_pyg.experiments.optim import build_optimizer, build_schedule, clip_and_measure
 from sbm_pyg.experiments.runs import jsonable, load_checkpoint, save_checkpoint
 from sbm_pyg.models import GPS_ATTENTIONS, GPSNodeClassifier
@@ -89,7 +90,9 @@ def add_gps_arguments(parser: argparse.ArgumentParser) -> None:
     add("--pe-channels", type=int, default=16)
     add("--num-clusters", type=int, default=32, help="SBM clusters per head")
     add("--sbm-init", choices=["paper", "dense"], default="paper")
-    add("--exploration", type=float, default=0.01)
+    add("--exploration", type=float, default=None,
+        help="SBM exploration rate in training (default: 0.01, or a tenth "
+             "of --target-density where that is less)")
     add("--lam", type=float, default=0.0, help="density penalty lambda (sbm)")
     add("--target-density", type=float, default=None,
         help="hold the SBM heads' mean expected density at this budget "
@@ -137,6 +140,8 @@ def validate_gps_arguments(args) -> None:
     if args.lr <= 0 or args.weight_decay < 0 or args.clip_grad_norm < 0:
         raise ValueError("--lr must be > 0, --weight-decay and "
                          "--clip-grad-norm >= 0")
+    if args.exploration is None:
+        args.exploration = default_exploration(args.target_density)
     if args.warmup_epochs < 0 or args.lam < 0 or args.exploration < 0:
         raise ValueError("--warmup-epochs, --lam and --exploration must be >= 0")
     if args.target_density is not None:

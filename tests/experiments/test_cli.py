@@ -513,3 +513,27 @@ def test_a_budget_adds_the_presets_budget_defaults(tmp_path):
           "--out", str(out)])
     saved = json.loads((out / "final.json").read_text())["args"]
     assert saved["distill"] == 0.0 and saved["dense_steps"] == extra["dense_steps"]
+
+
+@pytest.mark.parametrize("target, given, expected", [
+    (None, None, 0.01), (0.05, None, 0.005), (0.02, None, 0.002),
+    (0.3, None, 0.01), (0.05, 0.02, 0.02), (None, 0.0, 0.0)])
+def test_exploration_defaults_to_a_tenth_of_the_budget(tmp_path, target, given,
+                                                       expected):
+    from sbm_pyg.experiments.arguments import train_arguments
+    extra = {} if given is None else {"exploration": given}
+    args = train_arguments("repeat-paper", target_density=target,
+                           out=tmp_path / "a", **extra)
+    assert args.exploration == pytest.approx(expected, rel=1e-12)
+    # The GPS command's rule is the same.
+    from argparse import ArgumentParser
+
+    from sbm_pyg.experiments.gps import add_gps_arguments, validate_gps_arguments
+    parser = ArgumentParser()
+    add_gps_arguments(parser)
+    argv = ["--dataset", "PATTERN", "--out", str(tmp_path / "g")]
+    argv += [] if target is None else ["--target-density", str(target)]
+    argv += [] if given is None else ["--exploration", str(given)]
+    gps_args = parser.parse_args(argv)
+    validate_gps_arguments(gps_args)
+    assert gps_args.exploration == pytest.approx(expected, rel=1e-12)
