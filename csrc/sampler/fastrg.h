@@ -11,6 +11,8 @@ namespace sbm_pyg {
 
 using FourTensors =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using FiveTensors =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // Pass 1: per-row degree (or -1 for a row tested densely), inflation, key
 // cluster masses and the input checks' statistics.
@@ -18,10 +20,11 @@ FourTensors fastrg_plan(at::Tensor Y, at::Tensor W, at::Tensor Z,
                         at::Tensor ptr_q, at::Tensor ptr_k, double delta,
                         bool exact, int64_t seed, double threshold);
 
-// Pass 2: rowptr, col (head * Nk + key), perm and colptr of the sampled
-// graph, int32. capacity sizes the CUDA kernel's draw buffer; this kernel
-// merges each row's draws in buffers of its own and does not read it.
-FourTensors fastrg_sample(at::Tensor W, at::Tensor Z, at::Tensor mass,
+// Pass 2: rowptr, col (head * Nk + key), perm, colptr and row_t (the row of
+// each edge in column order) of the sampled graph, int32. capacity sizes the
+// CUDA kernel's draw buffer; this kernel merges each row's draws in buffers
+// of its own and does not read it.
+FiveTensors fastrg_sample(at::Tensor W, at::Tensor Z, at::Tensor mass,
                           at::Tensor ptr_q, at::Tensor ptr_k, double delta,
                           bool exact, int64_t seed, at::Tensor degree,
                           at::Tensor inflation, bool self_loops,

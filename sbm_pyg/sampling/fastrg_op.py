@@ -34,11 +34,13 @@ one more value, the graph's edge count, to allocate it):
   of :obj:`Y` and of :obj:`Z`).
 * ``fastrg_sample(W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree,
   inflation, self_loops, inc_ptr, inc_col, capacity)`` :math:`\to`
-  :obj:`(rowptr, col, perm, colptr)`, the int32 CSR of
-  :class:`~sbm_pyg.ops.graph.CSRGraph`; :obj:`capacity` is the CUDA
-  kernel's draw buffer (:func:`~sbm_pyg.sampling.fastrg_triton.buffer_slots`
-  summed, read at the memory guard's sync), which the CPU kernel, merging
-  each row in buffers of its own, does not read.
+  :obj:`(rowptr, col, perm, colptr, row_t)`, the int32 CSR of
+  :class:`~sbm_pyg.ops.graph.CSRGraph` and its rows in column order
+  (:meth:`~sbm_pyg.ops.graph.CSRGraph.row_t`, written by the column sort);
+  :obj:`capacity` is the CUDA kernel's draw buffer
+  (:func:`~sbm_pyg.sampling.fastrg_triton.buffer_slots` summed, read at
+  the memory guard's sync), which the CPU kernel, merging each row in
+  buffers of its own, does not read.
 
 Here :obj:`W = Y B` is :obj:`[H, N_q, k]`, :obj:`Y` :obj:`[N_q, H, k]` and
 :obj:`Z` :obj:`[N_k, H, k]` (float32 or float64), :obj:`R = H N_q`, and
@@ -70,15 +72,16 @@ __all__ = ["sample", "stream_seed", "included_csr", "DENSE_ROW_THRESHOLD"]
 # of draws, inflation included, is at least this fraction of its keys.
 DENSE_ROW_THRESHOLD = 0.5
 # Peak bytes per slot of the draw buffer and per distinct edge, output
-# included, of each kernel. C++: col and perm (int32, 8 B), the per-chunk
-# int32 keys while they are copied (4 B) and their growth slack, and the
-# int64 radix buffer of the (sequence, head) blocks being sorted;
+# included, of each kernel. C++: col, perm and row_t (int32, 12 B), the
+# per-chunk int32 keys while they are copied (4 B) and their growth slack,
+# and the radix buffers of the (sequence, head) blocks being sorted;
 # duplicates are merged row by row as they are drawn, so it has no draw
 # buffer. Triton: the int32 draw buffer (a slot per draw, forced key, dense
 # trial and bitmap word: fastrg_triton.buffer_slots), merged in place row by
 # row; then col (4 B) and the column sort (its int32 keys, int64 indices,
-# int32 perm: 16 B) beside it.
-PEAK_BYTES = {"cpp": (0, 16), "triton": (4, 24)}
+# int32 perm: 16 B) beside it; row_t (and the row index it is gathered
+# from) after the sort's buffers are freed.
+PEAK_BYTES = {"cpp": (0, 20), "triton": (4, 24)}
 # Key table entry: an int64 cumulative weight and an int32 guide.
 BYTES_PER_TABLE_ENTRY = 12
 
@@ -90,7 +93,7 @@ _SCHEMAS = {
                 "Tensor ptr_k, float delta, bool exact, int seed, "
                 "Tensor degree, Tensor inflation, bool self_loops, "
                 "Tensor inc_ptr, Tensor inc_col, int capacity) -> "
-                "(Tensor, Tensor, Tensor, Tensor)"),
+                "(Tensor, Tensor, Tensor, Tensor, Tensor)"),
 }
 
 
@@ -182,11 +185,12 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
                 + H * k * Nk * BYTES_PER_TABLE_ENTRY,
                 max_edges, q_memb.device, ptr_q.numel() - 1, H, Nq, Nk)
     check_index_range(int(num_edges), H * Nq, H * Nk)
-    rowptr, col, perm, colptr = draw(
+    rowptr, col, perm, colptr, row_t = draw(
         W, Z, mass, ptr_q, ptr_k, float(exploration), exact, seed, degree,
         inflation, self_loops, inc_ptr, inc_col, int(capacity))
-    return SampledEdges(CSRGraph(rowptr, col, colptr, perm), int(num_draws),
-                        expected_draws)
+    csr = CSRGraph(rowptr, col, colptr, perm)
+    csr.set_row_t(row_t)
+    return SampledEdges(csr, int(num_draws), expected_draws)
 
 
 def _fake_plan(Y, W, Z, ptr_q, ptr_k, delta, exact, seed, threshold):
@@ -203,7 +207,8 @@ def _fake_sample(W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree,
     E = torch.library.get_ctx().new_dynamic_size()
     index = dict(dtype=INDEX_DTYPE)
     return (W.new_empty(H * Nq + 1, **index), W.new_empty(E, **index),
-            W.new_empty(E, **index), W.new_empty(H * Z.size(0) + 1, **index))
+            W.new_empty(E, **index), W.new_empty(H * Z.size(0) + 1, **index),
+            W.new_empty(E, **index))
 
 
 # The CPU kernels come from the extension (TORCH_LIBRARY_IMPL in

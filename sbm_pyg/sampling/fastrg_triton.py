@@ -56,6 +56,7 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
+from sbm_pyg.ops.csr import row_index
 from sbm_pyg.ops.graph import check_index_range
 from sbm_pyg.sampling.edges import column_order
 from sbm_pyg.sampling.fastrg_torch import sequence_max
@@ -524,10 +525,12 @@ def buffer_slots(degree: Tensor, ptr_q: Tensor, ptr_k: Tensor, H: int,
 def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
            delta: float, exact: bool, seed: int, degree: Tensor,
            inflation: Tensor, self_loops: bool, inc_ptr: Tensor,
-           inc_col: Tensor, capacity: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+           inc_col: Tensor, capacity: int
+           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     r"""The CUDA kernel of ``sbm_pyg::fastrg_sample``
     (:mod:`~sbm_pyg.sampling.fastrg_op` gives the contract): the graph's
-    int32 CSR :obj:`(rowptr, col, perm, colptr)`. :obj:`capacity` is the
+    int32 CSR :obj:`(rowptr, col, perm, colptr)` and its rows in column
+    order :obj:`row_t` (gathered through :obj:`perm`). :obj:`capacity` is the
     draw buffer's length, :func:`buffer_slots` summed; the one host sync
     reads the graph's edge count."""
     H, Nq, k = W.shape
@@ -580,7 +583,8 @@ def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
                             BLOCK=BLOCK_MERGE)
     del buf
     perm, colptr = column_order(col, H * Nk)
-    return rowptr.to(torch.int32), col, perm, colptr
+    row_t = row_index(rowptr, E).index_select(0, perm)
+    return rowptr.to(torch.int32), col, perm, colptr, row_t
 
 
 def key_tables(Z: Tensor, ptr_k: Tensor, H: int, k: int

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from sbm_pyg.ops import backends
 from sbm_pyg.ops.graph import CSRGraph, check_index_range
 from sbm_pyg.sampling import SampledGraph, fastrg
 from tests.helpers import seeded
@@ -49,12 +50,20 @@ def test_sampled_graph_is_16_bytes_per_edge_with_every_view():
     memb = torch.rand(40, 2, 3, generator=seeded(0), dtype=torch.float64)
     block = torch.full((2, 3, 3), 0.3, dtype=torch.float64)
     graph = fastrg(memb, block, memb, ptr_q=[0, 15, 40], ptr_k=[0, 15, 40],
-                   generator=seeded(1))
+                   generator=seeded(1), backend="torch")
     for t in (graph.rowptr, graph.csr.col, graph.colptr, graph.perm):
         assert t.dtype == torch.int32
     assert graph.csr.nbytes() == 8 * graph.num_edges
     graph.csr.row_t()  # builds row as well: every view a kernel reads
     assert graph.csr.nbytes() == 16 * graph.num_edges
+    if backends()["sampler"] == "cpp":
+        # The compiled sampler writes row_t in its column sort: 12 bytes per
+        # edge for the fused kernels, which never read row.
+        cpp = fastrg(memb, block, memb, ptr_q=[0, 15, 40],
+                     ptr_k=[0, 15, 40], generator=seeded(1), backend="cpp")
+        assert cpp.csr.nbytes() == 12 * cpp.num_edges
+        cpp.csr.row()
+        assert cpp.csr.nbytes() == 16 * cpp.num_edges
     # The derived PyG views are int64 and agree with the CSR.
     j, i = graph.edge_index
     assert graph.edge_index.dtype == graph.head.dtype == torch.int64
@@ -72,3 +81,16 @@ def test_from_keys_derives_head_and_pairs():
     assert g.colptr.tolist() == [0, 1, 2, 3, 4, 5, 5]
     assert g.perm.tolist() == [1, 0, 2, 3, 4]  # column 0 first: edge 1
     assert g.csr.row_t().tolist() == [1, 0, 1, 2, 3]
+
+
+def test_set_row_t_checks_its_argument():
+    g = CSRGraph(torch.tensor([0, 1, 3], dtype=torch.int32),
+                 torch.tensor([1, 0, 1], dtype=torch.int32),
+                 torch.tensor([0, 1, 3], dtype=torch.int32),
+                 torch.tensor([1, 0, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="row_t must be an int32 tensor"):
+        g.set_row_t(torch.tensor([1, 0, 1]))  # int64
+    with pytest.raises(ValueError, match="row_t must be an int32 tensor"):
+        g.set_row_t(torch.tensor([1, 0], dtype=torch.int32))
+    g.set_row_t(torch.tensor([1, 0, 1], dtype=torch.int32))
+    assert g.row_t().tolist() == [1, 0, 1] and "row" not in g._cache

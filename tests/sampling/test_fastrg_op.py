@@ -186,3 +186,29 @@ def test_a_cuda_stream_seed_is_drawn_on_the_host():
     assert stream_seed(_PhiloxGenerator(1235, 8), cuda) != seeds[2]
     # The top bits are used: the largest of 100 seeds is near 2^62.
     assert max(seeds) > 2**61
+
+
+@needs_cpp
+@pytest.mark.parametrize("lengths", [[5, 0, 40, 17], [700, 300]])
+def test_sampled_rows_in_column_order_are_the_rows_through_perm(lengths):
+    # The C++ sample writes row_t in its column sort (one pass per
+    # (sequence, head) block, two radix passes past 256 keys): it must be
+    # the row of each edge in column order, row()[perm].
+    from sbm_pyg.ops.csr import row_index
+    from sbm_pyg.sampling import fastrg
+    g = torch.Generator().manual_seed(5)
+    n = sum(lengths)
+    ptr = torch.tensor([0] + lengths).cumsum(0)
+    memb = torch.rand(n, 2, 4, generator=g) * 0.3
+    block = torch.rand(2, 4, 4, generator=g)
+    graph = fastrg(memb, block, memb, ptr_q=ptr, ptr_k=ptr, mode="exact",
+                   self_loops=True, generator=g, backend="cpp")
+    csr = graph.csr
+    assert csr.num_edges > 100
+    expected = row_index(csr.rowptr, csr.num_edges)[csr.perm.long()]
+    assert torch.equal(csr.row_t(), expected)
+    # And in column order the columns are sorted, rows increasing within.
+    cols = csr.col[csr.perm.long()]
+    assert bool((cols.diff() >= 0).all())
+    same = cols.diff() == 0
+    assert bool((csr.row_t().diff()[same] > 0).all())
