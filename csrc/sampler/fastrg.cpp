@@ -646,7 +646,6 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
   {
     std::vector<int64_t> pos, coarse;
     std::vector<int64_t> tmp;
-    std::vector<int32_t> row_of;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t h = b / P.G, g = b % P.G;
@@ -678,11 +677,6 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
       for (int64_t c = 0; c <= nb; ++c)
         coarse[c] = pos[std::min(c << shift, nk)] - e0;
       tmp.resize(e1 - e0);
-      // The row of each of the block's edges, read in pass 2 in an order
-      // close to the edges' own (within a coarse bucket, increasing).
-      row_of.resize(e1 - e0);
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t e = rp[r]; e < rp[r + 1]; ++e) row_of[e - e0] = (int32_t)r;
       for (int64_t e = e0; e < e1; ++e) {
         const int64_t j = col[e] - first;
         tmp[coarse[j >> shift]++] = (e << shift) | (j & mask);
@@ -690,10 +684,16 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
       for (int64_t c = 0; c < nb; ++c) {
         const int64_t j0 = c << shift, j1 = std::min((c + 1) << shift, nk);
         const int64_t b0 = pos[j0] - e0, b1 = pos[j1] - e0;
+        // Pass 1 kept the edge order within a bucket: its edges' rows only
+        // increase, found by walking the row pointer (no row per edge
+        // stored beside the radix buffer).
+        int64_t r = r0;
         for (int64_t x = b0; x < b1; ++x) {
+          const int64_t e = tmp[x] >> shift;
+          while (rp[r + 1] <= e) ++r;
           const int64_t at = pos[j0 + (tmp[x] & mask)]++;
-          pm[at] = (int32_t)(tmp[x] >> shift);
-          rt[at] = (int32_t)row_of[pm[at] - e0];
+          pm[at] = (int32_t)e;
+          rt[at] = (int32_t)r;
         }
       }
     }

@@ -21,6 +21,13 @@ def test_quick_benchmark_runs(tmp_path, capsys):
     assert all("fastrg_poisson" in row for row in results["sampler"])
     assert len(results["scaling"]["points"]) >= 2
     assert all(row["sbmconv_time"] > 0 for row in results["layer"])
+    for row in results["layer"]:
+        # Each part is an operator's share: the sampler and the attention
+        # ran, and the parts add up to the total.
+        parts = row["breakdown"]
+        assert parts["sampler"] > 0 and parts["attention_backward"] > 0
+        assert parts["total"] == pytest.approx(
+            sum(t for name, t in parts.items() if name != "total"))
     assert all(row["dense_time"] > 0 and row["sparse_time"] > 0
                for row in results["crossover"])
     for row in results["training"]:
