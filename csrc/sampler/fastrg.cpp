@@ -451,12 +451,11 @@ struct Sampler {
   // key without computing p (a squeeze; c is close to 1 for a sparse row,
   // so most keys never read their memberships).
   void thin(Rng& rng, const scalar_t* w, int64_t h, int64_t ks, double c,
-            std::vector<int32_t>& keys, std::vector<double>& uniforms) const {
+            std::vector<int32_t>& keys, std::vector<double>& us) const {
     const size_t n = keys.size();
     // The row's uniforms first (the stream's order is unchanged), so that
     // the membership rows of the keys that need p, at random in Z, are
     // prefetched together instead of missing the cache one at a time.
-    std::vector<double>& us = uniforms;
     us.resize(n);
     for (size_t t = 0; t < n; ++t) us[t] = rng.uniform();
     const size_t row_bytes = (size_t)P.k * sizeof(scalar_t);

@@ -56,8 +56,7 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
-from sbm_pyg.ops.csr import row_index
-from sbm_pyg.ops.graph import check_index_range
+from sbm_pyg.ops.graph import CSRGraph, check_index_range
 from sbm_pyg.sampling.edges import column_order
 from sbm_pyg.sampling.fastrg_torch import sequence_max
 
@@ -583,8 +582,8 @@ def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
                             BLOCK=BLOCK_MERGE)
     del buf
     perm, colptr = column_order(col, H * Nk)
-    row_t = row_index(rowptr, E).index_select(0, perm)
-    return rowptr.to(torch.int32), col, perm, colptr, row_t
+    rowptr = rowptr.to(torch.int32)
+    return rowptr, col, perm, colptr, CSRGraph(rowptr, col, colptr, perm).row_t()
 
 
 def key_tables(Z: Tensor, ptr_k: Tensor, H: int, k: int
