@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -32,10 +33,13 @@ from torch_geometric.utils import softmax as pyg_softmax
 
 from benchmarks.cases import CLUSTERS, sbm_memberships
 from sbm_pyg.nn.functional import sparse_attention
+from sbm_pyg.ops import triton_runs
 from sbm_pyg.sampling import SampledGraph, fastrg
 
 # H100: the L2 bandwidth the work model uses (docs/performance.md).
 L2_BYTES_PER_S = 5.5e12
+# The head width of the dense-regime rows.
+CASE_DIM = 32
 # The int32 CSR of a graph: the benchmark keeps edge counts well inside it.
 MAX_EDGES = 1_200_000_000
 
@@ -248,21 +252,23 @@ def bench_tuning(n: int, heads: int, dim: int, density: float, dtype,
     gq, gk, gv = (torch.empty_like(t) for t in (q, k, v))
     rowptr, col, colptr, row_t = csr.rowptr, csr.col, csr.colptr, csr.row_t()
     scale = torch.full((1,), 1 / math.sqrt(dim), device=device)
-    base = dict(D=dim, DV=dim, BLOCK_D=dim, BLOCK_DV=dim, ACC=ta.tl.float32)
+    base = dict(D=dim, DV=dim, BLOCK_D=dim, BLOCK_DV=dim, ACC=ta.tl.float32,
+                DROP=False)
     back = dict(base, STE=0, MEMB=False, KM=1, BLOCK_K=1)
+    seed, threshold = 0, 0  # no dropout: the kernels' arguments all the same
     rows = []
     for block in (16, 32, 64):
         for warps in (1, 2, 4):
             fns = {
                 "forward": lambda: ta._forward_kernel[(R,)](
-                    q, k, v, out, lse, rowptr, col, scale, BLOCK=block,
+                    q, k, v, out, lse, rowptr, col, scale, seed, threshold, BLOCK=block,
                     num_warps=warps, **base),
                 "backward_query": lambda: ta._backward_query_kernel[(R,)](
                     q, k, v, go, lse, delta, gq, gq, gq, gq, rowptr, col, scale,
-                    BLOCK=block, num_warps=warps, **back),
+                    seed, threshold, BLOCK=block, num_warps=warps, **back),
                 "backward_key": lambda: ta._backward_key_kernel[(R,)](
                     q, k, v, go, lse, delta, gk, gv, gq, gq, colptr, row_t, scale,
-                    BLOCK=block, num_warps=warps, **back),
+                    seed, threshold, BLOCK=block, num_warps=warps, **back),
             }
             times = event_times(fns, repeats, device)
             row = dict(block=block, num_warps=warps, edges=E,
@@ -270,6 +276,62 @@ def bench_tuning(n: int, heads: int, dim: int, density: float, dtype,
             rows.append(row)
             log(f"  BLOCK_E={block:>3} num_warps={warps}: " + "  ".join(
                 f"{name} {t * 1e3:.3f} ms" for name, t in times.items()))
+    return rows
+
+
+def bench_dense(n: int, densities: Sequence[float], device: torch.device,
+                repeats: int, log) -> List[dict]:
+    """The dense-regime kernel (it samples the mask and computes the masked
+    attention and the memberships' gradient, float32) forward+backward on
+    an SBM calibrated to each density, in turns with SDPA on the same
+    queries, keys and values in float32 and bfloat16."""
+    from sbm_pyg.ops.dense_attention import dense_attention
+    rows = []
+    for density in densities:
+        q_memb, block, k_memb, ptr = sbm_memberships(n, density, device)
+        heads, clusters = q_memb.size(1), q_memb.size(2)
+        # heads-first rows, as the kernel takes them
+        q_block = torch.einsum("nhu,huv->hnv", q_memb, block).reshape(
+            heads * n, clusters).contiguous().requires_grad_()
+        k_rows = k_memb.transpose(0, 1).reshape(heads * n, clusters) \
+            .contiguous().requires_grad_()
+        q, k, v = attention_inputs(n, heads, CASE_DIM, torch.float32, device)
+        q2, k2, v2 = (t.detach().transpose(0, 1).reshape(heads * n, -1)
+                      .contiguous().requires_grad_() for t in (q, k, v))
+        q4, k4, v4 = four_d(q, k, v)
+        h4 = [t.detach().to(torch.bfloat16).requires_grad_() for t in (q4, k4, v4)]
+        scale = 1 / math.sqrt(CASE_DIM)
+        edges = []
+
+        def dense():
+            res = dense_attention(q2, k2, v2, q_block, k_rows, ptr, ptr,
+                                  heads=heads, scale=scale, seed=0)
+            edges.append(int(res.edges.sum()))
+            grad(res.out, (q2, k2, v2, q_block, k_rows))
+
+        fns = dict(
+            dense=dense,
+            sdpa_fp32=lambda: grad(F.scaled_dot_product_attention(q4, k4, v4),
+                                   (q4, k4, v4)),
+            sdpa_bf16=lambda: grad(F.scaled_dot_product_attention(*h4), h4))
+        times = event_times(fns, repeats, device)
+        sampled = edges[-1] / (heads * n * n)
+        row = dict(n=n, heads=heads, dim=CASE_DIM, clusters=clusters,
+                   target_density=density, density=sampled,
+                   sdpa_kernel_fp32=sdpa_kernel(q4, k4, v4) if device.type == "cuda" else "cpu",
+                   sdpa_kernel_bf16=sdpa_kernel(*h4) if device.type == "cuda" else "cpu",
+                   **{f"{m}_time": t for m, t in times.items()},
+                   dense_memory=peak_bytes(dense, device))
+        row["dense_vs_sdpa_fp32"] = times["dense"] / times["sdpa_fp32"]
+        row["dense_vs_sdpa_bf16"] = times["dense"] / times["sdpa_bf16"]
+        rows.append(row)
+        log(f"  n={n} density {sampled:.3f}: dense {times['dense'] * 1e3:.3f} ms, "
+            f"SDPA fp32 {times['sdpa_fp32'] * 1e3:.3f} ms ({row['sdpa_kernel_fp32']}), "
+            f"bf16 {times['sdpa_bf16'] * 1e3:.3f} ms ({row['sdpa_kernel_bf16']}); "
+            f"dense/SDPA {row['dense_vs_sdpa_fp32']:.2f} (fp32) "
+            f"{row['dense_vs_sdpa_bf16']:.2f} (bf16)")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -293,13 +355,42 @@ def bench_sampler(sizes: Sequence[int], density: float, device: torch.device,
     return rows
 
 
+def triton_version() -> Optional[str]:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def parse_case(text: str, parser: argparse.ArgumentParser) -> tuple:
+    """``"N:H:D:DTYPE"`` -> (n, heads, dim, torch dtype)."""
+    try:
+        n, heads, dim, dtype = text.split(":")
+        return int(n), int(heads), int(dim), getattr(torch, dtype)
+    except (ValueError, AttributeError):
+        parser.error(f"--cases: {text!r} is not N:H:D:DTYPE "
+                     f"(e.g. 16384:2:32:bfloat16)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=10)
-    sections = ["attention", "tuning", "sampler", "layer", "training"]
+    sections = ["attention", "tuning", "sampler", "dense", "layer", "training"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
+    # A call on a lent GPU is short: these narrow a section to what fits.
+    parser.add_argument("--cases", nargs="+", default=None, metavar="N:H:D:DTYPE",
+                        help="attention cases, e.g. 16384:2:32:bfloat16")
+    parser.add_argument("--densities", nargs="+", type=float, default=None)
+    parser.add_argument("--flex-max-n", type=int, default=None,
+                        help="FlexAttention only up to this n (0: never)")
+    parser.add_argument("--sampler-sizes", nargs="+", type=int, default=None)
+    parser.add_argument("--sampler-densities", nargs="+", type=float, default=None)
+    parser.add_argument("--dense-sizes", nargs="+", type=int, default=None)
+    parser.add_argument("--layer-sizes", nargs="+", type=int, default=None)
+    parser.add_argument("--training-sizes", nargs="+", type=int, default=None)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16, fp32 = torch.bfloat16, torch.float32
@@ -307,6 +398,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         cases, densities = [(64, 2, 32, fp32)], [0.05, 1.0]
         flex_max_n, tunings = 0, [(64, 2, 32, 0.2)]
         sampler_sizes, layer_sizes, training_sizes = [64], [64], [64]
+        dense_sizes, dense_densities = [64], [0.5]
     else:
         # The targets' case first: a run cut short keeps the rows it made.
         cases = [(16384, 2, 32, bf16), (16384, 2, 32, fp32), (4096, 2, 32, bf16),
@@ -316,8 +408,21 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         flex_max_n = 16384
         tunings = [(16384, 2, 32, 0.01), (16384, 2, 64, 0.01)]
         sampler_sizes, layer_sizes, training_sizes = [4096, 65536], [4096, 16384], [4096, 16384]
+        dense_sizes, dense_densities = [4096, 16384], [0.3, 0.5, 1.0]
+    sampler_densities = [0.01]
+    if args.cases is not None:
+        cases = [parse_case(c, parser) for c in args.cases]
+    densities = args.densities or densities
+    flex_max_n = flex_max_n if args.flex_max_n is None else args.flex_max_n
+    sampler_sizes = args.sampler_sizes or sampler_sizes
+    sampler_densities = args.sampler_densities or sampler_densities
+    dense_sizes = args.dense_sizes or dense_sizes
+    layer_sizes = args.layer_sizes or layer_sizes
+    training_sizes = args.training_sizes or training_sizes
     results: dict = dict(device=str(device), quick=args.quick, repeats=args.repeats,
-                         torch=torch.__version__,
+                         torch=torch.__version__, triton=triton_version(),
+                         command=" ".join(["python -m benchmarks.cuda",
+                                           *(argv if argv is not None else sys.argv[1:])]),
                          gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None)
     log = lambda s: print(s, flush=True)  # noqa: E731
 
@@ -329,7 +434,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         results["attention"] = []
         bench_attention(cases, densities, device, args.repeats, flex_max_n, log,
                         results["attention"], save)
-    if "tuning" in args.sections and device.type == "cuda":
+    if "tuning" in args.sections and triton_runs(device):
         results["tuning"] = []
         for n, heads, dim, density in tunings:
             log(f"[tuning] Triton kernels alone, n={n} H={heads} D={dim} "
@@ -340,9 +445,20 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                   args.repeats, log)))
             save()
     if "sampler" in args.sections:
-        log("[sampler] fastrg, H=2, k=128, density 1%")
-        results["sampler"] = bench_sampler(sampler_sizes, 0.01, device, args.repeats, log)
-        save()
+        results["sampler"] = []
+        for density in sampler_densities:
+            log(f"[sampler] fastrg, H=2, k=128, density {density:.0%}")
+            results["sampler"] += bench_sampler(sampler_sizes, density, device,
+                                                args.repeats, log)
+            save()
+    if "dense" in args.sections:
+        results["dense"] = []
+        for n in dense_sizes:
+            log(f"[dense] the dense-regime kernel vs SDPA, n={n}, H=2, "
+                f"D={CASE_DIM}, k={CLUSTERS}, forward+backward")
+            results["dense"] += bench_dense(n, dense_densities, device,
+                                            args.repeats, log)
+            save()
     if "layer" in args.sections:
         from benchmarks.layer import bench_layer
         results["layer"] = []

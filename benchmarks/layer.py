@@ -10,6 +10,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS, calibrated_conv
 from benchmarks.measure import median_times
+from sbm_pyg.ops import backends
 
 #: The parts of a layer call, by the operators whose own time they take
 #: (torch.profiler's self time); every other operator is glue: layout
@@ -50,6 +51,24 @@ def breakdown(fn: Callable[[], object], calls: int = 3) -> Dict[str, float]:
     return out
 
 
+def cuda_kernels(fn: Callable[[], object], calls: int = 3,
+                 top: int = 15) -> Dict[str, float]:
+    """Seconds per call of the ``top`` GPU kernels by device time (their
+    names: the Triton kernels' function names, aten's kernels), from
+    torch.profiler's CUDA activity over ``calls`` calls, and the sum of all
+    kernels (``all_kernels``): beside the wall time, what the GPU is idle."""
+    fn()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    out = {e.key[:80]: e.self_device_time_total / 1e6 / calls for e in kernels[:top]}
+    out["all_kernels"] = sum(e.self_device_time_total for e in kernels) / 1e6 / calls
+    return out
+
+
 def format_breakdown(parts: Dict[str, float]) -> str:
     return ", ".join(f"{name.replace('_', ' ')} {t * 1e3:.1f}"
                      for name, t in parts.items()) + " ms"
@@ -83,6 +102,13 @@ def bench_layer(n: int, density: float, device: torch.device, repeats: int,
     if device.type == "cpu":  # the profiler's CPU self times
         result["breakdown"] = breakdown(run_conv)
         log(f"  SBMConv's parts: {format_breakdown(result['breakdown'])}")
+    elif device.type == "cuda":
+        try:
+            result["cuda_kernels"] = cuda_kernels(run_conv)
+        except Exception as e:  # noqa: BLE001 - the profile is extra, the timing stands
+            log(f"  no kernel profile: {type(e).__name__}: {e}")
+        else:
+            log(f"  SBMConv's GPU kernels: {format_breakdown(result['cuda_kernels'])}")
     return result
 
 
@@ -95,6 +121,8 @@ def bench_crossover(n: int, densities, device: torch.device, repeats: int,
     channels = HEADS * HEAD_DIM
     mha = torch.nn.MultiheadAttention(channels, HEADS, batch_first=True).to(device)
     x = torch.randn(n, channels, device=device, requires_grad=True)
+    # The sparse kernels "auto" runs here ("cpp" on the CPU, "triton" on CUDA).
+    sparse = backends(device)["attention"]
     rows = []
     for density in densities:
         conv = calibrated_conv(channels, density, device)
@@ -111,12 +139,11 @@ def bench_crossover(n: int, densities, device: torch.device, repeats: int,
             out, _ = mha(x[None], x[None], x[None], need_weights=False)
             torch.autograd.grad(out.sum(), [x] + list(mha.parameters()))
 
-        times = median_times(dict(sparse=run_conv("cpp"),
+        times = median_times(dict(sparse=run_conv(sparse),
                                   dense=run_conv("dense"), mha=run_mha),
                              device, repeats)
-        conv.attention_backend = "cpp"
-        run_conv("cpp")()
-        row = dict(n=n, target_density=density,
+        run_conv(sparse)()
+        row = dict(n=n, target_density=density, sparse_backend=sparse,
                    sampled_density=float(conv.sampled_density.mean()),
                    **{f"{k}_time": v for k, v in times.items()})
         row["dense_vs_sparse"] = times["dense"] / times["sparse"]
