@@ -206,6 +206,9 @@ def problems(rows: Iterable[dict], baseline: Iterable[dict]) -> List[str]:
     found = []
     for row in rows:
         name = f"{row['kernel']} ({row['arch']}, {row['signature']}, {row['constexprs']})"
+        if "error" in row:
+            found.append(f"{name}: does not compile: {row['error']}")
+            continue
         if row["f32_params"] and any(t == "*fp64" for t in row["signature"].values()):
             found.append(f"{name}: float64 kernel takes fp32 scalars {row['f32_params']}")
         spills = row["stack_bytes"] > 0 or row["local_memory"] > 0
@@ -241,7 +244,8 @@ def _resources(cubin: bytes) -> Dict[str, int]:
 
 def compile_all(launches: List[dict], archs=ARCHS) -> List[dict]:
     """Each launch bound by the JIT's binder and compiled for each
-    architecture; raises on the first kernel that does not compile."""
+    architecture; a kernel that does not compile gives a row with its
+    ``error`` (and the others are compiled all the same)."""
     import importlib
 
     import triton
@@ -261,8 +265,18 @@ def compile_all(launches: List[dict], archs=ARCHS) -> List[dict]:
                 launched, (), kwargs, target)
             options, signature, constexprs, attrs = jit._pack_args(
                 backend, kwargs, bound, specialization, options)
-            kernel = triton.compile(ASTSource(jit, signature, constexprs, attrs),
-                                    target=target, options=options.__dict__)
+            try:
+                kernel = triton.compile(ASTSource(jit, signature, constexprs, attrs),
+                                        target=target, options=options.__dict__)
+            except Exception as e:  # noqa: BLE001 - reported per kernel
+                rows.append(dict(
+                    kernel=name.lstrip("_"), module=module, arch=f"sm_{arch}",
+                    signature={k: v for k, v in signature.items() if v != "constexpr"},
+                    constexprs={jit.arg_names[path[0]]: str(value)
+                                for path, value in constexprs.items()},
+                    num_warps=options.num_warps,
+                    error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+                continue
             ptx = kernel.asm["ptx"]
             row = dict(
                 kernel=name.lstrip("_"), module=module, arch=f"sm_{arch}",
@@ -317,7 +331,7 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(dict(triton=triton.__version__, kernels=rows),
                                    indent=1) + "\n")
     spilled = sorted({f"{r['kernel']}/{r['arch']}" for r in rows
-                      if r["stack_bytes"] > 0})
+                      if r.get("stack_bytes", 0) > 0})
     print(f"{len(launches)} launches, {len(rows)} compiles in "
           f"{time.perf_counter() - start:.0f} s; with stack (spills): "
           + (", ".join(spilled) or "none"))

@@ -182,9 +182,11 @@ from sbm_pyg.nn import AddLaplacianPE  # noqa: E402
 
 
 @pytest.mark.parametrize("attention", GPS_ATTENTIONS)
-def test_gps_node_classifier_trains_on_cluster_graphs(attention):
+def test_gps_node_classifier_trains_on_cluster_graphs(attention, device):
+    # The dataset's graphs are host data: the batch goes to the model's
+    # device, as in a training loop.
     graphs = [AddLaplacianPE(10)(g) for g in generate_sbm_graphs("CLUSTER", "test")[:4]]
-    batch = next(iter(DataLoader(graphs, batch_size=4)))
+    batch = next(iter(DataLoader(graphs, batch_size=4))).to(device)
     torch.manual_seed(0)
     model = GPSNodeClassifier(7, 6, channels=16, num_layers=2, heads=2,
                               attention=attention, pe_channels=8,

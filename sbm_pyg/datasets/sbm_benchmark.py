@@ -135,7 +135,13 @@ def generate_sbm_graphs(name: str, split: str, seed: int = 0) -> List[Data]:
     or community).
     """
     _check(name, split, seed)
-    recipe = RECIPES[name]
+    # The graphs are host data, as a PyG dataset's are, drawn from CPU
+    # generators: the same whatever default device the caller has set.
+    with torch.device("cpu"):
+        return _generate(RECIPES[name], name, split, seed)
+
+
+def _generate(recipe: dict, name: str, split: str, seed: int) -> List[Data]:
     count = recipe["graphs"][split]
     # One stream per split, so that the splits do not depend on each other.
     generator = torch.Generator().manual_seed(seed * 10 + 1 + SPLITS.index(split))

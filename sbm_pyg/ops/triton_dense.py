@@ -49,6 +49,7 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
 if triton is not None:
+    from sbm_pyg.ops import triton_dense_kernels as kernels
     from sbm_pyg.ops.triton_dense_kernels import (
         backward_key_kernel,
         backward_query_kernel,
@@ -88,8 +89,9 @@ def _meta(q: Tensor, v: Tensor, K: int) -> dict:
     # rows (32 in float64) and 4 warps every kernel spilled at D = 64,
     # k = 128. float64 tiles are half as wide: twice the registers per
     # element. 4 warps for narrow float32 rows, where 8 left a register
-    # kept on the stack across the key loop.
-    block = 16 if fp64 else 32
+    # kept on the stack across the key loop. Where float64's products are
+    # elementwise sums (triton_dense_kernels.FP64_SUMS), over [8, 8, width].
+    block = (8 if kernels.FP64_SUMS else 16) if fp64 else 32
     widths = [max(16, triton.next_power_of_2(n)) for n in (D, DV, K)]
     return dict(D=D, DV=DV, KC=K, BLOCK_D=widths[0], BLOCK_DV=widths[1],
                 BLOCK_KC=widths[2], BLOCK_M=block, BLOCK_N=block,
@@ -194,16 +196,17 @@ def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
     # loops (dq and the memberships'; dk, dv and the memberships'): their
     # inner tiles are narrower than the forward's, and the key kernel's
     # tiles too, so that neither spills at D <= 64, k <= 128.
-    meta["BLOCK_N"] = 16
+    narrow = min(meta["BLOCK_M"], 16)  # float64's tiles are 8 already
+    meta["BLOCK_N"] = narrow
     if dropout_threshold > 0:
         # The mask's hash took the float32 query kernel past its registers
         # at 32 rows (8 stack bytes at D = 32, k = 128, sm_90): 16 rows.
-        meta["BLOCK_M"] = 16
+        meta["BLOCK_M"] = narrow
     tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
     backward_query_kernel[(tile_seq.numel(), H)](
         *args, tile_seq, tile_row, scale_t, dq, dqb, Nq, Nk, G, dropout_seed,
         dropout_threshold, DROP=dropout_threshold > 0, **meta)
-    meta["BLOCK_M"] = 16
+    meta["BLOCK_M"] = narrow
     tile_seq, tile_row = _tiles(ptr_k, Nk, meta["BLOCK_N"])
     backward_key_kernel[(tile_seq.numel(), H)](
         *args, tile_seq, tile_row, scale_t, dk, dv, dkm, Nq, Nk, G,

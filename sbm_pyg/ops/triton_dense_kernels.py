@@ -18,6 +18,13 @@ if triton is not None:
     from sbm_pyg.sampling.triton_streams import bits, one_minus_exp, stream, uniform
 
     _DROPOUT_STREAM = tl.constexpr(DROPOUT_STREAM)
+    # Triton before 3.9 cannot lower a float64 MMA whose operand is
+    # computed in registers (3.6: "fp64 don't support largeK MMA"; 3.7 and
+    # 3.8 not tried): there the float64 products are elementwise sums, on
+    # 8-row tiles (triton_dense._meta). float64 is the same-graph tests'
+    # precision, not a fast path.
+    FP64_SUMS = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
+    _FP64_SUMS = tl.constexpr(FP64_SUMS)
 
     @triton.jit
     def _kept(seed, threshold, r, cols):
@@ -48,6 +55,21 @@ if triton is not None:
         # Rows of a contiguous [*, WIDTH] matrix, zeros where not live.
         return tl.load(Ptr + rows[:, None] * WIDTH + cols[None, :],
                        mask=live[:, None] & (cols[None, :] < WIDTH), other=0.0)
+
+    @triton.jit
+    def _mm(a, b):
+        # a [M, K] times b [K, N] in every kernel: tl.dot, but for float64
+        # under FP64_SUMS an elementwise sum of the products.
+        # (One return after the if: Triton 3.6 compiles a statement after
+        # a static branch's return too.)
+        if _FP64_SUMS:
+            if a.dtype.is_fp64():
+                out = tl.sum(a[:, :, None] * b[None, :, :], 1)
+            else:
+                out = tl.dot(a, b, input_precision="ieee")
+        else:
+            out = tl.dot(a, b, input_precision="ieee")
+        return out
 
     @triton.jit
     def _bits(Mask, row_byte, j, live):
@@ -85,7 +107,7 @@ if triton is not None:
                 j = j0 + tl.arange(0, BLOCK_N).to(tl.int64)
                 live_k = j < nk
                 km = _load(KM, h * Nk + ks + j, live_k, c, KC)
-                p = tl.dot(qb, tl.trans(km), input_precision="ieee")
+                p = _mm(qb, tl.trans(km))
                 pj = p.to(tl.float64) + delta
                 if EXACT:
                     prob = tl.minimum(pj, 1.0)
@@ -132,7 +154,7 @@ if triton is not None:
                 k = _load(K, cols, live_k, d, D)
                 on = _bits(Mask, row_byte, j, live_q[:, None] & live_k[None, :])
                 count += tl.sum(on.to(tl.int32), 1)
-                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                s = _mm(q, tl.trans(k)) * scale
                 s = tl.where(on, s, float("-inf"))
                 m_new = tl.maximum(m, tl.max(s, 1))
                 # A row without an edge so far keeps m = -inf: shift by 0.
@@ -144,8 +166,7 @@ if triton is not None:
                 if DROP:  # the output takes the kept weights, the norm all
                     w = tl.where(_kept(DSeed, DThr, r, cols),
                                  p * _keep_scale(DThr).to(p.dtype), 0.0)
-                acc = acc * rescale[:, None] + tl.dot(w, v,
-                                                      input_precision="ieee")
+                acc = acc * rescale[:, None] + _mm(w, v)
                 norm = norm * rescale + tl.sum(p, 1)
                 m = m_new
             has = norm > 0
@@ -171,9 +192,9 @@ if triton is not None:
                    cols, STE: tl.constexpr, DROP: tl.constexpr):
         # Returns the weights dV takes (A o keep under dropout), ds and
         # the estimator's gradient.
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        s = _mm(q, tl.trans(k)) * scale
         a = tl.where(on, tl.exp(tl.minimum(s - lse[:, None], 0.0)), 0.0)
-        da = tl.dot(do, tl.trans(v), input_precision="ieee")
+        da = _mm(do, tl.trans(v))
         if DROP:  # computed here, late: fewer registers live at once
             kept = _kept(seed, threshold, r, cols)
             factor = _keep_scale(threshold).to(da.dtype)
@@ -222,10 +243,9 @@ if triton is not None:
                 a, ds, gr = _grad_tile(q, k, _load(V, cols, live_k, dv, DV),
                                        do, lse, delta, on, scale, DSeed, DThr,
                                        r, cols, STE, DROP)
-                dq += tl.dot(ds, k, input_precision="ieee")
+                dq += _mm(ds, k)
                 if STE != 0:
-                    dqb += tl.dot(gr, _load(KM, cols, live_k, c, KC),
-                                  input_precision="ieee")
+                    dqb += _mm(gr, _load(KM, cols, live_k, c, KC))
             tl.store(GradQ + r[:, None] * D + d[None, :], dq * scale,
                      mask=live_q[:, None] & (d[None, :] < D))
             if STE != 0:
@@ -270,11 +290,10 @@ if triton is not None:
                            live_q[:, None] & live_k[None, :])
                 a, ds, gr = _grad_tile(q, k, v, do, lse, delta, on, scale,
                                        DSeed, DThr, r, cols, STE, DROP)
-                dvv += tl.dot(tl.trans(a), do, input_precision="ieee")
-                dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
+                dvv += _mm(tl.trans(a), do)
+                dk += _mm(tl.trans(ds), q)
                 if STE != 0:
-                    dkm += tl.dot(tl.trans(gr), _load(QB, r, live_q, c, KC),
-                                  input_precision="ieee")
+                    dkm += _mm(tl.trans(gr), _load(QB, r, live_q, c, KC))
             live = live_k[:, None]
             tl.store(GradK + cols[:, None] * D + d[None, :], dk * scale,
                      mask=live & (d[None, :] < D))

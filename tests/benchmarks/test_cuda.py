@@ -36,6 +36,38 @@ def test_quick_run_writes_every_section(tmp_path):
     assert [r["mode"] for r in result["sampler"]] == ["poisson", "exact"]
 
 
+def test_quick_run_of_the_narrowed_sections_and_the_dense_kernel(tmp_path):
+    # The options a short GPU call uses, and the sections that crashed on
+    # CUDA before (tuning: the kernels' dropout arguments) run here too,
+    # the Triton kernels interpreted.
+    out = tmp_path / "r.json"
+    sections = ["sampler", "dense"]
+    from sbm_pyg.ops import triton_runs
+    if triton_runs(torch.device("cpu")):
+        sections.append("tuning")
+    cuda.main(["--quick", "--repeats", "1", "--out", str(out), "--sections",
+               *sections, "--sampler-sizes", "64", "96", "--sampler-densities",
+               "0.01", "0.05", "--dense-sizes", "64"])
+    result = json.loads(out.read_text())
+    assert [(r["n"], r["mode"]) for r in result["sampler"]] == [
+        (n, m) for _ in range(2) for n in (64, 96) for m in ("poisson", "exact")]
+    (dense,) = result["dense"]
+    assert 0.3 < dense["density"] < 0.7 and dense["dense_time"] > 0
+    assert result["command"].startswith("python -m benchmarks.cuda --quick")
+    if "tuning" in sections:
+        assert len(result["tuning"][0]["rows"]) == 9
+    with pytest.raises(SystemExit):
+        cuda.main(["--quick", "--out", str(out), "--cases", "64:2:x:float32"])
+
+
+def test_profile_script_runs(tmp_path):
+    from benchmarks import cuda_profile
+    rows = cuda_profile.main(["--quick", "--repeats", "1", "--out",
+                              str(tmp_path / "p.json")])
+    assert [r["case"].split()[0] for r in rows] == ["fastrg", "fastrg", "SBMConv", "LRA"]
+    assert all(r["wall"] > 0 for r in rows)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's behaviour")
 def test_gpu_run_skips_the_cuda_stages_on_a_cpu(tmp_path):
     import os

@@ -1,7 +1,12 @@
+import pytest
 import torch
 from torch_geometric.utils import is_undirected
 
 from benchmarks import gps_scaling
+
+# Host-side tools (the GPS CLI and the CPU benchmark): on the CPU whatever
+# SBM_PYG_TEST_DEVICE says.
+pytestmark = pytest.mark.host
 
 
 def test_scaled_pattern_graph_keeps_the_degree():

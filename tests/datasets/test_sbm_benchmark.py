@@ -95,6 +95,18 @@ def test_same_seed_same_graphs_other_seed_other_graphs():
     assert not torch.equal(a[0].edge_index, c[0].edge_index)
 
 
+def test_graphs_are_host_data_whatever_the_default_device():
+    # Drawn from CPU generators: a default device set by the caller (CUDA,
+    # or here meta, which would make every tensor an empty shell) changes
+    # nothing.
+    ref = generate_sbm_graphs("PATTERN", "test", seed=1)[:3]
+    with torch.device("meta"):
+        got = generate_sbm_graphs("PATTERN", "test", seed=1)[:3]
+    assert all(g.edge_index.device.type == "cpu" for g in got)
+    assert all(torch.equal(a.edge_index, b.edge_index) and torch.equal(a.x, b.x)
+               and torch.equal(a.y, b.y) for a, b in zip(got, ref))
+
+
 def _mean_and_se(values):
     t = torch.tensor(values, dtype=torch.float64)
     return float(t.mean()), float(t.std() / math.sqrt(len(t)))

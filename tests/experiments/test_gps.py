@@ -7,6 +7,10 @@ from sbm_pyg.__main__ import main
 from sbm_pyg.datasets import sbm_benchmark
 from sbm_pyg.experiments.gps import GPS_PRESETS, accuracy_sbm, weighted_cross_entropy
 
+# Host-side tools (the GPS CLI and the CPU benchmark): on the CPU whatever
+# SBM_PYG_TEST_DEVICE says.
+pytestmark = pytest.mark.host
+
 
 def test_accuracy_sbm_is_the_mean_per_class_recall():
     target = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])

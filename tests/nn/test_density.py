@@ -5,6 +5,7 @@ import torch
 
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn import DensityBudget, SBMConv, SBMGPSConv, density_loss
+from tests.helpers import seeded
 
 
 def test_equals_the_models_own_regularizer():
@@ -41,8 +42,8 @@ def test_errors():
 
 
 def _forward(model, seed=0):
-    x = torch.randn(24, 8, generator=torch.Generator().manual_seed(seed))
-    model(x, generator=torch.Generator().manual_seed(seed))
+    x = torch.randn(24, 8, generator=seeded(seed))
+    model(x, generator=seeded(seed))
 
 
 def test_budget_penalty_is_lambda_times_the_excess_over_the_budget():
@@ -167,7 +168,7 @@ def test_per_head_budgets_move_each_head_its_own_way():
                                  for _ in range(2)])
     x = torch.randn(24, 8)
     for conv in model:
-        conv(x, generator=torch.Generator().manual_seed(0))
+        conv(x, generator=seeded(0))
     d = torch.stack([conv.expected_density for conv in model]).detach()
     target = torch.tensor([[1e-3, 1.0], [1.0, 1e-3]])
     budget = DensityBudget(model, target=target, lam=1e-2, lam_min=1e-4)
@@ -192,7 +193,7 @@ def test_budget_holds_the_density_against_a_force_toward_full_attention():
     x = torch.randn(64, 8)
     densities, lams = [], []
     for step in range(400):
-        conv(x, generator=torch.Generator().manual_seed(step))
+        conv(x, generator=seeded(step))
         loss = -0.05 * density_loss(conv)
         optimizer.zero_grad()
         (loss + budget.penalty()).backward()

@@ -239,7 +239,9 @@ def test_an_edge_updating_conv_carries_edge_features(layer):
     if layer == "sbm":
         gps = SBMGPSConv(8, conv, heads=2, attn_kwargs=dict(num_clusters=4))
     else:
-        gps = DenseGPSConv(8, conv, heads=2, attn_type=layer)
+        # .to(): PyG's PerformerAttention draws its projection on the CPU
+        # whatever the default device (as a user's model is, it is moved).
+        gps = DenseGPSConv(8, conv, heads=2, attn_type=layer).to(x.device)
     out, e_out = gps(x, ei, batch, edge_attr=e, generator=seeded(1))
     assert out.shape == x.shape and e_out.shape == e.shape
     # The edge features are the local conv's own update, unchanged by the
@@ -258,7 +260,7 @@ def test_dense_twin_attends_within_each_graph_only(attn_type):
     torch.manual_seed(0)
     x, ei, e, batch = _two_graphs()
     gps = DenseGPSConv(8, GatedGCNConv(8), heads=2, attn_type=attn_type,
-                       norm=None).eval()
+                       norm=None).to(x.device).eval()
     out, _ = gps(x, ei, batch, edge_attr=e)
     x2 = x.clone()
     x2[3:] = torch.randn(3, 8)  # the second graph changes

@@ -56,8 +56,10 @@ def test_each_sequence_runs_its_regime():
     assert dense.backends["attention"] == "dense"
     torch.testing.assert_close(res.out[:n0], dense.out)
     torch.testing.assert_close(res.out[n0:], rest.out[n0:])
-    # Sequence 0 is all edges; the densities average the non-empty ones.
-    assert float(res.sampled_density.min()) > 0.5
+    # Sequence 0 is all edges; the densities average the non-empty ones:
+    # (1 + d_2) / 2 with d_2 >= 0 (sequence 2 draws about 4 edges a head
+    # and may draw none), where the mean over all three would be below 1/2.
+    assert float(res.sampled_density.min()) >= 0.5
     # Gradients reach every input through both regimes.
     grads = torch.autograd.grad(res.out.square().sum()
                                 + res.expected_density.sum(), leaves)

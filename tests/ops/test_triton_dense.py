@@ -58,7 +58,7 @@ def run(device, ptr, q_memb, block, k_memb, x, ste="paper", **kwargs):
 
 
 def unpack(mask):
-    return (mask[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1
+    return (mask[:, None] >> torch.arange(8, dtype=torch.uint8, device=mask.device)) & 1
 
 
 def triton_device():
@@ -86,6 +86,22 @@ def test_same_mask_output_and_gradients_as_the_cpu_kernel(mode, ste):
     for name, a, b in zip(names, [got[0], *got[3:]], [ref[0], *ref[3:]]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-9, msg=name)
         assert b.abs().max() > 0, name
+
+
+@pytest.mark.skipif(TEST_DEVICE.type != "cpu",
+                    reason="switches a compiled kernel's global (interpreter only)")
+def test_float64_as_elementwise_sums(monkeypatch):
+    # Triton before 3.9 takes float64 products as elementwise sums on
+    # 8-row tiles (FP64_SUMS): the same mask, output and gradients.
+    from sbm_pyg.ops import triton_dense_kernels as kernels
+    monkeypatch.setattr(kernels, "FP64_SUMS", True)
+    monkeypatch.setattr(kernels, "_FP64_SUMS", kernels.tl.constexpr(True))
+    ptr, *args = inputs(torch.float64)
+    ref = run("cpu", ptr, *args, mode="exact", ste="paper", exploration=0.01)
+    got = run("twin", ptr, *args, mode="exact", ste="paper", exploration=0.01)
+    assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
+    for a, b in zip([got[0], *got[3:]], [ref[0], *ref[3:]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
 
 
 def test_float32():
