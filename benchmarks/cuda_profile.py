@@ -55,7 +55,6 @@ def main(argv: Optional[Sequence[str]] = None) -> list:
         gen = torch.Generator(device).manual_seed(0)
         rows.append(profile(f"fastrg n={sampler_n} 1% {mode}", lambda: fastrg(
             q, block, k, mode=mode, generator=gen), device, args.repeats, log))
-    del q, block, k
     conv = calibrated_conv(HEADS * HEAD_DIM, 0.01, device)
     x = torch.randn(layer_n, HEADS * HEAD_DIM, device=device, requires_grad=True)
     gen = torch.Generator(device).manual_seed(0)
