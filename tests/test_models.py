@@ -188,9 +188,11 @@ def test_gps_node_classifier_trains_on_cluster_graphs(attention, device):
     graphs = [AddLaplacianPE(10)(g) for g in generate_sbm_graphs("CLUSTER", "test")[:4]]
     batch = next(iter(DataLoader(graphs, batch_size=4))).to(device)
     torch.manual_seed(0)
+    # .to(): PyG's PerformerAttention draws its projection on the CPU
+    # whatever the default device.
     model = GPSNodeClassifier(7, 6, channels=16, num_layers=2, heads=2,
                               attention=attention, pe_channels=8,
-                              sbm_kwargs=dict(num_clusters=4))
+                              sbm_kwargs=dict(num_clusters=4)).to(device)
     out = model(batch.x, batch.edge_index, batch.batch, batch.eigvecs,
                 batch.eigvals, generator=seeded(0))
     assert out.shape == (batch.num_nodes, 6)
