@@ -135,7 +135,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                    fastrg_backend=backends(device)["sampler"],
                    attention_backend=backends(device)["attention"],
                    sdpa_backend=sdpa_backend(device))
-    log = lambda s: print(s, flush=True)  # noqa: E731
+    out = args.out or Path(__file__).parent / f"results-{device.type}.json"
+
+    def log(line: str) -> None:
+        # Each section opens with a "[name]" line: what the sections before
+        # it measured is written then, so that a run cut short keeps it.
+        if line.startswith("\n["):
+            out.write_text(json.dumps(results, indent=1))
+        print(line, flush=True)
+
     log(f"sbm_pyg benchmarks on {device} ({args.threads} threads), H={HEADS}, "
         f"D={HEAD_DIM}, forward+backward, median of {args.repeats}; backends: "
         f"fastrg {results['fastrg_backend']}, attention "
@@ -216,7 +224,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             gps_sizes, gps_variants, args.repeats, args.threads,
             int(gps_scaling.MEMORY_LIMIT_GIB * 2**30), gps_scaling.TIMEOUT_S,
             gps_scaling.WEIGHTS, log)
-    out = args.out or Path(__file__).parent / f"results-{device.type}.json"
     out.write_text(json.dumps(results, indent=1))
     log(f"\nwritten to {out}")
     return results

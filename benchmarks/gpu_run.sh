@@ -24,9 +24,25 @@
 #
 # SUITE_ARGS adds pytest arguments (e.g. a test selection); BENCH_ARGS adds
 # benchmark arguments. Every stage runs under a time limit, so that the
-# command ends with its logs written. Without a CUDA device the stages that
-# need one are skipped, each with a line saying so, and the others run.
+# command ends with its logs written; a stage that fails does not stop the
+# next, and the command exits 1 if any failed. Without a CUDA device the
+# stages that need one are skipped, each with a line saying so, and the
+# others run.
+#
+#   bash benchmarks/gpu_run.sh --tiny [stages]
+#
+# runs every stage on CPU tensors instead, the Triton kernels under their
+# interpreter (TRITON_INTERPRET=1), at toy sizes: a Triton test subset, the
+# benchmarks' --quick modes, the profile entry points without ncu, the
+# repeat and ListOps runs at a few steps. Nothing is measured; what it
+# proves is that no stage calls a kernel with a missing argument or names
+# a backend the device does not have (CI runs it).
+#
+# Planned calls on a lent GPU (about 15 minutes of device time, a start
+# included): benchmarks/gpu_short.sh, one call of about six minutes.
 set -u
+tiny=0
+if [ "${1:-}" = "--tiny" ]; then tiny=1; shift; fi
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" runs
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -36,7 +52,21 @@ log() { echo "[gpu_run $(date +%T)] $*" | tee -a "$OUT/gpu_run.log"; }
 
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(env build suite bench profile)
-gpu=$($PY -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
+if [ $tiny = 1 ]; then
+  export TRITON_INTERPRET=1
+  DEV=cpu QUICK="--quick --repeats 1" gpu=1
+  # The toy sizes of the training stages.
+  REPEAT_TINY=(--seq-len 16 --steps 3 --batch-size 8 --checkpoint-every 2)
+  LISTOPS_TINY=(--seq-len 64 --steps 2 --batch-size 4 --listops-sizes 16 8 8
+                --listops-min-length 16 --eval-every 2 --eval-batches 1)
+else
+  DEV=cuda QUICK= REPEAT_TINY=() LISTOPS_TINY=()
+  gpu=$($PY -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
+fi
+failed=0
+check() {  # check NAME STATUS: log a stage's exit status, remember a failure
+  log "$1 exit $2"; [ "$2" = 0 ] || failed=1
+}
 repeat_pids=()
 for stage in "${stages[@]}"; do
   case $stage in
@@ -58,50 +88,71 @@ if torch.cuda.is_available():
         command -v ncu; } 2>&1 | tee -a "$OUT/gpu_run.log" ;;
     build)
       MAX_JOBS=16 timeout 300 $PY setup.py build_ext --inplace > runs/build.log 2>&1
-      log "build exit $?"; tail -3 runs/build.log | tee -a "$OUT/gpu_run.log" ;;
+      check build $?; tail -3 runs/build.log | tee -a "$OUT/gpu_run.log" ;;
     suite)
-      SBM_PYG_TEST_DEVICE=cuda timeout "${SUITE_SECONDS:-420}" $PY -m pytest -q \
-        -m "not host" -n 8 -p no:cacheprovider --timeout 240 -rfE \
+      if [ $tiny = 1 ]; then  # a Triton subset, interpreted, on one process
+        suite=(-k triton tests/ops/test_triton_dense.py tests/ops/test_library.py)
+      else
+        suite=(-n 8 --timeout 240)
+      fi
+      SBM_PYG_TEST_DEVICE=$DEV timeout "${SUITE_SECONDS:-420}" $PY -m pytest -q \
+        -m "not host" -p no:cacheprovider -rfE "${suite[@]}" \
         ${SUITE_ARGS:-} > "$OUT/suite.log" 2>&1
-      log "suite exit $?"; { grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | cut -c1-200
+      check suite $?; { grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | cut -c1-200
       tail -2 "$OUT/suite.log"; } | tee -a "$OUT/gpu_run.log" ;;
     repeat)
       for s in 0 1 2; do
-        d=runs/repeat256-cuda-s$s
+        d=runs/repeat256-$DEV-s$s
+        [ $tiny = 1 ] && d=runs/tiny-repeat-s$s
         r=(); [ -f "$d/checkpoint.pt" ] && r=(--resume)
         timeout "${REPEAT_SECONDS:-540}" $PY -m sbm_pyg train --preset repeat-paper \
-          --device cuda --seed $s --out "$d" --no-progress "${r[@]}" \
-          > "runs/repeat-s$s.log" 2>&1 &
+          --device $DEV --seed $s --out "$d" --no-progress "${r[@]}" \
+          "${REPEAT_TINY[@]}" > "runs/repeat-s$s.log" 2>&1 &
         repeat_pids+=($!)
       done ;;
     wait-repeat)
-      for p in "${repeat_pids[@]}"; do wait "$p"; log "repeat run exit $?"; done
+      for p in "${repeat_pids[@]}"; do wait "$p"; check "repeat run" $?; done
       tail -n 3 runs/repeat-s*.log | tee -a "$OUT/gpu_run.log" ;;
     bench)
-      timeout "${BENCH_SECONDS:-420}" $PY -m benchmarks.cuda \
+      timeout "${BENCH_SECONDS:-420}" $PY -m benchmarks.cuda $QUICK \
         --out "$OUT/results-cuda.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
-      log "bench exit ${PIPESTATUS[0]}"
-      timeout "${BENCH_SECONDS:-420}" $PY -m benchmarks --device cuda \
-        --out "$OUT/results-suite-cuda.json" 2>&1 | tee "$OUT/bench-suite.log"
-      log "bench suite exit ${PIPESTATUS[0]}" ;;
+      check bench ${PIPESTATUS[0]}
+      sections=()  # --tiny: the sections a GPU run times, not the CPU-only ones
+      [ $tiny = 1 ] && sections=(--sections attention sampler layer crossover training)
+      timeout "${BENCH_SECONDS:-420}" $PY -m benchmarks --device $DEV $QUICK \
+        "${sections[@]}" --out "$OUT/results-suite-cuda.json" 2>&1 \
+        | tee "$OUT/bench-suite.log"
+      check "bench suite" ${PIPESTATUS[0]} ;;
     profile)
-      if command -v ncu > /dev/null; then
+      timeout 300 $PY -m benchmarks.cuda_profile $QUICK --out "$OUT/profile-cuda.json" \
+        > "$OUT/profile-cuda.log" 2>&1
+      check "kernel profile" $?
+      if [ $tiny = 1 ]; then  # the entry point ncu runs, without ncu
+        $PY -m benchmarks.ncu_attention 64 2 32 0.05 float32 > "$OUT/ncu-attention.log" 2>&1
+        check "profile entry point" $?
+      elif command -v ncu > /dev/null; then
         timeout 300 ncu -k regex:_kernel --section SpeedOfLight --section MemoryWorkloadAnalysis \
           $PY -m benchmarks.ncu_attention > "$OUT/ncu-attention.log" 2>&1
-        log "profile exit $?"
+        check profile $?
       else
         log "stage profile: skipped, ncu (Nsight Compute) not on PATH"
       fi ;;
     listops)
       for att in ${LISTOPS_ATTENTION:-sbm full}; do
         timeout -s INT "${LISTOPS_SECONDS:-120}" $PY -m sbm_pyg train \
-          --preset listops-paper --attention $att --device cuda \
-          --eval-every 100 --log-every 10 --out runs/listops2000-cuda-$att \
-          --data-dir runs/data --no-progress > "runs/listops-$att.log" 2>&1
-        log "listops $att exit $?"; tail -n 2 "runs/listops-$att.log" | tee -a "$OUT/gpu_run.log"
+          --preset listops-paper --attention $att --device $DEV \
+          --eval-every 100 --log-every 10 --out runs/listops2000-$DEV-$att$([ $tiny = 1 ] && echo -tiny) \
+          --data-dir runs/data --no-progress "${LISTOPS_TINY[@]}" \
+          > "runs/listops-$att.log" 2>&1
+        status=$?
+        # A run cut at its time limit (timeout: 124) is the plan, not a failure.
+        [ $status = 124 ] && status=0
+        check "listops $att" $status
+        tail -n 2 "runs/listops-$att.log" | tee -a "$OUT/gpu_run.log"
       done ;;
     pack)
       tar czf "$OUT/runs.tgz" runs; ls -la "$OUT" ;;
     *) log "unknown stage $stage"; exit 2 ;;
   esac
 done
+exit $failed
