@@ -63,6 +63,18 @@ def test_no_private_name_is_imported_across_packages():
     assert not found, found
 
 
+def test_the_kernels_do_not_import_the_sampler():
+    # sbm_pyg.ops holds the kernels the sampler builds on (the graph, the
+    # random streams, the attention): no module of it imports
+    # sbm_pyg.sampling, which would make the layering a cycle.
+    root = Path(sbm_pyg.__file__).parent / "ops"
+    found = [f"{path.name}: {line.strip()}" for path in root.glob("*.py")
+             for line in path.read_text().splitlines()
+             if re.match(r"\s*(from sbm_pyg\.sampling|import sbm_pyg\.sampling|"
+                         r"from sbm_pyg import .*\bsampling\b)", line)]
+    assert not found, found
+
+
 def test_the_package_imports_without_triton():
     # triton is optional: without it the package runs its C++ and PyTorch
     # paths (the README's install line does not install it).

@@ -42,7 +42,7 @@ from sbm_pyg.ops.dropout import DROPOUT_STREAM
 from sbm_pyg.ops.torch_attention import STE_CODES
 
 if triton is not None:
-    from sbm_pyg.sampling.triton_streams import bits, stream
+    from sbm_pyg.ops.triton_streams import bits, stream
 
     # A global a compiled kernel may read must be a constexpr.
     _DROPOUT_STREAM = tl.constexpr(DROPOUT_STREAM)

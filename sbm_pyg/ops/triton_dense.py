@@ -10,7 +10,7 @@ FlashAttention does; no :obj:`[n_q, n_k]` matrix exists. Four kernels:
   \hat{\mathbf{K}}^{\top}` per tile by :func:`tl.dot` (full precision: the
   probabilities feed the draws), one Bernoulli trial per pair read from the
   row's SplitMix64 stream at the counters the CPU kernel reads
-  (:mod:`~sbm_pyg.sampling.triton_streams`), self-loops added, the bits
+  (:mod:`~sbm_pyg.ops.triton_streams`), self-loops added, the bits
   packed eight keys to a byte in the CPU kernel's layout. Same seed, same
   uniforms: the mask is the CPU kernel's wherever the two round
   :math:`p_{ij}` alike (always, but for a uniform within rounding of

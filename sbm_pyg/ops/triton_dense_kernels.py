@@ -15,7 +15,7 @@ __all__ = ["mask_kernel", "forward_kernel", "backward_query_kernel",
 
 if triton is not None:
     from sbm_pyg.ops.dropout import DROPOUT_STREAM
-    from sbm_pyg.sampling.triton_streams import bits, one_minus_exp, stream, uniform
+    from sbm_pyg.ops.triton_streams import bits, one_minus_exp, stream, uniform
 
     _DROPOUT_STREAM = tl.constexpr(DROPOUT_STREAM)
     # Triton before 3.9 cannot lower a float64 MMA whose operand is

@@ -80,7 +80,7 @@ def test_the_dense_kernels_never_spill_at_the_model_sizes():
 
 
 def test_the_sampler_kernels_never_spill():
-    sampler = dict(module="sbm_pyg.sampling.fastrg_triton", kernel="merge_kernel")
+    sampler = dict(module="sbm_pyg.sampling.fastrg_triton_kernels", kernel="merge_kernel")
     assert problems([_row(**sampler)], []) == []
     spilling = _row(stack_bytes=8, constexprs={"K": "256"}, **sampler)
     assert "no kernel of its module may" in problems([spilling], [spilling])[0]

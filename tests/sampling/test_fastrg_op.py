@@ -133,12 +133,12 @@ def test_triton_kernels_compile_once_whatever_the_seed_and_sizes():
     # calls. Their types are fixed and they are not specialised.
     import inspect
 
-    from sbm_pyg.sampling import fastrg_triton
+    from sbm_pyg.sampling import fastrg_triton_kernels as kernels
     from tests.triton_abi import jit_binding
     scalars = {"seed", "delta", "threshold", "R", "Nq", "Nk", "N", "E"}
-    for kernel in (fastrg_triton._plan_kernel, fastrg_triton._weight_kernel,
-                   fastrg_triton._guide_kernel, fastrg_triton._draw_kernel,
-                   fastrg_triton._merge_kernel, fastrg_triton._graph_kernel):
+    for kernel in (kernels.plan_kernel, kernels.weight_kernel,
+                   kernels.guide_kernel, kernels.draw_kernel,
+                   kernels.merge_kernel, kernels.graph_kernel):
         params = inspect.signature(kernel.fn).parameters
         tensor = torch.empty(4, dtype=torch.float64, device="cpu")
 

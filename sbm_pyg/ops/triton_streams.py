@@ -6,8 +6,10 @@ Hörmann's PTRS above). A kernel that reads a row's stream at the C++
 kernel's counters draws the C++ kernel's numbers, on any device and with
 any number of threads.
 
-Each function is called inside a kernel (:mod:`~sbm_pyg.sampling.fastrg_triton`);
-integers wrap as uint64.
+Each function is called inside a kernel (the sampler's,
+:mod:`~sbm_pyg.sampling.fastrg_triton_kernels`, and the attention kernels'
+dropout); integers wrap as uint64. Here in :mod:`sbm_pyg.ops`, which the
+sampler builds on, so that the attention kernels need not import it.
 """
 from __future__ import annotations
 

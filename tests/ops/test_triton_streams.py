@@ -8,7 +8,7 @@ import torch
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from sbm_pyg.sampling.triton_streams import bits, stream, uniform  # noqa: E402
+from sbm_pyg.ops.triton_streams import bits, stream, uniform  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="runs the device functions interpreted")
