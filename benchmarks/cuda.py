@@ -380,7 +380,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--repeats", type=int, default=10)
     sections = ["attention", "tuning", "sampler", "dense", "layer", "training"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
-    # A call on a lent GPU is short: these narrow a section to what fits.
+    # A short call on a GPU machine: these narrow a section to what fits.
     parser.add_argument("--cases", nargs="+", default=None, metavar="N:H:D:DTYPE",
                         help="attention cases, e.g. 16384:2:32:bfloat16")
     parser.add_argument("--densities", nargs="+", type=float, default=None)

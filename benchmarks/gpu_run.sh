@@ -38,7 +38,7 @@
 # proves is that no stage calls a kernel with a missing argument or names
 # a backend the device does not have (CI runs it).
 #
-# Planned calls on a lent GPU (about 15 minutes of device time, a start
+# Planned calls on a GPU machine with about 15 minutes to give (a start
 # included): benchmarks/gpu_short.sh, one call of about six minutes.
 set -u
 tiny=0

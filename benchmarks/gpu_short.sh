@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call of at most ten minutes on a freshly started GPU machine that has
-# its own Python, torch, triton, torch_geometric and pytest-xdist (what one
-# lent GPU's device time allows; benchmarks/gpu_run.sh has the long stages):
+# its own Python, torch, triton, torch_geometric and pytest-xdist (for a
+# machine held about a quarter of an hour; benchmarks/gpu_run.sh has the
+# long stages):
 # first the extension's build, the CUDA suite and the repeat task's three
 # seeds side by side (correctness and training: nothing there is timed),
 # then the benchmarks alone on the GPU. Run from the repository root:
