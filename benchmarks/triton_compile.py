@@ -25,6 +25,10 @@ The check fails (exit 1) if
   default follows the TF32 setting),
 * a kernel does not compile.
 
+Each row also says whether the kernel's PTX issues tensor-core instructions
+(``tensor_cores``): the dense-regime kernels' float32 products run on FMA
+units today (``input_precision="ieee"``), so no check is made of it yet.
+
 Registers and stack bytes per kernel, signature and architecture land in
 ``benchmarks/results-triton-compile.json``, the baseline (``--update``
 rewrites it). CI runs the check.
@@ -172,6 +176,12 @@ def local_memory(ptx: str) -> int:
     return len(re.findall(r"\b(?:ld|st)\.local\b", ptx))
 
 
+def tensor_cores(ptx: str) -> bool:
+    """Whether PTX issues tensor-core instructions (``mma`` on sm_80,
+    ``wgmma`` on sm_90)."""
+    return re.search(r"\b(?:wgmma\.mma_async|mma\.sync)\b", ptx) is not None
+
+
 def dots_without_precision(source: str) -> List[int]:
     """Lines of ``tl.dot`` calls that leave ``input_precision`` to the
     global setting."""
@@ -285,6 +295,7 @@ def compile_all(launches: List[dict], archs=ARCHS) -> List[dict]:
                             for path, value in constexprs.items()},
                 num_warps=options.num_warps, **_resources(kernel.asm["cubin"]),
                 local_memory=local_memory(ptx), f32_params=f32_params(ptx),
+                tensor_cores=tensor_cores(ptx),
                 seconds=round(time.perf_counter() - start, 2))
             rows.append(row)
     return rows

@@ -7,6 +7,7 @@ from benchmarks.triton_compile import (
     f32_params,
     local_memory,
     problems,
+    tensor_cores,
 )
 
 pytestmark = pytest.mark.host
@@ -29,6 +30,10 @@ def test_ptx_readers():
     assert f32_params(PTX) == ["_forward_kernel_param_7"]
     assert local_memory(PTX) == 2
     assert f32_params(PTX.replace(".param .f32", ".param .f64")) == []
+    assert not tensor_cores(PTX)
+    mma = "\tmma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f1}, {%r1};\n"
+    wgmma = "\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1;\n"
+    assert tensor_cores(PTX + mma) and tensor_cores(PTX + wgmma)
 
 
 def test_dots_must_name_their_input_precision():
