@@ -205,6 +205,22 @@ def test_gps_node_classifier_trains_on_cluster_graphs(attention, device):
         assert densities.shape == (2, 2) and bool((densities > 0).all())
     else:
         assert densities is None
+    # And it trains: 60 Adam steps on these four graphs' labels take the
+    # loss below 0.9 of its start (6 classes: about log 6 = 1.79 at first).
+    # Measured over the four attentions and five seeds: 0.66-0.83 of it (one
+    # 0.30); a model that learns nothing stays near 1.
+    opt = torch.optim.Adam(model.parameters(), lr=3e-2)
+    gen = seeded(1)
+    losses = []
+    for _ in range(60):
+        out = model(batch.x, batch.edge_index, batch.batch, batch.eigvecs,
+                    batch.eigvals, generator=gen)
+        loss = torch.nn.functional.cross_entropy(out, batch.y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < 0.9 * losses[0], losses[::10]
 
 
 def test_gps_node_classifier_bad_arguments():

@@ -180,7 +180,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
     # (asked for or chosen) the one "auto" takes, for weights or graphs.
     attention = ("message_passing" if attend is not None else resolve_backend(
         "attention", "auto" if attention_backend == "dense"
-        else attention_backend, device, dropout=dropout))
+        else attention_backend, device))
     if attend is None and (attention_backend == "dense"
                            or (pairs > 0 and num_dense == pairs)):
         part = _dense(*args, max_edges=max_edges, **opts)
@@ -220,7 +220,7 @@ def _regimes(query: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
     auto = backend == "auto" and not custom and dense_runs(device)
     if not auto:
         if backend == "dense":
-            resolve_backend("attention", "dense", device, dropout=dropout)
+            resolve_backend("attention", "dense", device)
         return ptr_q, ptr_k, None, None
     # Checked here (one sync): the expected density reads the pointers.
     sync(checks)
@@ -323,8 +323,7 @@ def _dense(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
         return _Part(nodes_first(res.out, H), None, None, res.edges)
     graph = SampledGraph.from_keys(mask_keys(res.mask, ptr_q, ptr_k, H), H, Nq,
                                    Nk, ptr_q=ptr_q, ptr_k=ptr_k)
-    attention = resolve_backend("attention", "auto", query.device,
-                                dropout=dropout)
+    attention = resolve_backend("attention", "auto", query.device)
     out, alpha = _attend(query, key, value, q_memb, block, k_memb, graph, ste,
                          dropout, training, need_alpha, attend, generator,
                          attention)

@@ -288,8 +288,7 @@ def sparse_attention(
         raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
     check_generator(generator, query.device)
     dropout = dropout if training else 0.0
-    backend = resolve_backend("attention", backend, query.device,
-                              dropout=dropout)
+    backend = resolve_backend("attention", backend, query.device)
     scale = 1.0 / math.sqrt(D)
     q, k, v = heads_first(query), heads_first(key), heads_first(value)
     # One draw from the generator, on the host (no sync): the mask's seed.

@@ -95,9 +95,23 @@ def dense_runs(device: torch.device) -> bool:
     return device.type == "cuda" and WITH_TRITON
 
 
+_WARNED: Dict[str, bool] = {}
+
+
+def _warn_no_triton() -> None:
+    # Said once, as the missing extension is: without it nothing would tell
+    # that CUDA tensors run the reference path.
+    if not _WARNED.get("triton"):
+        _WARNED["triton"] = True
+        warnings.warn(
+            "sbm_pyg: triton is not installed, so on CUDA the sampler and the "
+            "attention run their pure-PyTorch path, several times slower. "
+            "Install triton (pip install triton) for the CUDA kernels.",
+            RuntimeWarning, stacklevel=3)
+
+
 def resolve_backend(op: str, backend: Optional[str],
                     device: Union[torch.device, str], *,
-                    dropout: float = 0.0,
                     density: Optional[float] = None) -> str:
     r"""The kernel that runs :obj:`op` for tensors on :obj:`device`: the one
     place where a backend is chosen, for the sampler and the attention
@@ -105,8 +119,9 @@ def resolve_backend(op: str, backend: Optional[str],
 
     * :obj:`"auto"` (or :obj:`None`): :obj:`"cpp"` on the CPU where the
       compiled extension is built, :obj:`"triton"` on CUDA where Triton is
-      installed, else :obj:`"torch"`; every one of them has attention
-      dropout. Given the expected :obj:`density` of the graph to come, the
+      installed, else :obj:`"torch"` (on CUDA with a warning, once: the
+      PyTorch path is several times slower); every one of them has
+      attention dropout. Given the expected :obj:`density` of the graph to come, the
       attention takes :obj:`"dense"` from :data:`DENSE_CROSSOVER` on, where
       that kernel runs (with the same attention dropout).
     * :obj:`"cpp"`: the compiled extension ``sbm_pyg._C`` (CPU tensors).
@@ -122,8 +137,6 @@ def resolve_backend(op: str, backend: Optional[str],
         backend (str, optional): one of :data:`BACKENDS` (for the
             attention :data:`ATTENTION_BACKENDS`) or :obj:`None`.
         device (torch.device or str): where the tensors are.
-        dropout (float): the attention dropout that must run (every
-            attention kernel has it: kept for callers that pass it).
         density (float, optional): the expected density of the attention
             graph, for :obj:`"auto"`'s choice of the dense-regime kernel.
 
@@ -136,8 +149,6 @@ def resolve_backend(op: str, backend: Optional[str],
 
     Example:
         >>> resolve_backend("attention", "torch", "cpu")
-        'torch'
-        >>> resolve_backend("attention", "torch", "cpu", dropout=0.1)
         'torch'
     """
     if op not in OPS:
@@ -155,6 +166,8 @@ def resolve_backend(op: str, backend: Optional[str],
             return "cpp"
         if device.type == "cuda" and WITH_TRITON:
             return "triton"
+        if device.type == "cuda":
+            _warn_no_triton()
         return "torch"
     if backend == "dense" and device.type == "cuda":
         if not WITH_TRITON:

@@ -76,6 +76,9 @@ def test_resume_continues_the_run_exactly(tmp_path, small_recipes):
     _run(tmp_path, split, "--epochs", "3", "--resume")
     a = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(line) for line in (split / "metrics.jsonl").read_text().splitlines()]
+    # Every epoch once, the resumed one included (zip alone would pass a
+    # resume that ran no epoch).
+    assert [r["epoch"] for r in a] == [r["epoch"] for r in b] == [1, 2, 3]
     for x, y in zip(a, b):
         for key in ("train_loss", "val_metric", "val_density"):
             assert x[key] == y[key], key

@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -18,7 +19,14 @@ def test_backends_names_what_runs(monkeypatch):
     monkeypatch.setattr(backend_info, "WITH_TRITON", True)
     assert backends("cuda") == dict(sampler="triton", attention="triton")
     monkeypatch.setattr(backend_info, "WITH_TRITON", False)
-    assert backends("cuda") == dict(sampler="torch", attention="torch")
+    monkeypatch.setattr(backend_info, "_WARNED", {})
+    with pytest.warns(RuntimeWarning, match="triton is not installed"):
+        assert backends("cuda") == dict(sampler="torch", attention="torch")
+    # Once: the second call says nothing, and the CPU never did.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backends("cuda") == dict(sampler="torch", attention="torch")
+        backends("cpu")
 
 
 def test_resolve_backend_raises_where_the_kernel_cannot_run(monkeypatch):
@@ -41,14 +49,9 @@ def test_resolve_backend_raises_where_the_kernel_cannot_run(monkeypatch):
         monkeypatch.undo()
     with pytest.raises(ValueError, match="op must be one of"):
         resolve("softmax", "auto", "cpu")
-    # Dropout: every kernel has it, so it changes no choice.
-    monkeypatch.setattr(backend_info, "WITH_EXTENSION", True)
-    assert resolve("attention", "auto", "cpu", dropout=0.1) == "cpp"
-    assert resolve("attention", "cpp", "cpu", dropout=0.1) == "cpp"
-    assert resolve("attention", "dense", "cpu", dropout=0.1) == "dense"
-    assert resolve("attention", "auto", "cpu", dropout=0.1, density=1.0) == "dense"
-    assert resolve("sampler", "auto", "cpu", dropout=0.1) == resolve(
-        "sampler", "auto", "cpu")
+    # Dropout is no argument: every kernel has it, so it changes no choice.
+    with pytest.raises(TypeError, match="dropout"):
+        resolve("attention", "auto", "cpu", dropout=0.1)
 
 
 WITHOUT_EXTENSION = """
@@ -83,7 +86,6 @@ def test_the_dense_kernel_runs_on_the_cpu_and_cuda(monkeypatch):
         assert resolve("attention", "dense", device) == "dense"
         assert resolve("attention", "auto", device, density=0.5) == "dense"
         assert resolve("attention", "auto", device, density=0.1) != "dense"
-        assert resolve("attention", "dense", device, dropout=0.1) == "dense"
     monkeypatch.setattr(backend_info, "WITH_TRITON", False)
     assert not backend_info.dense_runs(torch.device("cuda"))
     assert resolve("attention", "auto", "cuda", density=0.5) == "torch"
