@@ -25,9 +25,12 @@ The check fails (exit 1) if
   default follows the TF32 setting),
 * a kernel does not compile.
 
-Each row also says whether the kernel's PTX issues tensor-core instructions
-(``tensor_cores``): the dense-regime kernels' float32 products run on FMA
-units today (``input_precision="ieee"``), so no check is made of it yet.
+* a dense-regime kernel asked for tensor-core products (its ``DOT``
+  constexpr: TF32, bfloat16, float16 or the mask's three-pass TF32)
+  issues no tensor-core instruction.
+
+Each row says whether the kernel's PTX issues tensor-core instructions
+(``tensor_cores``: ``mma`` or ``wgmma``).
 
 Registers and stack bytes per kernel, signature and architecture land in
 ``benchmarks/results-triton-compile.json``, the baseline (``--update``
@@ -151,6 +154,20 @@ def _dense_sizes(g) -> None:
                                       dropout=0.5, dropout_seed=2**40 + 3,
                                       triton_on_cpu=True)
                 res.out.sum().backward()
+    # float32 on tensor cores, in each precision, at the model's sizes.
+    k = 128
+    q_block, k_memb = (torch.rand(H * N, k, generator=g).div_(k)
+                       .requires_grad_() for _ in "qk")
+    for precision in ("tf32", "bfloat16", "float16"):
+        for D in (32, 64):
+            x = [torch.randn(H * N, D, generator=g).requires_grad_()
+                 for _ in "qkv"]
+            for dropout in (0.0, 0.5):
+                res = dense_attention(*x, q_block, k_memb, ptr, ptr, heads=H,
+                                      scale=D**-0.5, seed=1, ste="paper",
+                                      dropout=dropout, dropout_seed=5,
+                                      precision=precision, triton_on_cpu=True)
+                res.out.sum().backward()
 
 
 def load(directory: Path) -> List[dict]:
@@ -182,14 +199,24 @@ def tensor_cores(ptx: str) -> bool:
     return re.search(r"\b(?:wgmma\.mma_async|mma\.sync)\b", ptx) is not None
 
 
+def _half_operand(node: ast.expr) -> bool:
+    # x.to(tl.bfloat16) or x.to(tl.float16): a product that no float32
+    # setting touches.
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "to" and len(node.args) == 1
+            and isinstance(node.args[0], ast.Attribute)
+            and node.args[0].attr in ("bfloat16", "float16"))
+
+
 def dots_without_precision(source: str) -> List[int]:
     """Lines of ``tl.dot`` calls that leave ``input_precision`` to the
-    global setting."""
+    global setting (calls on half-precision casts need none)."""
     lines = []
     for node in ast.walk(ast.parse(textwrap.dedent(source))):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "dot"
-                and not any(kw.arg == "input_precision" for kw in node.keywords)):
+                and not any(kw.arg == "input_precision" for kw in node.keywords)
+                and not all(_half_operand(a) for a in node.args[:2])):
             lines.append(node.lineno)
     return lines
 
@@ -221,6 +248,11 @@ def problems(rows: Iterable[dict], baseline: Iterable[dict]) -> List[str]:
             continue
         if row["f32_params"] and any(t == "*fp64" for t in row["signature"].values()):
             found.append(f"{name}: float64 kernel takes fp32 scalars {row['f32_params']}")
+        if (row.get("module", "").endswith("triton_dense_kernels")
+                and int(row["constexprs"].get("DOT", 0)) != 0
+                and not row["tensor_cores"]):
+            found.append(f"{name}: a product asked of tensor cores "
+                         f"(DOT={row['constexprs']['DOT']}) issues no mma")
         spills = row["stack_bytes"] > 0 or row["local_memory"] > 0
         if spills and _spill_free(row):
             found.append(f"{name}: spills ({row['stack_bytes']} stack bytes) "

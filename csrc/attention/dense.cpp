@@ -124,6 +124,14 @@ struct Dropout {
   }
 };
 
+// The products' precision on the GPU (0 "ieee", 1 "tf32", 2 "bfloat16", 3
+// "float16": sbm_pyg/ops/dense_attention.py); the CPU computes every
+// product in the inputs' dtype whatever it says.
+void check_precision(const char* op, int64_t precision) {
+  TORCH_CHECK(precision >= 0 && precision <= 3, op,
+              ": unknown precision code ", precision);
+}
+
 template <typename T>
 Dropout<T> make_dropout(int64_t seed, int64_t threshold, int64_t c0) {
   TORCH_CHECK(threshold >= 0 && threshold < (int64_t(1) << 53),
@@ -344,8 +352,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dense_attention(
     const Tensor& v_, const Tensor& q_block_, const Tensor& k_memb_,
     int64_t heads, double delta, bool exact, bool self_loops, int64_t seed,
     double scale, int64_t ste, int64_t dropout_seed,
-    int64_t dropout_threshold) {
+    int64_t dropout_threshold, int64_t precision) {
   (void)ste;  // the estimator acts in backward; an argument for autograd
+  check_precision("sbm_pyg::dense_attention", precision);
   // The products below are this op's kernels, not autograd's business (on
   // every thread: a dispatch guard would hold on this one only).
   const Tensor q = q_.detach(), k = k_.detach(), v = v_.detach(),
@@ -409,7 +418,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dense_attention_backward(
     const Tensor& k_, const Tensor& v_, const Tensor& q_block_,
     const Tensor& k_memb_, const Tensor& mask, const Tensor& out_,
     const Tensor& lse_, const Tensor& grad_out_, int64_t heads, double scale,
-    int64_t ste, int64_t dropout_seed, int64_t dropout_threshold) {
+    int64_t ste, int64_t dropout_seed, int64_t dropout_threshold,
+    int64_t precision) {
+  check_precision("sbm_pyg::dense_attention_backward", precision);
   const Tensor q = q_.detach(), k = k_.detach(), v = v_.detach(),
                q_block = q_block_.detach(), k_memb = k_memb_.detach(),
                out = out_.detach(), lse = lse_.detach(),

@@ -25,7 +25,8 @@ from sbm_pyg.ops.backend_info import (
     resolve_backend,
 )
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
-from sbm_pyg.ops.dense_attention import dense_attention, mask_bytes, mask_keys
+from sbm_pyg.ops.dense_attention import (dense_attention, mask_bytes, mask_keys,
+                                        matmul_precision)
 from sbm_pyg.sampling.checks import (
     PtrLike,
     check_draws,
@@ -100,9 +101,9 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
     or the dense-regime kernel (:func:`~sbm_pyg.ops.dense_attention`), which
     draws one Bernoulli per pair and attends with matrix products. With
     :obj:`attention_backend="auto"` a (sequence, head) takes the dense regime
-    where its expected density reaches
-    :data:`~sbm_pyg.ops.backend_info.DENSE_CROSSOVER` and the kernel runs on
-    the device; a batch of both kinds runs each
+    where its expected density reaches the device's crossover
+    (:func:`~sbm_pyg.ops.backend_info.dense_crossover`) and the kernel runs
+    on the device; a batch of both kinds runs each
     regime on its own pairs. :obj:`"dense"` runs it for all, any other
     backend the sparse path with that kernel.
 
@@ -199,6 +200,9 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
         backends = dict(sampler=sampler, attention=attention,
                         dense_pairs=f"{int((dense & busy).sum())}/"
                                     f"{int(busy.sum())}")
+    if dense is not None and device.type != "cpu":
+        value, source = backend_info.dense_crossover(device)  # GPU's or CPU's
+        backends["crossover"] = f"{value:g} ({source})"
     if per is None:
         per = expected_densities(seq_q, seq_k, q_memb, block, k_memb)
     expected, sampled = mean_densities(seq_q, seq_k, part.edges, per)
@@ -225,7 +229,8 @@ def _regimes(query: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
     # Checked here (one sync): the expected density reads the pointers.
     sync(checks)
     per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
-    dense = per.detach().double() + exploration >= backend_info.DENSE_CROSSOVER
+    dense = (per.detach().double() + exploration
+             >= backend_info.dense_crossover(device)[0])
     pairs = ptr_q.diff() * ptr_k.diff()
     # Empty sequences join the other regime: no split for them.
     return ptr_q, ptr_k, dense | ((pairs == 0)[:, None] & dense.any()), per
@@ -299,6 +304,8 @@ def _dense(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
     grad = torch.is_grad_enabled() and not need_graph
     need_ste = grad and q_memb.requires_grad and ste is not None
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    # As PyTorch's matmuls would take it (before full_precision sets it).
+    precision = matmul_precision(query.dtype)
     seed = stream_seed(generator, query.device)
     # The dropout's own seed, drawn after the mask's (none without dropout).
     drop = dropout if training and not need_graph else 0.0
@@ -318,7 +325,8 @@ def _dense(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
             q, k, v, qb, kmd, ptr_q, ptr_k, heads=H, scale=1.0 / math.sqrt(C),
             seed=seed, mode=mode,
             exploration=exploration, self_loops=self_loops, included=included,
-            ste=ste if need_ste else None, dropout=drop, dropout_seed=drop_seed)
+            ste=ste if need_ste else None, dropout=drop, dropout_seed=drop_seed,
+            precision=precision)
     if not need_graph:
         return _Part(nodes_first(res.out, H), None, None, res.edges)
     graph = SampledGraph.from_keys(mask_keys(res.mask, ptr_q, ptr_k, H), H, Nq,

@@ -14,15 +14,17 @@ as :mod:`torch_geometric.typing` does for PyG.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import warnings
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
 __all__ = ["WITH_EXTENSION", "WITH_TRITON", "WITH_TORCH_SCATTER",
            "extension", "BACKENDS", "ATTENTION_BACKENDS", "DENSE_CROSSOVER",
+           "DEVICE_CROSSOVERS", "dense_crossover",
            "resolve_backend", "backends", "triton_runs", "dense_runs"]
 
 # The compiled module sbm_pyg._C, whose import registers the CPU kernels of
@@ -70,9 +72,41 @@ OPS = ("sampler", "attention")
 # the dense-regime attention: where an SBMConv forward+backward costs less
 # on the dense kernel than on the sparse one. Measured on the CPU with
 # python -m benchmarks --sections crossover (n = 2048, H = 2, k = 128,
-# 2 threads): dense / sparse 1.46 at 20%, 0.99 at 30%, 0.54 at 50%. CUDA
-# uses the same value, not yet measured there.
+# 2 threads): dense / sparse 1.46 at 20%, 0.99 at 30%, 0.54 at 50%. A GPU
+# takes its own value where one was measured (DEVICE_CROSSOVERS), else this.
 DENSE_CROSSOVER = 0.3
+# The crossover measured on each GPU, by torch.cuda.get_device_name():
+# python -m benchmarks --device cuda --sections crossover (docs/performance.md).
+# NVIDIA H200 (torch 2.11, Triton 3.6; docs/runs/gpu-h200-tensor-cores/):
+# float32 layer, the dense kernel's products in IEEE float32, dense /
+# sparse at n = 8192: 1.56 at 10%, 1.10 at 20%, 0.86 at 30% (0.24 between,
+# linearly); at n = 2048 both are launch-bound and the dense kernel was the
+# faster at every density from 0.5% (0.70-0.84).
+DEVICE_CROSSOVERS: Dict[str, float] = {"NVIDIA H200": 0.24}
+
+
+def dense_crossover(device: Union[torch.device, str]) -> Tuple[float, str]:
+    r"""The expected density from which :obj:`"auto"` runs the dense-regime
+    attention on :obj:`device`, and where the value comes from: the GPU's
+    own measured value (:data:`DEVICE_CROSSOVERS`), else the CPU's
+    :data:`DENSE_CROSSOVER`.
+
+    Example:
+        >>> dense_crossover("cpu")
+        (0.3, 'cpu')
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = _device_name(device.index)
+        if name in DEVICE_CROSSOVERS:
+            return DEVICE_CROSSOVERS[name], name
+        return DENSE_CROSSOVER, f"cpu (not measured on {name})"
+    return DENSE_CROSSOVER, "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(index: Optional[int]) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 def triton_runs(device: torch.device) -> bool:
@@ -122,7 +156,7 @@ def resolve_backend(op: str, backend: Optional[str],
       installed, else :obj:`"torch"` (on CUDA with a warning, once: the
       PyTorch path is several times slower); every one of them has
       attention dropout. Given the expected :obj:`density` of the graph to come, the
-      attention takes :obj:`"dense"` from :data:`DENSE_CROSSOVER` on, where
+      attention takes :obj:`"dense"` from :func:`dense_crossover` on, where
       that kernel runs (with the same attention dropout).
     * :obj:`"cpp"`: the compiled extension ``sbm_pyg._C`` (CPU tensors).
     * :obj:`"triton"`: the Triton kernels (CUDA tensors, or CPU tensors
@@ -160,7 +194,7 @@ def resolve_backend(op: str, backend: Optional[str],
     device = torch.device(device)
     if backend is None or backend == "auto":
         if op == "attention" and density is not None and \
-                density >= DENSE_CROSSOVER and dense_runs(device):
+                dense_runs(device) and density >= dense_crossover(device)[0]:
             return "dense"
         if device.type == "cpu" and WITH_EXTENSION:
             return "cpp"

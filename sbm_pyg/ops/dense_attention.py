@@ -44,19 +44,24 @@ from sbm_pyg.ops.dropout import dropout_threshold
 from sbm_pyg.ops.library import OpSpec, define_autograd_ops
 from sbm_pyg.ops.torch_attention import STE_CODES
 
-__all__ = ["DenseAttention", "dense_attention", "mask_bytes", "mask_keys"]
+__all__ = ["DenseAttention", "PRECISION_CODES", "dense_attention",
+           "mask_bytes", "mask_keys", "matmul_precision"]
 
 _SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor inc_ptr, Tensor inc_col, "
            "Tensor q, Tensor k, Tensor v, Tensor q_block, Tensor k_memb, "
            "int heads, float delta, bool exact, bool self_loops, int seed, "
            "float scale, int ste, int dropout_seed=0, "
-           "int dropout_threshold=0) -> (Tensor, Tensor, Tensor, Tensor)")
+           "int dropout_threshold=0, int precision=0) -> (Tensor, Tensor, "
+           "Tensor, Tensor)")
 _BACKWARD_SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor q, Tensor k, "
                     "Tensor v, Tensor q_block, Tensor k_memb, Tensor mask, "
                     "Tensor out, Tensor lse, Tensor grad_out, int heads, "
                     "float scale, int ste, int dropout_seed=0, "
-                    "int dropout_threshold=0) -> (Tensor, Tensor, Tensor, "
-                    "Tensor, Tensor)")
+                    "int dropout_threshold=0, int precision=0) -> (Tensor, "
+                    "Tensor, Tensor, Tensor, Tensor)")
+
+# The products' precision on the GPU, by code in the schema.
+PRECISION_CODES = {"ieee": 0, "tf32": 1, "bfloat16": 2, "float16": 3}
 
 
 class DenseAttention(NamedTuple):
@@ -69,6 +74,21 @@ class DenseAttention(NamedTuple):
     out: Tensor
     edges: Tensor
     mask: Tensor
+
+
+def matmul_precision(dtype: torch.dtype) -> str:
+    r"""The :obj:`precision` of :func:`dense_attention` that does what
+    PyTorch's matmuls do for inputs of :obj:`dtype`: bfloat16 and float16
+    products for those dtypes (autocast's included), TF32 for float32 where
+    :obj:`torch.backends.cuda.matmul.fp32_precision` (or the global
+    :obj:`torch.backends.fp32_precision` it defaults to) says
+    :obj:`"tf32"`, else :obj:`"ieee"`."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    fp32 = torch.backends.cuda.matmul.fp32_precision
+    if fp32 == "none":
+        fp32 = torch.backends.fp32_precision
+    return "tf32" if dtype == torch.float32 and fp32 == "tf32" else "ieee"
 
 
 def mask_bytes(ptr_q: Tensor, ptr_k: Tensor, heads: int) -> Tensor:
@@ -105,7 +125,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
                     exploration: float = 0.0, self_loops: bool = False,
                     included: Optional[Tuple[Tensor, Tensor]] = None,
                     ste: Optional[str] = "paper", dropout: float = 0.0,
-                    dropout_seed: int = 0,
+                    dropout_seed: int = 0, precision: str = "ieee",
                     triton_on_cpu: bool = False) -> DenseAttention:
     r"""Samples the SBM's mask of every (sequence, head) and computes the
     masked softmax attention over it, differentiable in :obj:`q`, :obj:`k`,
@@ -141,6 +161,15 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
             (:mod:`sbm_pyg.ops.dropout`): the sparse kernels' mask for the
             same seed and (row, column).
         dropout_seed (int): its seed.
+        precision (str): the GPU kernels' products for float32 inputs:
+            :obj:`"ieee"` (exact float32 products, no tensor cores),
+            :obj:`"tf32"`, :obj:`"bfloat16"` or :obj:`"float16"` (on tensor
+            cores, accumulated in float32): the scores, outputs and
+            gradients in that precision, the mask's probabilities
+            :math:`\hat{\mathbf{Q}}\hat{\mathbf{S}}\hat{\mathbf{K}}^{\top}`
+            in three-pass TF32 (near float32: the draws compare them with
+            uniforms). float64 and the CPU kernels compute every product in
+            the inputs' dtype whatever it says.
         triton_on_cpu (bool): run the Triton kernels on CPU tensors (the
             twin operator, only under ``TRITON_INTERPRET=1``).
 
@@ -164,13 +193,21 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
     out, _, mask, edges = op(
         ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb, heads,
         float(exploration), mode == "exact", self_loops, seed, float(scale),
-        STE_CODES[ste], int(dropout_seed), dropout_threshold(dropout))
+        STE_CODES[ste], int(dropout_seed), dropout_threshold(dropout),
+        _precision_code(precision))
     return DenseAttention(out, edges, mask)
+
+
+def _precision_code(precision: str) -> int:
+    if precision not in PRECISION_CODES:
+        raise ValueError(f"dense_attention: precision must be one of "
+                         f"{sorted(PRECISION_CODES)}, got {precision!r}")
+    return PRECISION_CODES[precision]
 
 
 def _fake_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb,
                   heads, delta, exact, self_loops, seed, scale, ste,
-                  dropout_seed=0, dropout_threshold=0):
+                  dropout_seed=0, dropout_threshold=0, precision=0):
     size = torch.library.get_ctx().new_dynamic_size()
     return (q.new_empty(q.size(0), v.size(1)), q.new_empty(q.size(0)),
             q.new_empty(size, dtype=torch.uint8),
@@ -179,7 +216,7 @@ def _fake_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb,
 
 def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
                    grad_out, heads, scale, ste, dropout_seed=0,
-                   dropout_threshold=0):
+                   dropout_threshold=0, precision=0):
     memb = (torch.empty_like(q_block), torch.empty_like(k_memb)) if ste else (
         q.new_empty(0), q.new_empty(0))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -188,27 +225,28 @@ def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
 
 def _triton_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
                     k_memb, heads, delta, exact, self_loops, seed, scale, ste,
-                    dropout_seed=0, dropout_threshold=0):
+                    dropout_seed=0, dropout_threshold=0, precision=0):
     from sbm_pyg.ops.triton_dense import dense_forward
-    _check("sbm_pyg::dense_attention", q, k, v, q_block, k_memb, heads)
+    _check("sbm_pyg::dense_attention", q, k, v, q_block, k_memb, heads,
+           precision)
     return dense_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
                          k_memb, heads, delta, exact, self_loops, seed, scale,
-                         dropout_seed, dropout_threshold)
+                         dropout_seed, dropout_threshold, precision)
 
 
 def _triton_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
                      grad_out, heads, scale, ste, dropout_seed=0,
-                     dropout_threshold=0):
+                     dropout_threshold=0, precision=0):
     from sbm_pyg.ops.triton_dense import dense_backward
     _check("sbm_pyg::dense_attention_backward", q, k, v, q_block, k_memb,
-           heads)
+           heads, precision)
     return dense_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
                           lse, grad_out, heads, scale, ste, dropout_seed,
-                          dropout_threshold)
+                          dropout_threshold, precision)
 
 
 def _check(op: str, q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
-           k_memb: Tensor, heads: int) -> None:
+           k_memb: Tensor, heads: int, precision: int) -> None:
     # The CPU kernel's argument checks (csrc/attention/dense.cpp), for the
     # Triton kernels.
     xs = (q, k, v, q_block, k_memb)
@@ -217,6 +255,8 @@ def _check(op: str, q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
         raise RuntimeError(f"{op}: q, k, v, q_block, k_memb must be "
                            f"contiguous 2-D float32 or float64 tensors of "
                            f"one dtype")
+    if precision not in PRECISION_CODES.values():
+        raise RuntimeError(f"{op}: unknown precision code {precision}")
     if heads < 1 or q.size(0) % heads or k.size(0) % heads or not (
             k.size(0) == v.size(0) and q.size(1) == k.size(1)
             and q_block.size(0) == q.size(0)
@@ -230,30 +270,31 @@ def _check(op: str, q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
 def _setup_context(ctx, inputs, output) -> None:
     # The dispatcher leaves out trailing arguments at their defaults.
     (ptr_q, ptr_k, _, _, q, k, v, q_block, k_memb, heads, _, _, _, _, scale,
-     ste, dropout_seed, dropout_threshold) = tuple(inputs) + (0, 0)[len(inputs) - 16:]
+     ste, dropout_seed, dropout_threshold,
+     precision) = tuple(inputs) + (0, 0, 0)[len(inputs) - 16:]
     out, lse, mask, _ = output
     ctx.save_for_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
                           lse)
     ctx.heads, ctx.scale, ctx.ste = heads, scale, ste
-    ctx.dropout = (dropout_seed, dropout_threshold)
+    ctx.rest = (dropout_seed, dropout_threshold, precision)
     ctx.set_materialize_grads(False)
 
 
 def _autograd(backward_op):
     def backward(ctx, grad_out: Optional[Tensor], *_):
         if grad_out is None:  # the output took no part in the loss
-            return (None,) * 18
+            return (None,) * 19
         (ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
          lse) = ctx.saved_tensors
         need = ctx.needs_input_grad
         ste = ctx.ste if need[7] or need[8] else 0
         dq, dk, dv, dqb, dkm = backward_op(
             ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
-            grad_out.contiguous(), ctx.heads, ctx.scale, ste, *ctx.dropout)
+            grad_out.contiguous(), ctx.heads, ctx.scale, ste, *ctx.rest)
         return (None, None, None, None, dq if need[4] else None,
                 dk if need[5] else None, dv if need[6] else None,
                 dqb if need[7] and ste else None,
-                dkm if need[8] and ste else None) + (None,) * 9
+                dkm if need[8] and ste else None) + (None,) * 10
     return backward
 
 

@@ -28,8 +28,11 @@ FlashAttention does; no :obj:`[n_q, n_k]` matrix exists. Four kernels:
 
 Both backward kernels recompute the scores and weights from the mask and
 the log-sum-exp. Products accumulate in the inputs' dtype (float32 or
-float64) with :obj:`input_precision="ieee"`, so that float64 matches the CPU
-kernel to rounding and float32's probabilities are not TF32's.
+float64). Their operands are the op's :obj:`precision`: :obj:`"ieee"`
+(float32 on the FMA units, so that float32 matches the CPU kernel to
+rounding: the same-graph tests' mode) or, on tensor cores, TF32, bfloat16
+or float16 for the scores, outputs and gradients, and three-pass TF32 for
+the mask's probabilities, which the draws compare with uniforms.
 
 Each kernel finds its (sequence, tile) in a table built on the device with
 a host-known size (:math:`\lfloor N / B \rfloor + G` tiles bound the
@@ -80,9 +83,10 @@ def _mask_base(ptr_q: Tensor, ptr_k: Tensor, heads: int) -> Tensor:
     return torch.cat([size.new_zeros(1), size.cumsum(0)])
 
 
-def _meta(q: Tensor, v: Tensor, K: int) -> dict:
+def _meta(q: Tensor, v: Tensor, K: int, precision: int) -> dict:
     D, DV = q.size(1), v.size(1)
     fp64 = q.dtype == torch.float64
+    dot = 0 if fp64 else precision  # float64: every product in float64
     # Tiles and warps chosen by the ahead-of-time compile's registers and
     # stack (benchmarks/triton_compile.py): the products run on FMAs
     # (input_precision="ieee"), whose operands each thread holds; with 64
@@ -96,7 +100,29 @@ def _meta(q: Tensor, v: Tensor, K: int) -> dict:
     return dict(D=D, DV=DV, KC=K, BLOCK_D=widths[0], BLOCK_DV=widths[1],
                 BLOCK_KC=widths[2], BLOCK_M=block, BLOCK_N=block,
                 num_warps=8 if fp64 or max(widths) >= 32 else 4,
-                enable_fp_fusion=True)
+                enable_fp_fusion=True, DOT=dot)
+
+
+# Tiles (rows, keys, warps) of each kernel whose products run on tensor
+# cores, where registers allow wider tiles than on FMA units: none spills
+# at D <= 64, k <= 128 on sm_80 or sm_90 (benchmarks/triton_compile.py).
+# The key kernel's rows are the keys of its program (BLOCK_N) and the query
+# tiles it walks (BLOCK_M).
+# The key kernel without dropout: 4 warps at D <= 32 (8 left 8 stack bytes
+# on sm_80), 8 at D = 64 (4 spilled 56).
+TENSOR_CORE_TILES = {"mask": (32, 64, 8), "forward": (64, 32, 8),
+                     "query": (64, 16, 8), "query_drop": (32, 32, 8),
+                     "key": (16, 32, 8), "key_narrow": (16, 32, 4),
+                     "key_drop": (16, 32, 8)}
+
+
+def _tensor_core_tiles(meta: dict, kernel: str) -> dict:
+    if not meta["DOT"]:
+        return {k: meta[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps")}
+    if kernel == "key" and meta["BLOCK_D"] <= 32 and meta["BLOCK_DV"] <= 32:
+        kernel = "key_narrow"
+    m, n, warps = TENSOR_CORE_TILES[kernel]
+    return dict(BLOCK_M=m, BLOCK_N=n, num_warps=warps)
 
 
 def _scalar(x: float, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -109,8 +135,8 @@ def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
                   inc_col: Tensor, q: Tensor, k: Tensor, v: Tensor,
                   q_block: Tensor, k_memb: Tensor, heads: int, delta: float,
                   exact: bool, self_loops: bool, seed: int, scale: float,
-                  dropout_seed: int = 0, dropout_threshold: int = 0
-                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                  dropout_seed: int = 0, dropout_threshold: int = 0,
+                  precision: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The forward of ``sbm_pyg::dense_attention`` (arguments as there):
     :obj:`(out [R, D_v], lse [R], mask, edges [G, H])`."""
     H, G = heads, ptr_q.numel() - 1
@@ -123,20 +149,28 @@ def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
                      device=q.device)
     count = torch.zeros(q.size(0), dtype=torch.int32, device=q.device)
     if G > 0 and Nq > 0:
-        meta = _meta(q, v, q_block.size(1))
+        meta = _meta(q, v, q_block.size(1), precision)
         tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
         grid = (tile_seq.numel(), H)
         seed_t = torch.full((1,), seed, dtype=torch.int64, device=q.device)
-        mask_kernel[grid](
+        tiles = _tensor_core_tiles(meta, "mask")
+        if tiles["BLOCK_M"] != meta["BLOCK_M"]:
+            tile_seq, tile_row = _tiles(ptr_q, Nq, tiles["BLOCK_M"])
+        mask_kernel[(tile_seq.numel(), H)](
             q_block, k_memb, ptr_q, ptr_k, base, tile_seq, tile_row, mask,
             seed_t, _scalar(delta, torch.float64, q.device), Nq, Nk, G,
             KC=meta["KC"], BLOCK_KC=meta["BLOCK_KC"],
-            BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], EXACT=exact,
-            SELF_LOOPS=self_loops, num_warps=meta["num_warps"],
-            enable_fp_fusion=True)
+            BLOCK_M=tiles["BLOCK_M"], BLOCK_N=tiles["BLOCK_N"], EXACT=exact,
+            SELF_LOOPS=self_loops, num_warps=tiles["num_warps"],
+            enable_fp_fusion=True,
+            DOT=kernels.TF32X3 if meta["DOT"] else 0)
         if inc_ptr.numel() > 0:
             _include(mask, base, ptr_q, ptr_k, inc_ptr, inc_col, H)
         meta.pop("KC"), meta.pop("BLOCK_KC")
+        if meta["DOT"]:
+            meta.update(_tensor_core_tiles(meta, "forward"))
+            tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
+            grid = (tile_seq.numel(), H)
         forward_kernel[grid](
             q, k, v, mask, ptr_q, ptr_k, base, tile_seq, tile_row,
             _scalar(scale, q.dtype, q.device), out, lse, count, Nq, Nk, G,
@@ -172,7 +206,7 @@ def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
                    v: Tensor, q_block: Tensor, k_memb: Tensor, mask: Tensor,
                    out: Tensor, lse: Tensor, grad_out: Tensor, heads: int,
                    scale: float, ste: int, dropout_seed: int = 0,
-                   dropout_threshold: int = 0
+                   dropout_threshold: int = 0, precision: int = 0
                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     r"""The backward of ``sbm_pyg::dense_attention`` (arguments as
     ``sbm_pyg::dense_attention_backward``): :obj:`(dq, dk, dv, d_q_block,
@@ -187,7 +221,7 @@ def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
         return dq, dk, dv, dqb, dkm
     base = _mask_base(ptr_q, ptr_k, H)
     delta = (grad_out * out).sum(1)
-    meta = dict(_meta(q, v, q_block.size(1)), STE=ste)
+    meta = dict(_meta(q, v, q_block.size(1), precision), STE=ste)
     scale_t = _scalar(scale, q.dtype, q.device)
     # With no estimator the membership arguments are never read.
     args = (q, k, v, q_block, k_memb, grad_out, lse, delta, mask, ptr_q,
@@ -202,11 +236,16 @@ def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
         # The mask's hash took the float32 query kernel past its registers
         # at 32 rows (8 stack bytes at D = 32, k = 128, sm_90): 16 rows.
         meta["BLOCK_M"] = narrow
+    key_meta = dict(meta, BLOCK_M=narrow)
+    if meta["DOT"]:
+        drop = "_drop" if dropout_threshold > 0 else ""
+        meta.update(_tensor_core_tiles(meta, "query" + drop))
+        key_meta.update(_tensor_core_tiles(meta, "key" + drop))
     tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
     backward_query_kernel[(tile_seq.numel(), H)](
         *args, tile_seq, tile_row, scale_t, dq, dqb, Nq, Nk, G, dropout_seed,
         dropout_threshold, DROP=dropout_threshold > 0, **meta)
-    meta["BLOCK_M"] = narrow
+    meta = key_meta
     tile_seq, tile_row = _tiles(ptr_k, Nk, meta["BLOCK_N"])
     backward_key_kernel[(tile_seq.numel(), H)](
         *args, tile_seq, tile_row, scale_t, dk, dv, dkm, Nq, Nk, G,

@@ -4,6 +4,8 @@ One program per tile of query rows (or of keys, for the key gradients) of
 one (sequence, head), walking the other side in tiles."""
 from __future__ import annotations
 
+import os
+
 try:
     import triton
     import triton.language as tl
@@ -56,17 +58,37 @@ if triton is not None:
         return tl.load(Ptr + rows[:, None] * WIDTH + cols[None, :],
                        mask=live[:, None] & (cols[None, :] < WIDTH), other=0.0)
 
+    # The products' precision (DOT): the schema's codes (0 "ieee", 1
+    # "tf32", 2 "bfloat16", 3 "float16"; sbm_pyg/ops/dense_attention.py)
+    # and, for the mask's probabilities on tensor cores, 4: three-pass TF32.
+    TF32X3 = 4
+    # Triton's interpreter multiplies bfloat16 operands as their raw bits
+    # (3.9: a product of order 1e10); there a bfloat16 product is taken as
+    # the float32 product of the rounded operands, its exact value.
+    _BF16_AS_FP32 = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
     @triton.jit
-    def _mm(a, b):
-        # a [M, K] times b [K, N] in every kernel: tl.dot, but for float64
-        # under FP64_SUMS an elementwise sum of the products.
+    def _mm(a, b, DOT: tl.constexpr):
+        # a [M, K] times b [K, N] in every kernel: tl.dot in float32 (or
+        # float64) accumulators, its operands in the precision DOT; for
+        # float64 under FP64_SUMS an elementwise sum of the products.
         # (One return after the if: Triton 3.6 compiles a statement after
         # a static branch's return too.)
-        if _FP64_SUMS:
-            if a.dtype.is_fp64():
-                out = tl.sum(a[:, :, None] * b[None, :, :], 1)
+        if _FP64_SUMS and a.dtype.is_fp64():
+            out = tl.sum(a[:, :, None] * b[None, :, :], 1)
+        elif DOT == 1:
+            out = tl.dot(a, b, input_precision="tf32")
+        elif DOT == 2:
+            if _BF16_AS_FP32:
+                out = tl.dot(a.to(tl.bfloat16).to(tl.float32),
+                             b.to(tl.bfloat16).to(tl.float32),
+                             input_precision="ieee")
             else:
-                out = tl.dot(a, b, input_precision="ieee")
+                out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        elif DOT == 3:
+            out = tl.dot(a.to(tl.float16), b.to(tl.float16))
+        elif DOT == 4:
+            out = tl.dot(a, b, input_precision="tf32x3")
         else:
             out = tl.dot(a, b, input_precision="ieee")
         return out
@@ -90,7 +112,7 @@ if triton is not None:
                      Delta, Nq, Nk, G, KC: tl.constexpr,
                      BLOCK_KC: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, EXACT: tl.constexpr,
-                     SELF_LOOPS: tl.constexpr):
+                     SELF_LOOPS: tl.constexpr, DOT: tl.constexpr):
         g, i0, qs, nq, ks, nk = _pair(TileSeq, TileRow, PtrQ, PtrK)
         if g < G:
             h = tl.program_id(1).to(tl.int64)
@@ -107,7 +129,7 @@ if triton is not None:
                 j = j0 + tl.arange(0, BLOCK_N).to(tl.int64)
                 live_k = j < nk
                 km = _load(KM, h * Nk + ks + j, live_k, c, KC)
-                p = _mm(qb, tl.trans(km))
+                p = _mm(qb, tl.trans(km), DOT)
                 pj = p.to(tl.float64) + delta
                 if EXACT:
                     prob = tl.minimum(pj, 1.0)
@@ -131,7 +153,8 @@ if triton is not None:
                         DThr: tl.int64, D: tl.constexpr,
                         DV: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, DROP: tl.constexpr):
+                        BLOCK_N: tl.constexpr, DROP: tl.constexpr,
+                        DOT: tl.constexpr):
         g, i0, qs, nq, ks, nk = _pair(TileSeq, TileRow, PtrQ, PtrK)
         if g < G:
             h = tl.program_id(1).to(tl.int64)
@@ -154,7 +177,7 @@ if triton is not None:
                 k = _load(K, cols, live_k, d, D)
                 on = _bits(Mask, row_byte, j, live_q[:, None] & live_k[None, :])
                 count += tl.sum(on.to(tl.int32), 1)
-                s = _mm(q, tl.trans(k)) * scale
+                s = _mm(q, tl.trans(k), DOT) * scale
                 s = tl.where(on, s, float("-inf"))
                 m_new = tl.maximum(m, tl.max(s, 1))
                 # A row without an edge so far keeps m = -inf: shift by 0.
@@ -166,7 +189,7 @@ if triton is not None:
                 if DROP:  # the output takes the kept weights, the norm all
                     w = tl.where(_kept(DSeed, DThr, r, cols),
                                  p * _keep_scale(DThr).to(p.dtype), 0.0)
-                acc = acc * rescale[:, None] + _mm(w, v)
+                acc = acc * rescale[:, None] + _mm(w, v, DOT)
                 norm = norm * rescale + tl.sum(p, 1)
                 m = m_new
             has = norm > 0
@@ -189,12 +212,13 @@ if triton is not None:
 
     @triton.jit
     def _grad_tile(q, k, v, do, lse, delta, on, scale, seed, threshold, r,
-                   cols, STE: tl.constexpr, DROP: tl.constexpr):
+                   cols, STE: tl.constexpr, DROP: tl.constexpr,
+                   DOT: tl.constexpr):
         # Returns the weights dV takes (A o keep under dropout), ds and
         # the estimator's gradient.
-        s = _mm(q, tl.trans(k)) * scale
+        s = _mm(q, tl.trans(k), DOT) * scale
         a = tl.where(on, tl.exp(tl.minimum(s - lse[:, None], 0.0)), 0.0)
-        da = _mm(do, tl.trans(v))
+        da = _mm(do, tl.trans(v), DOT)
         if DROP:  # computed here, late: fewer registers live at once
             kept = _kept(seed, threshold, r, cols)
             factor = _keep_scale(threshold).to(da.dtype)
@@ -218,7 +242,7 @@ if triton is not None:
                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                                BLOCK_KC: tl.constexpr, BLOCK_M: tl.constexpr,
                                BLOCK_N: tl.constexpr, STE: tl.constexpr,
-                               DROP: tl.constexpr):
+                               DROP: tl.constexpr, DOT: tl.constexpr):
         g, i0, qs, nq, ks, nk = _pair(TileSeq, TileRow, PtrQ, PtrK)
         if g < G:
             h = tl.program_id(1).to(tl.int64)
@@ -242,10 +266,10 @@ if triton is not None:
                 k = _load(K, cols, live_k, d, D)
                 a, ds, gr = _grad_tile(q, k, _load(V, cols, live_k, dv, DV),
                                        do, lse, delta, on, scale, DSeed, DThr,
-                                       r, cols, STE, DROP)
-                dq += _mm(ds, k)
+                                       r, cols, STE, DROP, DOT)
+                dq += _mm(ds, k, DOT)
                 if STE != 0:
-                    dqb += _mm(gr, _load(KM, cols, live_k, c, KC))
+                    dqb += _mm(gr, _load(KM, cols, live_k, c, KC), DOT)
             tl.store(GradQ + r[:, None] * D + d[None, :], dq * scale,
                      mask=live_q[:, None] & (d[None, :] < D))
             if STE != 0:
@@ -261,7 +285,7 @@ if triton is not None:
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                              BLOCK_KC: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, STE: tl.constexpr,
-                             DROP: tl.constexpr):
+                             DROP: tl.constexpr, DOT: tl.constexpr):
         # Tiles of keys (PtrK first), walking the sequence's query tiles.
         g, j0, ks, nk, qs, nq = _pair(TileSeq, TileRow, PtrK, PtrQ)
         if g < G:
@@ -289,11 +313,12 @@ if triton is not None:
                 on = _bits(Mask, base + il * rb, j,
                            live_q[:, None] & live_k[None, :])
                 a, ds, gr = _grad_tile(q, k, v, do, lse, delta, on, scale,
-                                       DSeed, DThr, r, cols, STE, DROP)
-                dvv += _mm(tl.trans(a), do)
-                dk += _mm(tl.trans(ds), q)
+                                       DSeed, DThr, r, cols, STE, DROP, DOT)
+                dvv += _mm(tl.trans(a), do, DOT)
+                dk += _mm(tl.trans(ds), q, DOT)
                 if STE != 0:
-                    dkm += _mm(tl.trans(gr), _load(QB, r, live_q, c, KC))
+                    dkm += _mm(tl.trans(gr), _load(QB, r, live_q, c, KC),
+                                DOT)
             live = live_k[:, None]
             tl.store(GradK + cols[:, None] * D + d[None, :], dk * scale,
                      mask=live & (d[None, :] < D))

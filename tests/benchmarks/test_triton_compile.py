@@ -45,6 +45,15 @@ def test_dots_must_name_their_input_precision():
         c = tl.sum(x)
     """
     assert dots_without_precision(source) == [4]
+    # Products of half-precision casts need none; a half cast of one operand
+    # leaves the other float32's.
+    half = """
+    def kernel(A, B):
+        a = tl.dot(x.to(tl.bfloat16), y.to(tl.bfloat16))
+        b = tl.dot(x.to(tl.float16), y.to(tl.float16))
+        c = tl.dot(x.to(tl.bfloat16), y)
+    """
+    assert dots_without_precision(half) == [5]
 
 
 def _row(**changes):
@@ -89,3 +98,16 @@ def test_the_sampler_kernels_never_spill():
     assert problems([_row(**sampler)], []) == []
     spilling = _row(stack_bytes=8, constexprs={"K": "256"}, **sampler)
     assert "no kernel of its module may" in problems([spilling], [spilling])[0]
+
+
+def test_dense_products_asked_of_tensor_cores_must_issue_mma():
+    dense = dict(module="sbm_pyg.ops.triton_dense_kernels")
+    for dot in ("1", "2", "3", "4"):
+        row = _row(constexprs={"D": "32", "KC": "128", "DOT": dot},
+                   tensor_cores=False, **dense)
+        assert "issues no mma" in problems([row], [row])[0]
+        assert problems([dict(row, tensor_cores=True)], []) == []
+    # "ieee" (DOT 0) runs on FMA units by design
+    ieee = _row(constexprs={"D": "32", "KC": "128", "DOT": "0"},
+                tensor_cores=False, **dense)
+    assert problems([ieee], []) == []

@@ -81,6 +81,7 @@ def test_the_dense_kernel_runs_on_the_cpu_and_cuda(monkeypatch):
     resolve = backend_info.resolve_backend
     monkeypatch.setattr(backend_info, "WITH_EXTENSION", True)
     monkeypatch.setattr(backend_info, "WITH_TRITON", True)
+    monkeypatch.setattr(backend_info, "_device_name", lambda index: "GPU X")
     for device in ("cpu", "cuda"):
         assert backend_info.dense_runs(torch.device(device))
         assert resolve("attention", "dense", device) == "dense"
@@ -97,3 +98,20 @@ def test_the_dense_kernel_runs_on_the_cpu_and_cuda(monkeypatch):
     assert not backend_info.dense_runs(torch.device("cpu"))
     with pytest.raises(ValueError, match="not built"):
         resolve("attention", "dense", "cpu")
+
+
+def test_dense_crossover_is_the_devices_own_where_measured(monkeypatch):
+    # A GPU without a measured value takes the CPU's, and says so; one with
+    # a value takes it, in dense_crossover and in resolve_backend's choice.
+    monkeypatch.setattr(backend_info, "_device_name", lambda index: "GPU X")
+    monkeypatch.setattr(backend_info, "dense_runs", lambda device: True)
+    monkeypatch.setattr(backend_info, "DEVICE_CROSSOVERS", {})
+    assert backend_info.dense_crossover("cuda") == (
+        backend_info.DENSE_CROSSOVER, "cpu (not measured on GPU X)")
+    assert backend_info.dense_crossover("cpu") == (backend_info.DENSE_CROSSOVER, "cpu")
+    monkeypatch.setattr(backend_info, "DEVICE_CROSSOVERS", {"GPU X": 0.05})
+    assert backend_info.dense_crossover("cuda:0") == (0.05, "GPU X")
+    assert backend_info.resolve_backend("attention", "auto", "cuda",
+                                        density=0.06) == "dense"
+    assert backend_info.resolve_backend("attention", "auto", "cpu",
+                                        density=0.06) != "dense"

@@ -192,3 +192,45 @@ def test_float32_matches_float64():
     assert same > 0.99
     assert math.isclose(float(out.edges.sum()), float(ref.edges.sum()),
                         rel_tol=1e-3)
+
+
+@pytest.fixture
+def restore_matmul_precision():
+    saved = (torch.backends.cuda.matmul.fp32_precision,
+             torch.backends.fp32_precision)
+    yield
+    torch.backends.cuda.matmul.fp32_precision, torch.backends.fp32_precision = saved
+
+
+def test_matmul_precision_follows_pytorch(restore_matmul_precision):
+    from sbm_pyg.ops.dense_attention import matmul_precision
+    assert matmul_precision(torch.bfloat16) == "bfloat16"
+    assert matmul_precision(torch.float16) == "float16"
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    assert matmul_precision(torch.float32) == "ieee"
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    assert matmul_precision(torch.float32) == "tf32"
+    assert matmul_precision(torch.float64) == "ieee"
+    # Unset for CUDA's matmuls: the global setting decides.
+    torch.backends.cuda.matmul.fp32_precision = "none"
+    torch.backends.fp32_precision = "tf32"
+    assert matmul_precision(torch.float32) == "tf32"
+    torch.backends.fp32_precision = "ieee"
+    assert matmul_precision(torch.float32) == "ieee"
+
+
+def test_precision_is_checked_and_ignored_on_the_cpu():
+    # The CPU kernel computes in its inputs' dtype whatever the precision:
+    # the same output for every code; an unknown code raises.
+    g = seeded(5)
+    H, N = 2, 9
+    q, k, v = (torch.randn(H * N, 4, generator=g) for _ in range(3))
+    memb = torch.rand(H * N, 3, generator=g)
+    ptr = torch.tensor([0, N])
+    outs = [dense_attention(q, k, v, memb, memb, ptr, ptr, heads=H, scale=0.5,
+                            seed=3, precision=p).out
+            for p in ("ieee", "tf32", "bfloat16", "float16")]
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    with pytest.raises(ValueError, match="precision"):
+        dense_attention(q, k, v, memb, memb, ptr, ptr, heads=H, scale=0.5,
+                        seed=3, precision="int8")

@@ -121,6 +121,46 @@ def test_float32():
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+# Each precision's tolerance on the outputs and gradients (relative to
+# their largest entry): its operands' rounding, 2^-11 (TF32, float16) or
+# 2^-8 (bfloat16), grown by sums over a few dozen terms.
+PRECISIONS = {"tf32": 5e-3, "bfloat16": 4e-2, "float16": 5e-3}
+
+
+@pytest.mark.parametrize("precision", sorted(PRECISIONS))
+def test_tensor_core_precisions(precision):
+    # The mask's probabilities in three-pass TF32 stay float32's: the same
+    # mask as the CPU kernel's but for pairs whose uniform falls within
+    # rounding of p; the scores, outputs and gradients in the precision's
+    # rounding (the interpreter rounds bfloat16 and float16 operands, and
+    # computes TF32's products in float32).
+    ptr, *args = inputs(torch.float32)
+    ref = run("cpu", ptr, *args, mode="exact")
+    got = run(triton_device(), ptr, *args, mode="exact", precision=precision)
+    assert (unpack(got[1]) != unpack(ref[1])).sum() <= 2
+    if torch.equal(got[1], ref[1]):
+        names = ["out", "q", "k", "v", "q_memb", "block", "k_memb"]
+        for name, a, b in zip(names, [got[0], *got[3:]], [ref[0], *ref[3:]]):
+            tol = PRECISIONS[precision] * float(b.abs().max())
+            torch.testing.assert_close(a, b, rtol=0, atol=tol, msg=name)
+
+
+def test_unknown_precision_raises():
+    ptr, *args = inputs(torch.float32, sizes=(3,))
+    with pytest.raises(ValueError, match="precision"):
+        run("cpu", ptr, *args, precision="fp8")
+    ptr, q_memb, block, k_memb, x = inputs(torch.float32, sizes=(3,))
+    q_block = heads_first(torch.einsum("nhu,huv->nhv", q_memb, block))
+    empty = ptr.new_empty(0)
+    ops = [torch.ops.sbm_pyg.dense_attention]
+    if TEST_DEVICE.type == "cpu":
+        ops.append(torch.ops.sbm_pyg.triton_dense_attention)
+    for op in ops:
+        with pytest.raises(RuntimeError, match="precision"):
+            op(ptr, ptr, empty, empty, *x, q_block, heads_first(k_memb), H,
+               0.0, True, False, 1, 0.5, 1, 0, 0, 7)
+
+
 def test_dense_heads_and_empty_rows():
     # p >= 1 everywhere (every pair sampled) in head-sized blocks, and
     # zero memberships (no pair but the included ones): rows without an
