@@ -75,6 +75,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes, runs in seconds")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--crossover-sizes", type=int, nargs="+", default=[2048],
+                        help="sequence lengths of the crossover section")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch CPU threads (default 2)")
     sections = ["attention", "sampler", "published", "exact", "memory",
@@ -108,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         layer_sizes, layer_densities = [256], [0.05, 0.01]
         published_case, exact_n, memory_n = (2, 128), 256, 512
         training_sizes, training_densities = [128], [0.05, 0.2]
-        crossover_n, crossover_densities = 128, [0.05, 0.5]
+        crossover_sizes, crossover_densities = [128], [0.05, 0.5]
         budget_sizes = [16]
         # The budgeted variant's weights take minutes to train: not in --quick.
         gps_sizes, gps_variants = [256], ["performer", "sbm"]
@@ -120,7 +122,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         published_case, exact_n, memory_n = (8, 1024), 4096, 16384
         training_sizes = [1024, 2048, 4096]
         training_densities = [0.01, 0.05, 0.2, 0.5, 1.0]
-        crossover_n, crossover_densities = 2048, [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
+        crossover_sizes = args.crossover_sizes
+        crossover_densities = [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
+        if device.type == "cuda":  # where it was found below 2% at n = 2048
+            crossover_densities = [0.005, 0.01] + crossover_densities[:-1]
         budget_sizes = [64, 128, 256]
         gps_sizes, gps_variants = list(gps_scaling.SIZES), list(gps_scaling.VARIANTS)
 
@@ -197,10 +202,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 results["layer"].append(bench_layer(n, density, device,
                                                     args.repeats, log))
     if "crossover" in args.sections:
-        log(f"\n[crossover] SBMConv forward+backward, n={crossover_n}: sparse "
-            f"kernels vs the dense-regime kernel")
-        results["crossover"] = bench_crossover(crossover_n, crossover_densities,
-                                               device, args.repeats, log)
+        results["crossover"] = []
+        for n in crossover_sizes:
+            log(f"\n[crossover] SBMConv forward+backward, n={n}: sparse "
+                f"kernels vs the dense-regime kernel")
+            results["crossover"] += bench_crossover(n, crossover_densities,
+                                                    device, args.repeats, log)
     if "training" in args.sections:
         log(f"\n[training] one step (forward, backward, Adam) of the LRA model "
             f"({2} layers, {HEADS} heads of {HEAD_DIM}, k={CLUSTERS}), batch 1, "

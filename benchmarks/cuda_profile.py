@@ -40,33 +40,66 @@ def profile(name: str, fn: Callable[[], object], device: torch.device,
     return row
 
 
+SECTIONS = ("sampler", "layer", "training", "dense")
+
+
+def dense_step(n: int, precision: str, device: torch.device) -> Callable[[], None]:
+    """The dense-regime kernel's forward+backward at full density (k = 128,
+    heads of 32), as one call."""
+    from sbm_pyg.ops.dense_attention import dense_attention
+    q_memb, block, k_memb, ptr = sbm_memberships(n, 1.0, device)
+    H, k = q_memb.size(1), q_memb.size(2)
+    q_block = torch.einsum("nhu,huv->hnv", q_memb, block).reshape(H * n, k)
+    leaves = [t.contiguous().requires_grad_() for t in (
+        *(torch.randn(H * n, HEAD_DIM, device=device) for _ in range(3)),
+        q_block, k_memb.transpose(0, 1).reshape(H * n, k))]
+
+    def step():
+        res = dense_attention(*leaves, ptr, ptr, heads=H, scale=HEAD_DIM**-0.5,
+                              seed=1, precision=precision,
+                              triton_on_cpu=device.type == "cpu")
+        torch.autograd.grad(res.out.sum(), leaves)
+    return step
+
+
 def main(argv: Optional[Sequence[str]] = None) -> list:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS,
+                        default=list(SECTIONS))
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sampler_n, layer_n, train_n = (64, 64, 64) if args.quick else (65536, 16384, 4096)
     log = lambda s: print(s, flush=True)  # noqa: E731
+    dense_n = 64 if args.quick else 16384
     rows = []
-    q, block, k, _ = sbm_memberships(sampler_n, 0.01, device)
-    for mode in ("poisson", "exact"):
+    if "sampler" in args.sections:
+        q, block, k, _ = sbm_memberships(sampler_n, 0.01, device)
+        for mode in ("poisson", "exact"):
+            gen = torch.Generator(device).manual_seed(0)
+            rows.append(profile(f"fastrg n={sampler_n} 1% {mode}", lambda: fastrg(
+                q, block, k, mode=mode, generator=gen), device, args.repeats, log))
+    if "layer" in args.sections:
+        conv = calibrated_conv(HEADS * HEAD_DIM, 0.01, device)
+        x = torch.randn(layer_n, HEADS * HEAD_DIM, device=device, requires_grad=True)
         gen = torch.Generator(device).manual_seed(0)
-        rows.append(profile(f"fastrg n={sampler_n} 1% {mode}", lambda: fastrg(
-            q, block, k, mode=mode, generator=gen), device, args.repeats, log))
-    conv = calibrated_conv(HEADS * HEAD_DIM, 0.01, device)
-    x = torch.randn(layer_n, HEADS * HEAD_DIM, device=device, requires_grad=True)
-    gen = torch.Generator(device).manual_seed(0)
 
-    def layer():
-        out = conv(x, generator=gen)
-        torch.autograd.grad(out.sum(), [x] + list(conv.parameters()))
-    rows.append(profile(f"SBMConv n={layer_n} 1% fwd+bwd", layer, device,
-                        args.repeats, log))
-    rows.append(profile(f"LRA step n={train_n} sbm 1%",
-                        training_step("sbm", train_n, 0.01, device), device,
-                        args.repeats, log))
+        def layer():
+            out = conv(x, generator=gen)
+            torch.autograd.grad(out.sum(), [x] + list(conv.parameters()))
+        rows.append(profile(f"SBMConv n={layer_n} 1% fwd+bwd", layer, device,
+                            args.repeats, log))
+    if "training" in args.sections:
+        rows.append(profile(f"LRA step n={train_n} sbm 1%",
+                            training_step("sbm", train_n, 0.01, device), device,
+                            args.repeats, log))
+    if "dense" in args.sections:
+        for precision in ("ieee", "bfloat16"):
+            rows.append(profile(f"dense n={dense_n} 100% {precision} fwd+bwd",
+                                dense_step(dense_n, precision, device), device,
+                                args.repeats, log))
     args.out.write_text(json.dumps(dict(device=str(device), torch=torch.__version__,
                                         rows=rows), indent=1))
     return rows

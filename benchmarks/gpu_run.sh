@@ -15,6 +15,11 @@
 #   bench    python -m benchmarks.cuda -> $OUT/results-cuda.json, and the
 #            benchmark suite, python -m benchmarks --device cuda ->
 #            $OUT/results-suite-cuda.json
+#   checks   python -m benchmarks.gpu_checks (the sampler and the dense
+#            mask against the CPU kernels at the model's sizes, the dense
+#            kernel's precisions against SDPA) -> $OUT/gpu-checks.json, and
+#            the sparse/dense crossover at n = 2048 and 8192 ->
+#            $OUT/crossover.json (about 4 and 2 minutes)
 #   profile  each Triton kernel under Nsight Compute (ncu) ->
 #            $OUT/ncu-attention.log
 #   listops  ListOps at the LRA length, SBM then full attention (or
@@ -51,7 +56,7 @@ PY=${PY:-python3}
 log() { echo "[gpu_run $(date +%T)] $*" | tee -a "$OUT/gpu_run.log"; }
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env build suite bench profile)
+[ ${#stages[@]} -eq 0 ] && stages=(env build suite bench checks profile)
 if [ $tiny = 1 ]; then
   export TRITON_INTERPRET=1
   DEV=cpu QUICK="--quick --repeats 1" gpu=1
@@ -70,7 +75,7 @@ check() {  # check NAME STATUS: log a stage's exit status, remember a failure
 repeat_pids=()
 for stage in "${stages[@]}"; do
   case $stage in
-    suite|repeat|wait-repeat|bench|profile|listops)
+    suite|repeat|wait-repeat|bench|checks|profile|listops)
       if [ "$gpu" != 1 ]; then
         log "stage $stage: skipped, no CUDA device (torch.cuda.is_available() is False)"
         continue
@@ -123,6 +128,18 @@ if torch.cuda.is_available():
         "${sections[@]}" --out "$OUT/results-suite-cuda.json" 2>&1 \
         | tee "$OUT/bench-suite.log"
       check "bench suite" ${PIPESTATUS[0]} ;;
+    checks)
+      # The CUDA kernels against the CPU kernels at the model's sizes, the
+      # dense kernel's precisions against SDPA, and the crossover.
+      sizes=(); [ $tiny = 1 ] || sizes=(--dense-sizes 4096 16384)
+      timeout "${CHECKS_SECONDS:-240}" $PY -m benchmarks.gpu_checks $QUICK \
+        "${sizes[@]}" --out "$OUT/gpu-checks.json" 2>&1 | tee "$OUT/gpu-checks.log"
+      check checks ${PIPESTATUS[0]}
+      sizes=(); [ $tiny = 1 ] || sizes=(--crossover-sizes 2048 8192)
+      timeout "${CROSSOVER_SECONDS:-150}" $PY -m benchmarks --device $DEV $QUICK \
+        --sections crossover "${sizes[@]}" --out "$OUT/crossover.json" 2>&1 \
+        | tee "$OUT/crossover.log"
+      check crossover ${PIPESTATUS[0]} ;;
     profile)
       timeout 300 $PY -m benchmarks.cuda_profile $QUICK --out "$OUT/profile-cuda.json" \
         > "$OUT/profile-cuda.log" 2>&1
