@@ -109,7 +109,7 @@ def budget_weights(path: Path, steps: int = 400) -> Path:
     """Trains the preset's SBM model on 1k-node graphs with the density held
     at 1% (:class:`~sbm_pyg.nn.DensityBudget`, warm-up over the first
     third of the steps) and saves its weights to :obj:`path`."""
-    from sbm_pyg.experiments.gps import weighted_cross_entropy
+    from sbm_pyg.experiments.gps_metrics import weighted_cross_entropy
     from sbm_pyg.nn import DensityBudget
     if path.exists():
         return path
@@ -141,7 +141,7 @@ def _forward(model, data: Data, generator: torch.Generator):
 
 
 def _setup(variant: str, n: int, weights: Optional[str]):
-    from sbm_pyg.experiments.gps import weighted_cross_entropy
+    from sbm_pyg.experiments.gps_metrics import weighted_cross_entropy
     data = scaled_pattern_graph(n, torch.Generator().manual_seed(n))
     model = _model(variant)
     if variant == "sbm-1%":

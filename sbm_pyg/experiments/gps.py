@@ -13,7 +13,6 @@ layer and head; ``OUT/checkpoint.pt`` allows ``--resume``,
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import time
 from pathlib import Path
@@ -21,14 +20,15 @@ from types import SimpleNamespace
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.loader import DataLoader
 
 from sbm_pyg.datasets import SBMBenchmarkDataset
 from sbm_pyg.experiments.arguments import default_exploration
+from sbm_pyg.experiments.gps_metrics import accuracy_sbm, weighted_cross_entropy
 from sbm_pyg.experiments.optim import build_optimizer, build_schedule, clip_and_measure
-from sbm_pyg.experiments.runs import jsonable, load_checkpoint, save_checkpoint
+from sbm_pyg.experiments.runs import (PeakMemory, jsonable, load_checkpoint,
+                                      save_checkpoint)
 from sbm_pyg.models import GPS_ATTENTIONS, GPSNodeClassifier
 from sbm_pyg.nn import AddLaplacianPE, DensityBudget
 
@@ -176,62 +176,6 @@ def build_gps_model(args, in_channels: int, num_classes: int) -> GPSNodeClassifi
                         exploration=args.exploration))
 
 
-def weighted_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
-    r"""GraphGPS's loss on PATTERN and CLUSTER: cross-entropy with each
-    class weighted by :math:`(V - V_c) / V` in the batch (:math:`V` nodes,
-    :math:`V_c` of class :math:`c`; absent classes weigh 0)."""
-    counts = torch.bincount(target, minlength=logits.size(1)).float()
-    weight = (target.numel() - counts) / target.numel() * (counts > 0)
-    return F.cross_entropy(logits, target, weight=weight)
-
-
-def accuracy_sbm(pred: Tensor, target: Tensor, num_classes: int) -> float:
-    r"""GraphGPS's ``accuracy-SBM``: the mean over classes of each class's
-    recall (correct predictions among its nodes), over a whole split;
-    classes without nodes count as 0, as there."""
-    correct = torch.bincount(target[pred == target], minlength=num_classes)
-    total = torch.bincount(target, minlength=num_classes)
-    recall = correct.double() / total.clamp_min(1)
-    return float(recall.sum() / num_classes)
-
-
-class _PeakMemory:
-    # Peak memory over a stretch of the run beyond what was held at its
-    # start (model, optimizer, datasets): the CUDA allocator's, or on Linux
-    # the process's resident set (VmHWM, reset at the start; freed heap
-    # returned first), as benchmarks.measure.peak_rss.
-    def __init__(self, device: torch.device):
-        self.device, self.base = device, 0
-
-    def start(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.base = torch.cuda.memory_allocated(self.device)
-            return
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self.base = self._status("VmRSS:")
-        except OSError:
-            self.base = -1
-
-    @staticmethod
-    def _status(key: str) -> int:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-        raise OSError(key)
-
-    def read(self) -> Optional[int]:
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) - self.base
-        if self.base < 0:
-            return None
-        return max(self._status("VmHWM:") - self.base, 0)
-
-
 def _forward(model: GPSNodeClassifier, batch, generator) -> Tensor:
     return model(batch.x, batch.edge_index, batch.batch,
                  getattr(batch, "eigvecs", None), getattr(batch, "eigvals", None),
@@ -335,7 +279,7 @@ def train_gps(args) -> dict:
         graph_generator.set_state(rng["graph"].cpu())
         epoch = state["step"]
     best, best_epoch = _best_so_far(metrics, epoch)
-    memory = _PeakMemory(device)
+    memory = PeakMemory(device)
     progress = None
     if not args.no_progress:
         from tqdm import tqdm

@@ -4,6 +4,7 @@ trained model loaded back."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import pickle
 import shutil
 from pathlib import Path
@@ -15,7 +16,7 @@ from sbm_pyg.experiments.tasks import VOCAB
 from sbm_pyg.models import SBMTransformer
 
 __all__ = ["build_model", "load_run", "save_checkpoint", "load_checkpoint",
-           "jsonable"]
+           "jsonable", "PeakMemory"]
 
 
 def build_model(args) -> SBMTransformer:
@@ -115,3 +116,42 @@ def load_checkpoint(path: Union[str, Path],
         raise ValueError(f"{path} is not a checkpoint of sbm_pyg: it holds "
                          f"{found}, not {sorted(CHECKPOINT_KEYS)}")
     return state
+
+
+class PeakMemory:
+    """Peak memory over a stretch of a run (:meth:`start` to :meth:`read`)
+    beyond what was held at its start (model, optimizer, datasets): the CUDA
+    allocator's, or on Linux the process's resident set (VmHWM, reset at
+    the start; freed heap returned first), as
+    ``benchmarks.measure.peak_rss``; :obj:`None` where neither is read."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.base = device, 0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.base = self._status("VmRSS:")
+        except OSError:
+            self.base = -1
+
+    @staticmethod
+    def _status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+        raise OSError(key)
+
+    def read(self) -> Optional[int]:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        if self.base < 0:
+            return None
+        return max(self._status("VmHWM:") - self.base, 0)
