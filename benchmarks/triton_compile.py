@@ -333,6 +333,19 @@ def compile_all(launches: List[dict], archs=ARCHS) -> List[dict]:
     return rows
 
 
+def compile_parallel(launches: List[dict], archs=ARCHS,
+                     jobs: int = 1) -> List[dict]:
+    """:func:`compile_all` on :obj:`jobs` processes (each compile is one
+    core's work: Triton's passes and ptxas)."""
+    if jobs <= 1 or len(launches) < 2:
+        return compile_all(launches, archs)
+    from concurrent.futures import ProcessPoolExecutor
+    chunks = [launches[i::jobs] for i in range(jobs)]
+    with ProcessPoolExecutor(jobs) as pool:
+        parts = list(pool.map(compile_all, chunks, [archs] * jobs))
+    return [row for part in parts for row in part]
+
+
 def kernels() -> list:
     """Every Triton kernel function of the package, helpers included."""
     from triton.runtime.jit import JITFunction
@@ -352,6 +365,8 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", type=Path, default=OUT)
     parser.add_argument("--update", action="store_true",
                         help="accept new spills (rewrite the baseline)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="compiling processes (default: one per core)")
     parser.add_argument("--record", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.record is not None:  # the recording subprocess
@@ -364,7 +379,7 @@ def main(argv=None) -> int:
         record(Path(tmp))
         launches = load(Path(tmp))
     start = time.perf_counter()
-    rows = compile_all(launches, args.arch)
+    rows = compile_parallel(launches, args.arch, args.jobs)
     baseline = (json.loads(args.baseline.read_text())["kernels"]
                 if args.baseline.exists() else [])
     found += problems(rows, [] if args.update else baseline)
