@@ -12,9 +12,10 @@
 #   suite    the CUDA test suite (SBM_PYG_TEST_DEVICE=cuda, -m "not host")
 #   repeat   the paper's repeated-token task at N=256, seeds 0 1 2, side by
 #            side on the one GPU, into runs/ (resumed from runs/ if there)
-#   bench    python -m benchmarks.cuda -> $OUT/results-cuda.json, and the
-#            benchmark suite, python -m benchmarks --device cuda ->
-#            $OUT/results-suite-cuda.json
+#   bench    python -m benchmarks.cuda -> $OUT/results-cuda.json (each
+#            section written as it ends)
+#   bench-suite  the benchmark suite, python -m benchmarks --device cuda
+#            -> $OUT/results-suite-cuda.json
 #   checks   python -m benchmarks.gpu_checks (the sampler and the dense
 #            mask against the CPU kernels at the model's sizes, the dense
 #            kernel's precisions against SDPA) -> $OUT/gpu-checks.json, and
@@ -43,8 +44,22 @@
 # proves is that no stage calls a kernel with a missing argument or names
 # a backend the device does not have (CI runs it).
 #
-# Planned calls on a GPU machine with about 15 minutes to give (a start
-# included): benchmarks/gpu_short.sh, one call of about six minutes.
+# The plan for a freshly started GPU machine with 40 minutes to give, one
+# call at a time (each at most 9 minutes; the machine stays warm between
+# back-to-back calls, so the build is done once; a released machine needs
+# `build` first again, 1.5 minutes):
+#
+#   call 1  env build suite            ~8 min: build.log, suite.log
+#   call 2  repeat wait-repeat checks  ~9 min: the repeat runs in runs/ (4
+#                                      min), then alone gpu-checks.json and
+#                                      crossover.json
+#   call 3  bench                      ~7 min: results-cuda.json
+#   call 4  bench-suite                ~7 min: results-suite-cuda.json
+#   call 5  profile listops pack       ~7 min: profile-cuda.json,
+#                                             ncu-attention.log, runs.tgz
+#
+# about 37 minutes with the machine's start. With about 15 minutes:
+# benchmarks/gpu_short.sh, one call of about six minutes, or call 2 alone.
 set -u
 tiny=0
 if [ "${1:-}" = "--tiny" ]; then tiny=1; shift; fi
@@ -56,7 +71,7 @@ PY=${PY:-python3}
 log() { echo "[gpu_run $(date +%T)] $*" | tee -a "$OUT/gpu_run.log"; }
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env build suite bench checks profile)
+[ ${#stages[@]} -eq 0 ] && stages=(env build suite bench bench-suite checks profile)
 if [ $tiny = 1 ]; then
   export TRITON_INTERPRET=1
   DEV=cpu QUICK="--quick --repeats 1" gpu=1
@@ -75,7 +90,7 @@ check() {  # check NAME STATUS: log a stage's exit status, remember a failure
 repeat_pids=()
 for stage in "${stages[@]}"; do
   case $stage in
-    suite|repeat|wait-repeat|bench|checks|profile|listops)
+    suite|repeat|wait-repeat|bench|bench-suite|checks|profile|listops)
       if [ "$gpu" != 1 ]; then
         log "stage $stage: skipped, no CUDA device (torch.cuda.is_available() is False)"
         continue
@@ -121,7 +136,8 @@ if torch.cuda.is_available():
     bench)
       timeout "${BENCH_SECONDS:-420}" $PY -m benchmarks.cuda $QUICK \
         --out "$OUT/results-cuda.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
-      check bench ${PIPESTATUS[0]}
+      check bench ${PIPESTATUS[0]} ;;
+    bench-suite)
       sections=()  # --tiny: the sections a GPU run times, not the CPU-only ones
       [ $tiny = 1 ] && sections=(--sections attention sampler layer crossover training)
       timeout "${BENCH_SECONDS:-420}" $PY -m benchmarks --device $DEV $QUICK \
