@@ -1,7 +1,4 @@
 """sbm_pyg: SBM-Transformer attention as PyTorch Geometric components."""
-import importlib
-from typing import Any
-
 from sbm_pyg.nn import (
     DensityBudget,
     SBMConv,
@@ -41,8 +38,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
+    # (importlib imported here: the package's namespace is its API)
     if name in _LAZY_SUBMODULES:
+        import importlib
         return importlib.import_module(f"sbm_pyg.{name}")
     raise AttributeError(f"module 'sbm_pyg' has no attribute {name!r}")
 

@@ -31,6 +31,13 @@ def test_top_level_names_are_the_subpackages_own():
             assert obj is homes[name], name
     assert len(set(sbm_pyg.__all__)) == len(sbm_pyg.__all__)
     assert set(dir(sbm_pyg)) >= set(sbm_pyg.__all__)
+    # Nothing at the top but the API and the package's own submodules (no
+    # helper imports such as typing.Any or importlib).
+    extra = {n for n, obj in vars(sbm_pyg).items() if not n.startswith("_")
+             and n not in sbm_pyg.__all__ and not (
+                 isinstance(obj, type(sbm_pyg))
+                 and obj.__name__.startswith("sbm_pyg."))}
+    assert not extra, extra
     with pytest.raises(AttributeError, match="no_such_name"):
         sbm_pyg.no_such_name
 
