@@ -11,11 +11,24 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    # A default shown only where it tells something: not None (required or
+    # derived arguments), not twice where the help names it already.
+    def _get_help_string(self, action: argparse.Action) -> Optional[str]:
+        text = action.help or ""
+        if action.default is None or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sbm_pyg")
+    parser = argparse.ArgumentParser(
+        prog="python -m sbm_pyg",
+        epilog="also: python -m sbm_pyg.examples.gps (GPS graph transformers "
+               "on a generated long-range ring task; --help for its options)")
     sub = parser.add_subparsers(dest="command", required=True)
     from sbm_pyg.experiments.arguments import add_train_arguments, check_train_arguments
-    show_defaults = argparse.ArgumentDefaultsHelpFormatter
+    show_defaults = _DefaultsFormatter
     train_parser = sub.add_parser("train", help="train an SBM-Transformer or a baseline",
                                   formatter_class=show_defaults)
     add_train_arguments(train_parser)

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -338,6 +339,15 @@ def test_help_shows_the_defaults(capsys):
         main(["train", "--help"])
     assert "--lr LR" in (text := capsys.readouterr().out)
     assert "(default: 0.001)" in text
+    # no default of None (required or derived), none said twice
+    assert "(default: None)" not in text
+    entries = re.split(r"\n  (?=-)", text)  # one per option
+    assert len(entries) > 30
+    assert not [e for e in entries if e.count("default") > 1]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    # every entry point is listed, the example's too
+    assert "python -m sbm_pyg.examples.gps" in capsys.readouterr().out
 
 
 def _free_port() -> int:
