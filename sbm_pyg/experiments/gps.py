@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor
@@ -27,8 +27,7 @@ from sbm_pyg.datasets import SBMBenchmarkDataset
 from sbm_pyg.experiments.arguments import default_exploration
 from sbm_pyg.experiments.gps_metrics import accuracy_sbm, weighted_cross_entropy
 from sbm_pyg.experiments.optim import build_optimizer, build_schedule, clip_and_measure
-from sbm_pyg.experiments.runs import (PeakMemory, jsonable, load_checkpoint,
-                                      save_checkpoint)
+from sbm_pyg.experiments.runs import PeakMemory, jsonable, load_checkpoint, save_checkpoint
 from sbm_pyg.models import GPS_ATTENTIONS, GPSNodeClassifier
 from sbm_pyg.nn import AddLaplacianPE, DensityBudget
 

@@ -25,8 +25,7 @@ from sbm_pyg.ops.backend_info import (
     resolve_backend,
 )
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
-from sbm_pyg.ops.dense_attention import (dense_attention, mask_bytes, mask_keys,
-                                        matmul_precision)
+from sbm_pyg.ops.dense_attention import dense_attention, mask_bytes, mask_keys, matmul_precision
 from sbm_pyg.sampling.checks import (
     PtrLike,
     check_draws,
@@ -201,8 +200,8 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
                         dense_pairs=f"{int((dense & busy).sum())}/"
                                     f"{int(busy.sum())}")
     if dense is not None and device.type != "cpu":
-        value, source = backend_info.dense_crossover(device)  # GPU's or CPU's
-        backends["crossover"] = f"{value:g} ({source})"
+        crossover, source = backend_info.dense_crossover(device)  # GPU's or CPU's
+        backends["crossover"] = f"{crossover:g} ({source})"
     if per is None:
         per = expected_densities(seq_q, seq_k, q_memb, block, k_memb)
     expected, sampled = mean_densities(seq_q, seq_k, part.edges, per)

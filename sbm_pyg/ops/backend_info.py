@@ -104,7 +104,7 @@ def dense_crossover(device: Union[torch.device, str]) -> Tuple[float, str]:
     return DENSE_CROSSOVER, "cpu"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_name(index: Optional[int]) -> str:
     return torch.cuda.get_device_name(index)
 

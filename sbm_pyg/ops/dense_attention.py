@@ -87,7 +87,7 @@ def matmul_precision(dtype: torch.dtype) -> str:
         return {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
     fp32 = torch.backends.cuda.matmul.fp32_precision
     if fp32 == "none":
-        fp32 = torch.backends.fp32_precision
+        fp32 = getattr(torch.backends, "fp32_precision", "none")  # (no stub)
     return "tf32" if dtype == torch.float32 and fp32 == "tf32" else "ieee"
 
 
