@@ -41,3 +41,17 @@ def max_binomial_z(counts: torch.Tensor, trials: int, prob: torch.Tensor) -> flo
     p = prob[~degenerate]
     z = (counts[~degenerate] - trials * p) / (trials * p * (1 - p)).sqrt()
     return float(z.abs().max()) if z.numel() else 0.0
+
+
+def pin_crossover(monkeypatch, value: float) -> None:
+    """Sets the density from which "auto" takes the dense regime, on every
+    device (the CPU's value and no GPU's own)."""
+    from sbm_pyg.ops import backend_info
+    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", value)
+    monkeypatch.setattr(backend_info, "DEVICE_CROSSOVERS", {})
+
+
+def kernels_ran(backends: dict) -> dict:
+    """A layer's last_backends without the crossover it reports on a GPU
+    (which value "auto" compared with): the kernels that ran."""
+    return {k: v for k, v in backends.items() if k != "crossover"}

@@ -8,7 +8,7 @@ import torch
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn import SBMConv, SBMGPSConv, SBMMultiheadAttention
 from sbm_pyg.ops import backend_info
-from tests.helpers import seeded
+from tests.helpers import pin_crossover, seeded
 
 BATCH = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])
 MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]).bool()
@@ -58,8 +58,7 @@ def test_layers_under_autocast(name, dtype, regime, monkeypatch):
     if regime == "dense" and not backend_info.dense_runs(
             torch.get_default_device()):
         pytest.skip("no dense-regime kernel on this device")
-    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER",
-                        0.0 if regime == "dense" else float("inf"))
+    pin_crossover(monkeypatch, 0.0 if regime == "dense" else float("inf"))
     module, forward = layers()[name]
     device = torch.get_default_device().type
     # The SBM attention's parameters: the rest of each model is torch's own

@@ -7,7 +7,7 @@ from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from sbm_pyg.nn import SBMConv
 from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.sampling import expected_adjacency
-from tests.helpers import seeded
+from tests.helpers import kernels_ran, pin_crossover, seeded
 
 BATCH = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])
 PTR = torch.tensor([0, 3, 7, 9])
@@ -30,8 +30,7 @@ def x_input(n=9, channels=8, seed=1):
 def sparse_only(monkeypatch):
     """"auto" below the dense kernel's crossover at any density: the test
     is about the sampler and the sparse kernels."""
-    from sbm_pyg.ops import backend_info
-    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", float("inf"))
+    pin_crossover(monkeypatch, float("inf"))
 
 
 @pytest.mark.parametrize("concat,root_weight,shape", [
@@ -367,7 +366,10 @@ def test_backends_are_constructor_arguments_and_the_layer_says_what_ran(
     assert conv.last_backends == {"sampler": "torch", "attention": "torch"}
     conv = make_conv(dropout=0.0)
     run(conv, x_input(), batch=BATCH)
-    assert conv.last_backends == backends(torch.get_default_device())
+    assert kernels_ran(conv.last_backends) == backends(torch.get_default_device())
+    # On a GPU the layer also says which crossover "auto" compared with.
+    assert ("crossover" in conv.last_backends) == (
+        torch.get_default_device().type == "cuda")
     conv.attention_backend = "message_passing"
     run(conv, x_input(), batch=BATCH)
     assert conv.last_backends["attention"] == "message_passing"
@@ -418,9 +420,8 @@ needs_cpp = pytest.mark.skipif(
 
 @needs_cpp
 def test_auto_takes_the_dense_kernel_from_the_crossover_on(monkeypatch):
-    from sbm_pyg.ops import backend_info
     conv = make_conv(dropout=0.0)
-    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", 0.0)
+    pin_crossover(monkeypatch, 0.0)
     run(conv, x_input(), batch=BATCH)
     assert conv.last_backends == {"sampler": "dense", "attention": "dense"}
     # Weights and graph hooks get the dense kernel's graph, attended by the
@@ -436,11 +437,11 @@ def test_auto_takes_the_dense_kernel_from_the_crossover_on(monkeypatch):
     run(conv, x_input(), batch=BATCH)
     handle.remove()
     assert torch.equal(seen[0].edge_index, graph.edge_index)
-    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", float("inf"))
+    pin_crossover(monkeypatch, float("inf"))
     run(conv, x_input(), batch=BATCH)
     assert conv.last_backends == {"sampler": "cpp", "attention": "cpp"}
     # With attention dropout too (the dense kernel has it).
-    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", 0.0)
+    pin_crossover(monkeypatch, 0.0)
     conv = make_conv(dropout=0.2)
     run(conv, x_input(), batch=BATCH)
     assert conv.last_backends == {"sampler": "dense", "attention": "dense"}

@@ -6,9 +6,8 @@ from torch_geometric.nn import GINConv
 
 import sbm_pyg.nn._sbm_attention as attention_module
 from sbm_pyg.nn import SBMGPSConv
-from sbm_pyg.ops import backend_info
 from sbm_pyg.sampling import SampledGraph
-from tests.helpers import seeded
+from tests.helpers import pin_crossover, seeded
 
 C = 8
 
@@ -81,7 +80,7 @@ def test_no_attention_edge_crosses_graphs():
 @pytest.mark.parametrize("include_input_edges", [False, True])
 def test_batched_equals_per_graph(include_input_edges, monkeypatch):
     # The sampler's graphs are replayed: the sparse kernels at any density.
-    monkeypatch.setattr(backend_info, "DENSE_CROSSOVER", float("inf"))
+    pin_crossover(monkeypatch, float("inf"))
     layer = make_layer(include_input_edges=include_input_edges).eval()
     data = batch_of()
     graphs = record_graphs(layer)
