@@ -87,10 +87,17 @@ def test_layers_under_autocast(name, dtype, regime, monkeypatch):
     # Half precision memberships move the sampled probabilities, so for the
     # same seed an edge near its threshold can flip and take one draw's
     # error to 40%: over 40 seeds, 0-3 draws per layer and measure were
-    # above 10% (median 0.2-1.3%). The median of DRAWS = 9 draws exceeds
-    # 10% only if 5 do: P ~ 2e-4 at 3 in 40; a systematic error (the
-    # sampler or the kernels in half precision) moves them all.
+    # above 10%. The median of DRAWS = 9 draws is robust to those: over 10
+    # groups of 9 seeds (bfloat16 on the CPU, every layer and regime) the
+    # largest median was 0.0096 for the output and the projections'
+    # gradients and 0.0245 for the SBM's (whose straight-through gradient
+    # sums over the flipped edges); the bounds leave 1.5x of that: a
+    # planted 2% scale of the attention's output in bfloat16 failed 5 of the
+    # 8 cases (the bound of 0.1 before: none), the rest diluted by residual
+    # sums.
     medians = torch.tensor(errors).median(0).values
-    for what, median in zip(("output", "projection gradients", "SBM gradients"),
-                            medians.tolist()):
-        assert median <= 0.1, f"{what}: median relative error {median:.3f}"
+    bounds = (0.015, 0.015, 0.04)
+    for what, median, bound in zip(
+            ("output", "projection gradients", "SBM gradients"),
+            medians.tolist(), bounds):
+        assert median <= bound, f"{what}: median relative error {median:.4f}"
