@@ -50,9 +50,17 @@ def test_encoder_masks_padding_and_flips_signs_from_the_generator():
     b = enc(data.eigvecs, data.eigvals, generator=seeded(3))
     torch.testing.assert_close(a, b)
     # Over seeds, some eigenvector's sign is flipped: the output moves, and
-    # it is always the output for some sign pattern.
-    outs = {tuple(enc(data.eigvecs, data.eigvals, generator=seeded(s))
-                  .detach().flatten().round(decimals=5).tolist()) for s in range(8)}
-    assert len(outs) > 1
+    # it is always the eval output of some sign pattern of the eigenvectors
+    # (the padded columns' signs change nothing).
+    with torch.no_grad():
+        outs = [enc(data.eigvecs, data.eigvals, generator=seeded(s))
+                for s in range(8)]
+        enc.eval()
+        patterns = [enc(data.eigvecs * torch.tensor(
+            [1.0 - 2 * ((p >> c) & 1) for c in range(6)]), data.eigvals)
+            for p in range(16)]
+    assert len({tuple(o.flatten().round(decimals=5).tolist()) for o in outs}) > 1
+    for out in outs:
+        assert min(float((out - p).abs().max()) for p in patterns) < 1e-5
     with pytest.raises(ValueError, match="eigvecs"):
         enc(data.eigvecs, data.eigvals[:, :2])
