@@ -499,6 +499,16 @@ def test_dense_kernel_refusals_and_guard():
     # Another seed: another mask and other dropped weights.
     assert not conv(x, batch=BATCH, generator=seeded(1)).equal(
         conv(x, batch=BATCH, generator=seeded(0)))
+    # The same layer without dropout: in training the dropout changes the
+    # output (the same mask: its seed is drawn before the dropout's); in
+    # evaluation the two are the same layer.
+    plain = make_conv(attention_backend="dense", dropout=0.0, eval_seed=1)
+    plain.load_state_dict(conv.state_dict())
+    plain.train()
+    assert not conv(x, batch=BATCH, generator=seeded(0)).equal(
+        plain(x, batch=BATCH, generator=seeded(0)))
+    conv.eval(), plain.eval()
+    assert conv(x, batch=BATCH).equal(plain(x, batch=BATCH))
     conv = make_conv(attention_backend="dense", max_edges=10)
     with pytest.raises(ValueError, match="max_edges"):
         run(conv, x_input(), batch=BATCH)
