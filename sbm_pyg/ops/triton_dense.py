@@ -94,11 +94,16 @@ def _meta(q: Tensor, v: Tensor, K: int, precision: int) -> dict:
     # k = 128. float64 tiles are half as wide: twice the registers per
     # element. 4 warps for narrow float32 rows, where 8 left a register
     # kept on the stack across the key loop. Where float64's products are
-    # elementwise sums (triton_dense_kernels.FP64_SUMS), over [8, 8, width].
-    block = (8 if kernels.FP64_SUMS else 16) if fp64 else 32
+    # elementwise sums (triton_dense_kernels.FP64_SUMS), [rows, width, keys]
+    # tensors: 4 rows (8 keys, a
+    # mask byte, in the mask kernel), which leaves no spill under Triton 3.6
+    # at D <= 64, k <= 128 with 8 warps (the forward 4); 8 rows spilled up
+    # to 1.8 KB.
+    sums = fp64 and kernels.FP64_SUMS
+    block = (4 if sums else 16) if fp64 else 32
     widths = [max(16, triton.next_power_of_2(n)) for n in (D, DV, K)]
     return dict(D=D, DV=DV, KC=K, BLOCK_D=widths[0], BLOCK_DV=widths[1],
-                BLOCK_KC=widths[2], BLOCK_M=block, BLOCK_N=block,
+                BLOCK_KC=widths[2], BLOCK_M=block, BLOCK_N=8 if sums else block,
                 num_warps=8 if fp64 or max(widths) >= 32 else 4,
                 enable_fp_fusion=True, DOT=dot)
 
@@ -123,6 +128,11 @@ def _tensor_core_tiles(meta: dict, kernel: str) -> dict:
         kernel = "key_narrow"
     m, n, warps = TENSOR_CORE_TILES[kernel]
     return dict(BLOCK_M=m, BLOCK_N=n, num_warps=warps)
+
+
+def fp64_sums(q: Tensor) -> bool:
+    # Whether the kernels take float64 products as elementwise sums.
+    return q.dtype == torch.float64 and kernels.FP64_SUMS
 
 
 def _scalar(x: float, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -167,6 +177,8 @@ def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
         if inc_ptr.numel() > 0:
             _include(mask, base, ptr_q, ptr_k, inc_ptr, inc_col, H)
         meta.pop("KC"), meta.pop("BLOCK_KC")
+        if fp64_sums(q):
+            meta["num_warps"] = 4
         if meta["DOT"]:
             meta.update(_tensor_core_tiles(meta, "forward"))
             tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])

@@ -21,10 +21,10 @@ if triton is not None:
 
     _DROPOUT_STREAM = tl.constexpr(DROPOUT_STREAM)
     # Triton before 3.9 cannot lower a float64 MMA whose operand is
-    # computed in registers (3.6: "fp64 don't support largeK MMA"; 3.7 and
-    # 3.8 not tried): there the float64 products are elementwise sums, on
-    # 8-row tiles (triton_dense._meta). float64 is the same-graph tests'
-    # precision, not a fast path.
+    # computed in registers (3.6: "fp64 don't support largeK MMA"; 3.8 is
+    # given the sums too, 3.7 not tried): there the float64 products are
+    # elementwise sums, on 4-row tiles (triton_dense._meta). float64 is the
+    # same-graph tests' precision, not a fast path.
     FP64_SUMS = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
     _FP64_SUMS = tl.constexpr(FP64_SUMS)
 

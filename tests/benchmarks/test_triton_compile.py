@@ -111,3 +111,11 @@ def test_dense_products_asked_of_tensor_cores_must_issue_mma():
     ieee = _row(constexprs={"D": "32", "KC": "128", "DOT": "0"},
                 tensor_cores=False, **dense)
     assert problems([ieee], []) == []
+
+
+def test_another_triton_is_judged_by_its_own_baseline():
+    dense = dict(module="sbm_pyg.ops.triton_dense_kernels", stack_bytes=16)
+    row = _row(constexprs={"D": "64", "KC": "128"}, **dense)
+    assert problems([row], [row], spill_free=False) == []
+    assert "baseline did not" in problems(
+        [row], [dict(row, stack_bytes=0)], spill_free=False)[0]

@@ -92,7 +92,7 @@ def test_same_mask_output_and_gradients_as_the_cpu_kernel(mode, ste):
                     reason="switches a compiled kernel's global (interpreter only)")
 def test_float64_as_elementwise_sums(monkeypatch):
     # Triton before 3.9 takes float64 products as elementwise sums on
-    # 8-row tiles (FP64_SUMS): the same mask, output and gradients.
+    # 4-row tiles (FP64_SUMS): the same mask, output and gradients.
     from tests import triton_abi
     if triton_abi.RECORD is not None:
         pytest.skip("recorded launches are compiled with the installed "
