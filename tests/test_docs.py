@@ -140,3 +140,33 @@ def test_public_names_have_docstrings(module_name):
         if inspect.isclass(obj):
             for member, target in _members(obj):
                 assert inspect.getdoc(target), f"{name}.{member} has no docstring"
+
+
+def _expand(path: str) -> list:
+    # A cited path with shell braces ({a,b}) expanded, one per choice.
+    m = re.search(r"\{([^{}]*)\}", path)
+    if m is None:
+        return [path]
+    return [p for choice in m.group(1).split(",")
+            for p in _expand(path[:m.start()] + choice + path[m.end():])]
+
+
+def cited_artifacts(text: str) -> list:
+    """The run directories and files a page cites (``docs/runs/...``,
+    ``benchmarks/results-*.json``), braces expanded."""
+    found = re.findall(r"(?:docs/runs|benchmarks/results)"
+                       r"(?:\{[^}\s]*\}|[^\s`)\]\"',;:{])*", text)
+    return [p.rstrip(".") for cited in found for p in _expand(cited)]
+
+
+def test_cited_runs_exist():
+    # Every figure's run: each path README and the docs cite exists (a glob
+    # matches something), so a figure cannot outlive its artifact.
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = [f"{page.name}: {path}" for page in pages
+               for path in cited_artifacts(page.read_text())
+               if not list(ROOT.glob(path.rstrip("/")))]
+    assert not missing, missing
+    assert _expand("a{1,2}-s{0,1}") == ["a1-s0", "a1-s1", "a2-s0", "a2-s1"]
+    assert cited_artifacts("see `docs/runs/nope-{x,y}/`.") == [
+        "docs/runs/nope-x/", "docs/runs/nope-y/"]
