@@ -41,7 +41,9 @@ class SBMMultiheadAttention(torch.nn.Module):
 
     Shapes:
         - **input:** x :math:`(B, N, C)`, mask :math:`(B, N)` (bool, True =
-          real token; :obj:`None`: all real)
+          real token; :obj:`None`: all real) or key_padding_mask
+          :math:`(B, N)` (True = padding, as in
+          :class:`torch.nn.MultiheadAttention`)
         - **output:** :math:`(B, N, C)`
 
     Example:
@@ -92,11 +94,39 @@ class SBMMultiheadAttention(torch.nn.Module):
         return self.conv.expected_density
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, *,
+                key_padding_mask: Optional[Tensor] = None,
                 generator: Optional[torch.Generator] = None) -> Tensor:
+        r"""Attends each sequence's real tokens to each other.
+
+        Args:
+            x (Tensor): :obj:`[B, N, C]`.
+            mask (BoolTensor, optional): :obj:`[B, N]`, True = real token
+                (PyG's convention; :obj:`None`: every token is real).
+            key_padding_mask (BoolTensor, optional): :obj:`[B, N]`, True =
+                padding (:class:`torch.nn.MultiheadAttention`'s
+                convention), in place of :obj:`mask`.
+            generator (torch.Generator, optional): for the sampled graphs.
+
+        Returns:
+            :obj:`[B, N, C]`, zero at padded positions.
+
+        Raises:
+            ValueError: both masks given, a mask of another shape or dtype,
+                or a sequence left without a real token.
+        """
         require_tensor("x", x, 3, floating=True)
         B, N, C = x.shape
         if C != self.channels:
             raise ValueError(f"x must have {self.channels} channels, got {C}")
+        if key_padding_mask is not None:
+            if mask is not None:
+                raise ValueError("give mask (True = real token) or "
+                                 "key_padding_mask (True = padding), not both")
+            require_tensor("key_padding_mask", key_padding_mask, 2)
+            if key_padding_mask.dtype != torch.bool:
+                raise ValueError(f"key_padding_mask must be a bool tensor, got "
+                                 f"{key_padding_mask.dtype}")
+            mask = ~key_padding_mask
         if mask is None:
             ptr = torch.arange(B + 1, device=x.device) * N
             out = self.conv(x.reshape(B * N, C), ptr=ptr, generator=generator)
@@ -105,8 +135,13 @@ class SBMMultiheadAttention(torch.nn.Module):
         if mask.dtype != torch.bool or mask.shape != (B, N):
             raise ValueError(f"mask must be a bool tensor of shape [{B}, {N}], "
                              f"got {mask.dtype} {tuple(mask.shape)}")
-        ptr = torch.cat([mask.new_zeros(1, dtype=torch.long),
-                         mask.sum(dim=1).cumsum(0)])
+        lengths = mask.sum(dim=1)
+        if N > 0 and bool((lengths == 0).any()):  # (one sync)
+            raise ValueError(
+                f"mask leaves sequence {int((lengths == 0).nonzero()[0])} "
+                f"without a real token (mask: True = real token; "
+                f"key_padding_mask: True = padding)")
+        ptr = torch.cat([mask.new_zeros(1, dtype=torch.long), lengths.cumsum(0)])
         out = self.out(self.conv(x[mask], ptr=ptr, generator=generator))
         # out's dtype, not x's: they differ under autocast.
         return out.new_zeros(B, N, C).masked_scatter(mask[..., None], out)

@@ -77,6 +77,26 @@ def test_bad_mask(mask, match):
         run(make_attn(), x_input(), mask)
 
 
+def test_key_padding_mask_takes_pytorchs_convention():
+    # True = padding, as nn.MultiheadAttention takes it: the same output as
+    # the mask of real tokens; both at once, or a sequence left without a
+    # token (e.g. PyTorch's convention passed as mask), raise.
+    attn = make_attn()
+    x = x_input()
+    want = run(attn, x, MASK)
+    got = attn(x, key_padding_mask=~MASK, generator=seeded(0))
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="not both"):
+        attn(x, MASK, key_padding_mask=~MASK)
+    with pytest.raises(ValueError, match="key_padding_mask must be a bool"):
+        attn(x, key_padding_mask=(~MASK).long())
+    no_token = MASK.clone()
+    no_token[2] = False
+    with pytest.raises(ValueError, match="sequence 2 without a real token"):
+        run(attn, x, no_token)
+    assert "key_padding_mask" in SBMMultiheadAttention.forward.__doc__
+
+
 def test_bad_x():
     with pytest.raises(ValueError, match="channels"):
         run(make_attn(), torch.randn(3, 5, 8))
