@@ -2,6 +2,7 @@ r"""The SBM-Transformer attention as a PyG :class:`MessagePassing` layer."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections import OrderedDict
 from functools import partial
 from typing import Callable, Dict, Literal, Optional, Tuple, Union, overload
@@ -25,6 +26,20 @@ from sbm_pyg.ops.torch_attention import clip_grad
 from sbm_pyg.sampling import SampledGraph
 
 __all__ = ["SBMConv"]
+
+_EVAL_WARNED = [False]
+
+
+def _warn_eval_samples() -> None:
+    # Said once: a user who compares two eval() calls on one input sees them
+    # differ; sampling stays the default, as the paper evaluates.
+    if not _EVAL_WARNED[0]:
+        _EVAL_WARNED[0] = True
+        warnings.warn("SBMConv samples its attention graph in eval() too, as "
+                      "the paper evaluates: two calls on one input differ. "
+                      "Build the layer with eval_seed=<int> (or pass a seeded "
+                      "generator) for repeatable evaluation.", UserWarning,
+                      stacklevel=4)
 
 Features = Union[Tensor, SparseTensor, Tuple]
 Batch = Union[None, Tensor, Tuple[Optional[Tensor], Optional[Tensor]]]
@@ -112,7 +127,8 @@ class SBMConv(MessagePassing):
         eval_seed (int, optional): in :obj:`eval()` mode, without a
             :obj:`generator`, sample from a generator seeded with this: the
             same input gives the same output. :obj:`None` samples afresh, as
-            the paper evaluates. (default: :obj:`None`)
+            the paper evaluates (and warns once that it does).
+            (default: :obj:`None`)
         sampler_backend (str): the backend of
             :func:`~sbm_pyg.sampling.fastrg`. (default: :obj:`"auto"`)
         attention_backend (str): a backend of
@@ -255,8 +271,11 @@ class SBMConv(MessagePassing):
                                  if warmup else self.sbm(query, key))
         ptr_k, ptr_q = sequence_pointers(batch, ptr, key.size(0),
                                          query.size(0))
-        if generator is None and not self.training and self.eval_seed is not None:
-            generator = torch.Generator(query.device).manual_seed(self.eval_seed)
+        if generator is None and not self.training:
+            if self.eval_seed is not None:
+                generator = torch.Generator(query.device).manual_seed(self.eval_seed)
+            else:
+                _warn_eval_samples()
         passing = self.attention_backend == "message_passing"
         distilling = (self.distill > 0 and self.training
                       and torch.is_grad_enabled())

@@ -1,4 +1,5 @@
 import typing
+import warnings
 
 import pytest
 import torch
@@ -333,7 +334,7 @@ def test_non_finite_features_are_named(bad):
         conv((keys, x_input(n=4)))
 
 
-def test_eval_seed_makes_evaluation_repeatable():
+def test_eval_seed_makes_evaluation_repeatable(monkeypatch):
     conv = make_conv(eval_seed=0)
     x = x_input()
     conv.eval()
@@ -346,11 +347,18 @@ def test_eval_seed_makes_evaluation_repeatable():
     conv.train()  # training samples afresh
     outs = [conv(x, batch=BATCH) for _ in range(3)]
     assert not all(torch.equal(o, outs[0]) for o in outs[1:])
-    # Without a seed, evaluation samples afresh too (the paper's setting).
+    # Without a seed, evaluation samples afresh too (the paper's setting),
+    # and says so once.
+    from sbm_pyg.nn import conv as conv_module
+    monkeypatch.setattr(conv_module, "_EVAL_WARNED", [False])
     free = make_conv(exploration=0.0)
     free.eval()
-    outs = [free(x, batch=BATCH) for _ in range(3)]
+    with pytest.warns(UserWarning, match="eval_seed"):
+        outs = [free(x, batch=BATCH) for _ in range(3)]
     assert not all(torch.equal(o, outs[0]) for o in outs[1:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        free(x, batch=BATCH)
     with pytest.raises(TypeError, match="eval_seed must be an int"):
         make_conv(eval_seed=0.5)
 
