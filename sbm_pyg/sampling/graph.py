@@ -44,6 +44,11 @@ class SampledGraph:
             :func:`bernoulli`, the edge count).
         expected_draws (float): the Poisson mean of :obj:`num_draws`.
 
+    Per-edge values (attention weights :obj:`alpha [E]`) follow the edge
+    order: :meth:`head_edges` and :meth:`sequence_edges` select one head's
+    or one sequence's; :func:`sbm_pyg.theory.to_networkx` gives one head and
+    sequence as a networkx graph, weights included.
+
     Example:
         >>> graph = SampledGraph.from_edge_index(
         ...     torch.tensor([[0, 1, 1], [1, 0, 1]]), num_queries=2, num_keys=2)
@@ -142,17 +147,51 @@ class SampledGraph:
             tensor([[1],
                     [0]])
         """
+        keep = self.sequence_edges(index)
+        q0, q1 = (int(x) for x in self.ptr_q[index:index + 2].tolist())
+        k0, k1 = (int(x) for x in self.ptr_k[index:index + 2].tolist())
+        nq, nk = q1 - q0, k1 - k0
+        j, i = self.edge_index[:, keep]
+        # Edges are sorted by (head, query, key): the local keys stay sorted.
+        key = (self.head[keep] * nq + i - q0) * nk + j - k0
+        return SampledGraph.from_keys(key, self.num_heads, nq, nk)
+
+    def sequence_edges(self, index: int) -> Tensor:
+        r"""The positions :obj:`[E_g]` of sequence :obj:`index`'s edges
+        among all edges, in the order of :meth:`sequence`'s edges: per-edge
+        values (e.g. the attention weights :obj:`alpha [E]`) of that graph
+        are :obj:`alpha[graph.sequence_edges(index)]`.
+
+        Example:
+            >>> graph = SampledGraph.from_edge_index(
+            ...     torch.tensor([[0, 1, 3], [1, 0, 2]]), 4, 4,
+            ...     ptr_q=torch.tensor([0, 2, 4]), ptr_k=torch.tensor([0, 2, 4]))
+            >>> graph.sequence_edges(1)
+            tensor([2])
+        """
         if not isinstance(index, int) or not 0 <= index < self.num_graphs:
             raise ValueError(f"index must be an int in [0, {self.num_graphs}), "
                              f"got {index!r}")
         q0, q1 = (int(x) for x in self.ptr_q[index:index + 2].tolist())
-        k0, k1 = (int(x) for x in self.ptr_k[index:index + 2].tolist())
-        nq, nk = q1 - q0, k1 - k0
-        j, i = self.edge_index
-        keep = (i >= q0) & (i < q1)
-        # Edges are sorted by (head, query, key): the local keys stay sorted.
-        key = (self.head[keep] * nq + i[keep] - q0) * nk + j[keep] - k0
-        return SampledGraph.from_keys(key, self.num_heads, nq, nk)
+        i = self.edge_index[1]
+        return ((i >= q0) & (i < q1)).nonzero().flatten()
+
+    def head_edges(self, head: int) -> slice:
+        r"""The edges of one head, a slice of the :obj:`(head, query, key)`
+        order: :obj:`edge_index[:, graph.head_edges(h)]` and
+        :obj:`alpha[graph.head_edges(h)]` are head :obj:`h`'s."""
+        if not isinstance(head, int) or not 0 <= head < self.num_heads:
+            raise ValueError(f"head must be an int in [0, {self.num_heads}), "
+                             f"got {head!r}")
+        Nq = self.num_queries
+        start, end = (int(x) for x in self.rowptr[[head * Nq, (head + 1) * Nq]].tolist())
+        return slice(start, end)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(num_edges={self.num_edges}, "
+                f"num_heads={self.num_heads}, num_queries={self.num_queries}, "
+                f"num_keys={self.num_keys}, num_graphs={self.num_graphs}, "
+                f"device={self.device})")
 
     def _pattern(self, head: Optional[int]) -> Tuple[Tensor, Tensor, int, int]:
         # CSR (indptr over queries, keys, rows, columns) of one head, or of

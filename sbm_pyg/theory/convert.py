@@ -1,7 +1,7 @@
 r"""Attention patterns as masks, networkx graphs and sampled graphs."""
 from __future__ import annotations
 
-from typing import Tuple, Union
+from typing import Optional, Tuple, Union
 
 import networkx as nx
 import numpy as np
@@ -41,13 +41,42 @@ def pattern_masks(graph: SampledGraph, sequence: int = 0) -> Tensor:
     return masks
 
 
-def to_networkx(graph: SampledGraph, head: int = 0, sequence: int = 0) -> nx.DiGraph:
+def to_networkx(graph: SampledGraph, head: int = 0, sequence: int = 0,
+                weights: Optional[Tensor] = None) -> nx.DiGraph:
     r"""One head and sequence as a :class:`networkx.DiGraph` on nodes
     :math:`0..n-1` with an edge :math:`j \to i` when query :math:`i` attends
-    key :math:`j`."""
+    key :math:`j`.
+
+    Args:
+        graph (SampledGraph): the batch's graph.
+        head (int): the head.
+        sequence (int): the sequence.
+        weights (Tensor, optional): a value per edge of :obj:`graph`
+            :obj:`[E]` (e.g. the attention weights a layer returns with
+            :obj:`return_attention_weights=True`), set as each edge's
+            :obj:`"weight"`.
+
+    Example:
+        >>> graph = from_networkx(nx.DiGraph([(0, 1), (1, 1)]))
+        >>> G = to_networkx(graph, weights=torch.tensor([0.25, 0.75]))
+        >>> sorted(G.edges(data="weight"))
+        [(0, 1, 0.25), (1, 1, 0.75)]
+    """
     if not 0 <= head < graph.num_heads:
         raise ValueError(f"head must be in [0, {graph.num_heads}), got {head}")
-    return as_digraph(pattern_masks(graph, sequence)[head])
+    G = as_digraph(pattern_masks(graph, sequence)[head])
+    if weights is not None:
+        if weights.shape != (graph.num_edges,):
+            raise ValueError(f"weights must be [E] = [{graph.num_edges}], one "
+                             f"per edge, got {tuple(weights.shape)}")
+        q0, k0 = _sequence_rows(graph, sequence)
+        edges = graph.sequence_edges(sequence)
+        edges = edges[graph.head[edges] == head]
+        j, i = graph.edge_index[:, edges].cpu()
+        for key, query, w in zip((j - k0).tolist(), (i - q0).tolist(),
+                                 weights[edges].detach().cpu().tolist()):
+            G.edges[key, query]["weight"] = w
+    return G
 
 
 def from_networkx(G: nx.DiGraph) -> SampledGraph:

@@ -120,3 +120,19 @@ def test_sequence_is_the_batch_restricted_to_one_input():
         assert torch.allclose(part.density()[0], graph.density()[s])
     with pytest.raises(ValueError, match="index must be an int in"):
         graph.sequence(3)
+    # Per-edge values follow: a value that encodes each edge's global
+    # (head, query, key) reads back as the local edges' own.
+    values = (graph.head * 11 + graph.edge_index[1]) * 12 + graph.edge_index[0]
+    for s in range(3):
+        part, picked = graph.sequence(s), values[graph.sequence_edges(s)]
+        h, (j, i) = part.head, part.edge_index
+        assert torch.equal(picked, (h * 11 + i + ptr_q[s]) * 12 + j + ptr_k[s])
+    # and per head: the edges of head h are a slice
+    for h in range(2):
+        assert torch.equal(graph.head[graph.head_edges(h)],
+                           torch.full((int((graph.head == h).sum()),), h))
+    with pytest.raises(ValueError, match="head must be an int"):
+        graph.head_edges(2)
+    assert repr(graph) == (f"SampledGraph(num_edges={graph.num_edges}, num_heads=2, "
+                           f"num_queries=11, num_keys=12, num_graphs=3, "
+                           f"device={graph.device})")
