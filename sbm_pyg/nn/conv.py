@@ -20,7 +20,13 @@ from sbm_pyg.nn._sbm_attention import sbm_attention
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, attention_distillation
 from sbm_pyg.nn.functional import straight_through_probability
-from sbm_pyg.nn.inputs import check_options, project, raise_for_features, sequence_pointers
+from sbm_pyg.nn.inputs import (
+    check_not_edges,
+    check_options,
+    project,
+    raise_for_features,
+    sequence_pointers,
+)
 from sbm_pyg.ops.csr import heads_first
 from sbm_pyg.ops.torch_attention import clip_grad
 from sbm_pyg.sampling import SampledGraph
@@ -246,8 +252,8 @@ class SBMConv(MessagePassing):
                 ) -> Tuple[Tensor, Tuple[SampledGraph, Tensor]]:
         pass
 
-    def forward(self, x: Features, batch: Batch = None, *, ptr: Batch = None,
-                include_edges: Optional[Tensor] = None,
+    def forward(self, x: Features, batch: Batch = None, *extra: object,
+                ptr: Batch = None, include_edges: Optional[Tensor] = None,
                 return_attention_weights: Optional[bool] = None,
                 generator: Optional[torch.Generator] = None
                 ) -> Union[Tensor, Tuple[Tensor, Tuple[SampledGraph, Tensor]]]:
@@ -258,6 +264,11 @@ class SBMConv(MessagePassing):
         query) edges, :class:`EdgeIndex`, :obj:`adj_t`), e.g. the input
         graph's, are added to every head's graph (structure-aware
         attention); :obj:`generator` gives the randomness."""
+        if extra:  # conv(x, edge_index, batch), as PyG's convs are called
+            check_not_edges(batch)
+            raise TypeError(f"SBMConv.forward takes (x, batch) and keywords, "
+                            f"got {2 + len(extra)} positional arguments; pass "
+                            f"a local graph as include_edges=edge_index")
         H, C = self.heads, self.out_channels
         x_src, x_dst = x if isinstance(x, tuple) else (x, x)
         query = project(self.lin_query, x_dst, "x_dst").view(-1, H, C)

@@ -318,6 +318,11 @@ def test_edge_index_in_place_of_batch_is_explained():
                   edge_index.new_ones(3).float().diag().to_sparse()):
         with pytest.raises(ValueError, match="include_edges=edge_index"):
             conv(x, graph)
+    # and conv(x, edge_index, batch), as PyG's convs take it
+    with pytest.raises(ValueError, match="include_edges=edge_index"):
+        conv(x, edge_index, BATCH)
+    with pytest.raises(TypeError, match="takes \\(x, batch\\)"):
+        conv(x, BATCH, BATCH)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
