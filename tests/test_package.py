@@ -154,3 +154,11 @@ def test_fastrg_calls_go_down_the_import_graph(backend):
     assert len(calls) >= 5
     upward = [(a, b) for a, b in calls if b not in _sbm_pyg_imports(root, a)]
     assert not upward, upward
+
+
+def test_no_module_is_over_400_lines():
+    # One concept per module: a module past 400 lines is due for a split.
+    root = Path(sbm_pyg.__file__).parent
+    long = {str(p.relative_to(root)): n for p in root.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
