@@ -383,7 +383,7 @@ class GPSNodeClassifier(Module):
         edge_attr = self.edge_embedding.weight.expand(edge_index.size(1), -1)
         for layer in self.layers:
             h, edge_attr = layer(h, edge_index, batch, edge_attr=edge_attr,
-                                 generator=generator)
+                                 generator=generator, return_edge_attr=True)
         return self.head(h)
 
     def densities(self) -> Optional[Tensor]:

@@ -100,9 +100,13 @@ class _GPSLayer(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Adj,
                 batch: Optional[Tensor] = None, *,
                 generator: Optional[torch.Generator] = None,
-                **kwargs) -> Output:
+                return_edge_attr: bool = False, **kwargs) -> Output:
         r"""Runs the layer; :obj:`kwargs` (e.g. :obj:`edge_attr`) go to the
-        local :obj:`conv`, :obj:`generator` to the attention's randomness."""
+        local :obj:`conv`, :obj:`generator` to the attention's randomness.
+        Returns the node features, as :class:`GPSConv` does; with
+        :obj:`return_edge_attr=True` (an edge-updating local conv, which
+        returns :obj:`(x, edge_attr)`) the pair :obj:`(x', edge_attr')`,
+        so that the next layer gets the updated edge features."""
         require_tensor("x", x, 2, floating=True)
         if x.size(1) != self.channels:
             raise ValueError(f"x must have {self.channels} channels, got "
@@ -126,7 +130,12 @@ class _GPSLayer(torch.nn.Module):
             raise ValueError("a layer without a local conv needs a global attention")
         out = sum(hs)
         out = self._norm(self.norm3, out + self.mlp(out), batch)
-        return out if edge_attr is None else (out, edge_attr)
+        if not return_edge_attr:
+            return out
+        if edge_attr is None:
+            raise ValueError("return_edge_attr=True needs a local conv that "
+                             "returns (x, edge_attr), such as GatedGCNConv")
+        return out, edge_attr
 
 
 class SBMGPSConv(_GPSLayer):
@@ -153,8 +162,10 @@ class SBMGPSConv(_GPSLayer):
 
     A local :obj:`conv` that returns :obj:`(x, edge_attr)`, such as
     :class:`GatedGCNConv`, updates edge features: it is taken to apply its
-    own dropout and residual (as GraphGPS's GatedGCN does), and the layer
-    returns :obj:`(x', edge_attr')` so that the next layer gets them.
+    own dropout and residual (as GraphGPS's GatedGCN does). The layer
+    returns the node features, a Tensor, as :class:`GPSConv` does; pass
+    :obj:`return_edge_attr=True` for :obj:`(x', edge_attr')`, so that the
+    next layer gets the updated edge features.
 
     Args:
         channels (int): size :math:`C` of each node feature.
@@ -186,7 +197,8 @@ class SBMGPSConv(_GPSLayer):
           :math:`(2, |\mathcal{E}|)`, batch vector :math:`(|\mathcal{V}|)`
           (sorted, as PyG's loaders make it; :obj:`None`: one graph)
         - **output:** node features :math:`(|\mathcal{V}|, C)` (and edge
-          features :math:`(|\mathcal{E}|, C)` with an edge-updating conv)
+          features :math:`(|\mathcal{E}|, C)` with
+          :obj:`return_edge_attr=True`)
 
     Example:
         >>> from torch_geometric.nn import GINConv
@@ -288,7 +300,7 @@ class DenseGPSConv(_GPSLayer):
         - **input:** node features :math:`(|\mathcal{V}|, C)`, edge indices
           :math:`(2, |\mathcal{E}|)`, sorted batch vector :math:`(|\mathcal{V}|)`
         - **output:** node features :math:`(|\mathcal{V}|, C)` (and edge
-          features with an edge-updating conv)
+          features with :obj:`return_edge_attr=True`)
 
     Example:
         >>> from sbm_pyg.nn import GatedGCNConv
@@ -296,7 +308,8 @@ class DenseGPSConv(_GPSLayer):
         >>> x, edge_attr = torch.randn(6, 16), torch.randn(5, 16)
         >>> edge_index = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 0, 4, 5]])
         >>> batch = torch.tensor([0, 0, 0, 1, 1, 1])
-        >>> out, edge_out = layer(x, edge_index, batch, edge_attr=edge_attr)
+        >>> out, edge_out = layer(x, edge_index, batch, edge_attr=edge_attr,
+        ...                       return_edge_attr=True)
         >>> out.shape, edge_out.shape
         (torch.Size([6, 16]), torch.Size([5, 16]))
     """

@@ -241,16 +241,22 @@ def test_an_edge_updating_conv_carries_edge_features(layer):
         # .to(): PyG's PerformerAttention draws its projection on the CPU
         # whatever the default device (as a user's model is, it is moved).
         gps = DenseGPSConv(8, conv, heads=2, attn_type=layer).to(x.device)
-    out, e_out = gps(x, ei, batch, edge_attr=e, generator=seeded(1))
+    out, e_out = gps(x, ei, batch, edge_attr=e, generator=seeded(1),
+                     return_edge_attr=True)
     assert out.shape == x.shape and e_out.shape == e.shape
+    # Without asking, the node features alone (GPSConv's return type).
+    alone = gps(x, ei, batch, edge_attr=e, generator=seeded(1))
+    assert isinstance(alone, torch.Tensor)
+    torch.testing.assert_close(alone, out)
     # The edge features are the local conv's own update, unchanged by the
     # layer (GraphGPS's GatedGCN does its residual and dropout itself).
     gps.eval()
     conv.eval()
-    _, e_out = gps(x, ei, batch, edge_attr=e, generator=seeded(1))
+    _, e_out = gps(x, ei, batch, edge_attr=e, generator=seeded(1),
+                   return_edge_attr=True)
     torch.testing.assert_close(e_out, conv(x, ei, e)[1])
     # A second layer takes them.
-    out2, _ = gps(out.detach(), ei, batch, edge_attr=e_out.detach(), generator=seeded(2))
+    out2 = gps(out.detach(), ei, batch, edge_attr=e_out.detach(), generator=seeded(2))
     assert out2.shape == x.shape
 
 
@@ -260,14 +266,14 @@ def test_dense_twin_attends_within_each_graph_only(attn_type):
     x, ei, e, batch = _two_graphs()
     gps = DenseGPSConv(8, GatedGCNConv(8), heads=2, attn_type=attn_type,
                        norm=None).to(x.device).eval()
-    out, _ = gps(x, ei, batch, edge_attr=e)
+    out = gps(x, ei, batch, edge_attr=e)
     x2 = x.clone()
     x2[3:] = torch.randn(3, 8)  # the second graph changes
-    out2, _ = gps(x2, ei, batch, edge_attr=e)
+    out2 = gps(x2, ei, batch, edge_attr=e)
     torch.testing.assert_close(out[:3], out2[:3])
     # The batch equals each graph alone.
-    alone, _ = gps(x[:3], ei[:, :4], torch.zeros(3, dtype=torch.long),
-                   edge_attr=e[:4])
+    alone = gps(x[:3], ei[:, :4], torch.zeros(3, dtype=torch.long),
+                edge_attr=e[:4])
     torch.testing.assert_close(out[:3], alone, rtol=1e-5, atol=1e-6)
 
 
@@ -294,3 +300,37 @@ def test_dense_twin_bad_arguments():
         DenseGPSConv(8, None, heads=3)
     gps = DenseGPSConv(8, GatedGCNConv(8), heads=2, attn_type=None)
     assert "attn_type=None" in repr(gps)
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_drops_into_pygs_own_gps_usage(swap):
+    # PyG's examples/graph_gps.py model, GPSConv swapped for SBMGPSConv
+    # (attn_type is GPSConv's: the global attention is SBM's here): the
+    # same calls, a Tensor from every layer, a trained step.
+    from torch.nn import ReLU, Sequential
+    from torch_geometric.nn import GINEConv, GPSConv, global_add_pool
+    torch.manual_seed(0)
+    C = 16
+
+    def layer():
+        mlp = Sequential(torch.nn.Linear(C, C), ReLU(), torch.nn.Linear(C, C))
+        if swap:
+            return SBMGPSConv(C, GINEConv(mlp), heads=4,
+                              attn_kwargs={"dropout": 0.5, "num_clusters": 4})
+        return GPSConv(C, GINEConv(mlp), heads=4, attn_type="multihead",
+                       attn_kwargs={"dropout": 0.5})
+
+    convs = torch.nn.ModuleList([layer() for _ in range(2)])
+    x, ei, _, batch = _two_graphs(C)
+    edge_attr = torch.randn(ei.size(1), C, generator=seeded(3))
+    opt = torch.optim.Adam(convs.parameters(), lr=1e-2)
+    for _ in range(2):
+        h = x
+        for conv in convs:
+            h = conv(h, ei, batch, edge_attr=edge_attr)
+            assert isinstance(h, torch.Tensor) and h.shape == x.shape
+        loss = global_add_pool(h, batch).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
