@@ -191,6 +191,20 @@ def test_networkx_roundtrip_and_recorder():
     assert [layer for layer, _ in rec.graphs] == [0, 1]
     assert all(g.num_heads == 2 and g.num_graphs == 3 for _, g in rec.graphs)
     assert not model.blocks[0].attention.conv._graph_hooks  # removed on exit
+    # With the weights: one [E] per graph, a softmax over each query's edges
+    # (every query has its self-loop, so each sums to 1), the same weights
+    # the layer returns when asked.
+    model.eval()
+    with GraphRecorder(model, weights=True) as rec:
+        model(tokens, generator=seeded(4))
+    assert [layer for layer, _ in rec.graphs] == [0, 1]
+    for (_, graph), alpha in zip(rec.graphs, rec.weights):
+        assert alpha.shape == (graph.num_edges,) and not alpha.requires_grad
+        sums = torch.zeros(graph.num_heads * graph.num_queries).index_add_(
+            0, graph.csr.row().long().cpu(), alpha.float().cpu())
+        torch.testing.assert_close(sums, torch.ones_like(sums))
+    conv = model.blocks[0].attention.conv
+    assert not conv._weights_hooks
 
 
 def test_model_conditions_on_a_trained_model():

@@ -217,6 +217,7 @@ class SBMConv(MessagePassing):
         self.last_backends: Optional[Dict[str, str]] = None
         self._alpha: Optional[Tensor] = None
         self._graph_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._weights_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.reset_parameters()
 
     def register_graph_hook(self, hook: Callable[[SBMConv, SampledGraph], None]
@@ -226,6 +227,17 @@ class SBMConv(MessagePassing):
         whose :meth:`remove` unregisters it."""
         handle = RemovableHandle(self._graph_hooks)
         self._graph_hooks[handle.id] = hook
+        return handle
+
+    def register_weights_hook(
+            self, hook: Callable[[SBMConv, SampledGraph, Tensor], None]
+    ) -> RemovableHandle:
+        r"""Calls :obj:`hook(module, graph, alpha)` with every graph this
+        layer samples and its attention weights :obj:`alpha [E]` (detached;
+        computed for the hook, as :obj:`return_attention_weights=True`
+        would); returns a handle whose :meth:`remove` unregisters it."""
+        handle = RemovableHandle(self._weights_hooks)
+        self._weights_hooks[handle.id] = hook
         return handle
 
     def reset_parameters(self) -> None:
@@ -302,9 +314,10 @@ class SBMConv(MessagePassing):
                 dropout=self.dropout,
                 training=self.training, sampler_backend=self.sampler_backend,
                 attention_backend="auto" if passing else self.attention_backend,
-                return_graph=bool(self._graph_hooks),
+                return_graph=bool(self._graph_hooks or self._weights_hooks),
                 return_attention_weights=(bool(return_attention_weights)
-                                          or distilling),
+                                          or distilling
+                                          or bool(self._weights_hooks)),
                 attend=partial(self._propagate, query, key, value,
                                (q_memb, block, k_memb)) if passing else None,
                 generator=generator)
@@ -313,6 +326,9 @@ class SBMConv(MessagePassing):
             raise
         for hook in self._graph_hooks.values():
             hook(self, res.graph)
+        for hook in self._weights_hooks.values():
+            assert res.alpha is not None
+            hook(self, res.graph, res.alpha.detach())
         self.expected_density, self.sampled_density = (res.expected_density,
                                                        res.sampled_density)
         self.distillation = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable, List, Tuple
 
 import torch
+from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
 from sbm_pyg.nn.conv import SBMConv
@@ -22,7 +23,11 @@ class GraphRecorder:
             model(tokens, mask)
         recorder.graphs   # [(layer_index, SampledGraph), ...] in call order
 
-    Layers are numbered by their order in :meth:`model.modules`.
+    Layers are numbered by their order in :meth:`model.modules`. With
+    :obj:`weights=True` each graph's attention weights are recorded too:
+    :obj:`recorder.weights[i]` (:obj:`[E]`, detached) belongs to
+    :obj:`recorder.graphs[i]` (and
+    :func:`~sbm_pyg.theory.to_networkx` takes them).
 
     Example:
         >>> from sbm_pyg.models import SBMTransformer
@@ -34,21 +39,33 @@ class GraphRecorder:
         [0, 1]
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, weights: bool = False):
         self.convs = [m for m in model.modules() if isinstance(m, SBMConv)]
         if not self.convs:
             raise ValueError("model has no SBMConv layer to record")
         self.graphs: List[Tuple[int, SampledGraph]] = []
+        self.weights: List[Tensor] = []
+        self.record_weights = weights
         self._handles: List[RemovableHandle] = []
 
     def __enter__(self) -> GraphRecorder:
         for index, conv in enumerate(self.convs):
-            self._handles.append(conv.register_graph_hook(self._hook(index)))
+            self._handles.append(
+                conv.register_weights_hook(self._weights_hook(index))
+                if self.record_weights else
+                conv.register_graph_hook(self._hook(index)))
         return self
 
     def _hook(self, index: int) -> Callable[[SBMConv, SampledGraph], None]:
         def hook(module: SBMConv, graph: SampledGraph) -> None:
             self.graphs.append((index, graph))
+        return hook
+
+    def _weights_hook(self, index: int
+                      ) -> Callable[[SBMConv, SampledGraph, Tensor], None]:
+        def hook(module: SBMConv, graph: SampledGraph, alpha: Tensor) -> None:
+            self.graphs.append((index, graph))
+            self.weights.append(alpha)
         return hook
 
     def __exit__(self, *exc) -> None:
