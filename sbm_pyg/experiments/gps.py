@@ -102,9 +102,10 @@ def add_gps_arguments(parser: argparse.ArgumentParser) -> None:
     add("--lr", type=float, default=5e-4)
     add("--weight-decay", type=float, default=1e-5)
     add("--clip-grad-norm", type=float, default=1.0)
-    add("--train-graphs", type=int, default=None,
-        help="train on this many graphs, evenly spaced over the split "
-             "(default: all)")
+    for split in ("train", "val", "test"):
+        add(f"--{split}-graphs", type=int, default=None,
+            help=f"use this many graphs of the {split} split, evenly spaced "
+                 f"over it (default: all)")
     add("--eval-seed", type=int, default=12345,
         help="the attention's sampling seed in every evaluation, so that a "
              "figure does not move between evaluations")
@@ -132,8 +133,10 @@ def validate_gps_arguments(args) -> None:
         raise ValueError("--pe-k must be >= 0")
     if args.pe_channels >= args.channels:
         raise ValueError("--pe-channels must be below --channels")
-    if args.train_graphs is not None and args.train_graphs < 1:
-        raise ValueError("--train-graphs must be >= 1")
+    for split in ("train", "val", "test"):
+        count = getattr(args, f"{split}_graphs", None)
+        if count is not None and count < 1:
+            raise ValueError(f"--{split}-graphs must be >= 1")
     if not 0 <= args.dropout < 1 or not 0 <= args.attn_dropout < 1:
         raise ValueError("--dropout and --attn-dropout must lie in [0, 1)")
     if args.lr <= 0 or args.weight_decay < 0 or args.clip_grad_norm < 0:
@@ -215,11 +218,12 @@ def _datasets(args) -> Tuple[SBMBenchmarkDataset, ...]:
     splits = [SBMBenchmarkDataset(root, args.dataset, split, seed=args.data_seed,
                                   pre_transform=pre)
               for split in ("train", "val", "test")]
-    if args.train_graphs is not None and args.train_graphs < len(splits[0]):
-        # Evenly spaced: PATTERN's graphs come in runs of one pattern.
-        step = len(splits[0]) / args.train_graphs
-        index = (torch.arange(args.train_graphs) * step).long()
-        splits[0] = splits[0].index_select(index)
+    for i, split in enumerate(("train", "val", "test")):
+        count = getattr(args, f"{split}_graphs", None)
+        if count is not None and count < len(splits[i]):
+            # Evenly spaced: PATTERN's graphs come in runs of one pattern.
+            index = (torch.arange(count) * (len(splits[i]) / count)).long()
+            splits[i] = splits[i].index_select(index)
     return tuple(splits)
 
 
@@ -319,7 +323,9 @@ def train_gps(args) -> dict:
                                  val=f"{val['metric']:.4f}")
     if progress is not None:
         progress.close()
-    return _final(args, model, test_loader, device, num_classes, best, best_epoch)
+    graphs = dict(train=len(train_set), val=len(val_set), test=len(test_set))
+    return _final(args, model, test_loader, device, num_classes, best,
+                  best_epoch, graphs)
 
 
 def _train_epoch(model, loader, optimizer, budget, args, device, generator,
@@ -360,7 +366,7 @@ def _train_epoch(model, loader, optimizer, budget, args, device, generator,
 
 
 def _final(args, model, test_loader, device, num_classes, best: float,
-           best_epoch: int) -> dict:
+           best_epoch: int, graphs: Dict[str, int]) -> dict:
     # The test figure of the best validation epoch's model.
     best_path = args.out / "best.pt"
     model.load_state_dict(torch.load(best_path, map_location=device,
@@ -373,7 +379,7 @@ def _final(args, model, test_loader, device, num_classes, best: float,
                  test_accuracy=test["metric"], test_loss=test["loss"],
                  seconds_per_epoch=sum(r["seconds"] for r in records) / len(records),
                  peak_memory_bytes=max((r["peak_memory_bytes"] or 0) for r in records),
-                 args=jsonable(args))
+                 graphs=graphs, args=jsonable(args))
     if "density" in test:
         final.update(density=test["density"],
                      density_per_layer_head=test["density_per_layer_head"])

@@ -51,6 +51,19 @@ def test_cli_trains_and_reports_the_best_validation_epoch(tmp_path, small_recipe
     assert printed["test_accuracy"] == final["test_accuracy"]
 
 
+def test_small_runs_take_part_of_each_split(tmp_path, small_recipes):
+    # --train-graphs, --val-graphs, --test-graphs: evenly spaced subsets of
+    # the splits (24, 12, 12 graphs here), as final.json reports.
+    out = tmp_path / "run"
+    assert _run(tmp_path, out, "--epochs", "1", "--train-graphs", "8",
+                "--val-graphs", "5", "--test-graphs", "3") == 0
+    final = json.loads((out / "final.json").read_text())
+    assert final["graphs"] == dict(train=8, val=5, test=3)
+    assert _run(tmp_path, tmp_path / "all", "--epochs", "1") == 0
+    final = json.loads((tmp_path / "all" / "final.json").read_text())
+    assert final["graphs"] == dict(train=24, val=12, test=12)
+
+
 def test_resume_continues_the_run_exactly(tmp_path, small_recipes):
     whole, split = tmp_path / "whole", tmp_path / "split"
     _run(tmp_path, whole, "--epochs", "3", "--attn-dropout", "0.5")
@@ -111,6 +124,7 @@ def test_presets_hold_the_published_configuration():
     (["--dataset", "CLUSTER", "--target-density", "0.1", "--attention", "none"],
      "--target-density needs --attention sbm"),
     (["--dataset", "CLUSTER", "--attn-dropout", "1"], "--attn-dropout"),
+    (["--dataset", "CLUSTER", "--val-graphs", "0"], "--val-graphs must be >= 1"),
     (["--dataset", "CLUSTER", "--resume"], "no checkpoint"),
 ])
 def test_bad_arguments_exit_with_a_message(tmp_path, extra, message, capsys):
