@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The Triton kernels under the torch / Triton pairs users and the GPU image
+# have, beside the development pin (torch 2.13, Triton 3.9) that make test
+# uses: the GPU image's torch 2.11 with Triton 3.6, and the newest torch
+# this machine's package index installs (2.14.1: /etc/xdg/pip caps it) with
+# the Triton it requires (3.8). For each, on a copy of the tree with the
+# extension built against that torch:
+#
+#   * the ahead-of-time compile (python -m benchmarks.triton_compile): the
+#     Triton tests under the interpreter with the compiled kernels' scalar
+#     types (tests/triton_abi.py), then every launch compiled for sm_80
+#     and sm_90 with that Triton; a kernel that does not compile, a dense
+#     kernel asked for tensor cores without mma, an fp32 scalar in an fp64
+#     kernel or a spill that this Triton's baseline
+#     (benchmarks/results-triton-compile-<triton>.json, written with
+#     UPDATE=1) did not have fails; rows to $OUT/triton-compile-torchX.json;
+#   * the Triton tests under the plain interpreter.
+#
+# The virtual environments are kept in $SBM_PYG_MATRIX (default
+# ~/.cache/sbm_pyg/matrix; each about 4.7 GB, torch with its CUDA
+# libraries, a minute or two to install from the index). About 9 minutes a
+# version on two cores. Exits 1 if any step of any version failed.
+#
+#   OUT=/tmp/matrix bash benchmarks/version_matrix.sh [torch==T,triton==R ...]
+set -u
+OUT=${OUT:-/tmp/version-matrix}
+MATRIX=${SBM_PYG_MATRIX:-$HOME/.cache/sbm_pyg/matrix}
+ROOT=$(pwd)
+mkdir -p "$OUT" "$MATRIX"
+specs=("$@")
+[ ${#specs[@]} -eq 0 ] && specs=("torch==2.11.0,triton==3.6.0" "torch==2.14.1")
+TESTS=(tests/ops/test_triton_attention.py tests/ops/test_triton_dense.py
+       tests/ops/test_dropout.py tests/sampling/test_fastrg_op.py
+       tests/sampling/test_backends.py tests/sampling/test_fastrg.py)
+failed=0
+log() { echo "[version_matrix $(date +%T)] $*" | tee -a "$OUT/matrix.log"; }
+check() { log "$1 exit $2"; [ "$2" = 0 ] || failed=1; }
+
+for spec in "${specs[@]}"; do
+  IFS=, read -r -a pins <<< "$spec"
+  name=${pins[0]#torch==}
+  venv="$MATRIX/torch$name"
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, triton, torch_geometric' 2>/dev/null; then
+    log "torch $name: installing ${pins[*]}"
+    # Triton 3.6's interpreter needs numpy < 2.4 (np.uint64 shifts).
+    python3 -m venv "$venv" && "$venv/bin/python" -m pip install -q "${pins[@]}" \
+      "numpy<2.4" "setuptools>=77" wheel pytest hypothesis networkx "torch_geometric>=2.5" \
+      > "$OUT/install-torch$name.log" 2>&1
+    check "torch $name install" $?
+  fi
+  PY="$venv/bin/python"
+  log "torch $name: $($PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
+  # A copy of the tree (tracked and untracked files, no build outputs), so
+  # that the extension built against this torch stays out of the checkout.
+  work=$(mktemp -d)
+  git ls-files -z --cached --others --exclude-standard | \
+    (cd "$ROOT" && xargs -0 cp --parents -t "$work" 2>/dev/null)
+  (cd "$work" && MAX_JOBS=2 $PY setup.py build_ext --inplace > "$OUT/build-torch$name.log" 2>&1)
+  check "torch $name build" $?
+  # Judged by this Triton's own baseline (where it spills), which
+  # UPDATE=1 writes into the checkout.
+  triton=$($PY -c 'import triton; print(triton.__version__)')
+  base="$ROOT/benchmarks/results-triton-compile-$triton.json"
+  if [ "${UPDATE:-0}" = 1 ]; then
+    opts=(--update --out "$base")
+  else
+    opts=(--baseline "$base" --baseline-only --out "$OUT/triton-compile-torch$name.json")
+    [ -f "$base" ] || { log "no baseline $base (UPDATE=1 writes it)"; failed=1; }
+  fi
+  (cd "$work" && $PY -m benchmarks.triton_compile "${opts[@]}" \
+     > "$OUT/compile-torch$name.log" 2>&1)
+  check "torch $name compile" $?
+  tail -n 5 "$OUT/compile-torch$name.log" | tee -a "$OUT/matrix.log"
+  (cd "$work" && TRITON_INTERPRET=1 SBM_PYG_TRITON_ABI=plain $PY -m pytest -q \
+     -p no:cacheprovider -k triton "${TESTS[@]}" > "$OUT/plain-torch$name.log" 2>&1)
+  check "torch $name plain interpreter" $?
+  tail -n 1 "$OUT/plain-torch$name.log" | tee -a "$OUT/matrix.log"
+  rm -rf "$work"
+done
+exit $failed
