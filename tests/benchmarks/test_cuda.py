@@ -64,7 +64,8 @@ def test_profile_script_runs(tmp_path):
     from benchmarks import cuda_profile
     rows = cuda_profile.main(["--quick", "--repeats", "1", "--out",
                               str(tmp_path / "p.json")])
-    assert [r["case"].split()[0] for r in rows] == ["fastrg", "fastrg", "SBMConv", "LRA"]
+    assert [r["case"].split()[0] for r in rows] == ["fastrg", "fastrg", "SBMConv", "LRA",
+                                                    "dense", "dense"]
     assert all(r["wall"] > 0 for r in rows)
 
 
