@@ -18,8 +18,9 @@
 #
 # The virtual environments are kept in $SBM_PYG_MATRIX (default
 # ~/.cache/sbm_pyg/matrix; each about 4.7 GB, torch with its CUDA
-# libraries, a minute or two to install from the index). About 9 minutes a
-# version on two cores. Exits 1 if any step of any version failed.
+# libraries, installed once). 13-14 minutes a version on two cores (build
+# 1, the compile with its tests 7-9, the plain interpreter 4-5). Exits 1 if
+# any step of any version failed.
 #
 #   OUT=/tmp/matrix bash benchmarks/version_matrix.sh [torch==T,triton==R ...]
 set -u
