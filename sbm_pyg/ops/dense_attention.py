@@ -83,8 +83,9 @@ def matmul_precision(dtype: torch.dtype) -> str:
     :obj:`torch.backends.cuda.matmul.fp32_precision` (or the global
     :obj:`torch.backends.fp32_precision` it defaults to) says
     :obj:`"tf32"`, else :obj:`"ieee"`."""
-    if dtype in (torch.bfloat16, torch.float16):
-        return {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    half = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    if dtype in half:
+        return half[dtype]
     fp32 = torch.backends.cuda.matmul.fp32_precision
     if fp32 == "none":
         fp32 = getattr(torch.backends, "fp32_precision", "none")  # (no stub)

@@ -94,12 +94,11 @@ def _meta(q: Tensor, v: Tensor, K: int, precision: int) -> dict:
     # k = 128. float64 tiles are half as wide: twice the registers per
     # element. 4 warps for narrow float32 rows, where 8 left a register
     # kept on the stack across the key loop. Where float64's products are
-    # elementwise sums (triton_dense_kernels.FP64_SUMS), [rows, width, keys]
-    # tensors: 4 rows (8 keys, a
-    # mask byte, in the mask kernel), which leaves no spill under Triton 3.6
-    # at D <= 64, k <= 128 with 8 warps (the forward 4); 8 rows spilled up
-    # to 1.8 KB.
-    sums = fp64 and kernels.FP64_SUMS
+    # elementwise sums (fp64_sums), [rows, width, keys] tensors: 4 rows (8
+    # keys, a mask byte, in the mask kernel), which leaves no spill under
+    # Triton 3.6 at D <= 64, k <= 128 with 8 warps (the forward 4); 8 rows
+    # spilled up to 1.8 KB.
+    sums = fp64_sums(q)
     block = (4 if sums else 16) if fp64 else 32
     widths = [max(16, triton.next_power_of_2(n)) for n in (D, DV, K)]
     return dict(D=D, DV=DV, KC=K, BLOCK_D=widths[0], BLOCK_DV=widths[1],
