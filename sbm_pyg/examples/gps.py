@@ -117,8 +117,11 @@ class GPSNet(Module):
             if attention == "none":
                 layer = _LocalLayer(channels, gin)
             elif attention == "sbm":
+                # A fixed seed per layer for the graphs sampled in eval():
+                # the test figures repeat from run to run.
                 layer = SBMGPSConv(channels, gin, heads,
-                                   attn_kwargs=dict(num_clusters=num_clusters),
+                                   attn_kwargs=dict(num_clusters=num_clusters,
+                                                    eval_seed=len(self.layers)),
                                    include_input_edges=include_input_edges)
             else:
                 layer = GPSConv(channels, gin, heads, attn_type=attention)
