@@ -4,7 +4,7 @@ with SBM or dense global attention."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from torch import Tensor
@@ -12,7 +12,7 @@ from torch.nn import Embedding, LayerNorm, Linear, Module, ModuleList, ReLU, Seq
 from torch_geometric.nn.attention import PerformerAttention
 
 from sbm_pyg.nn import (
-    DenseGPSConv,
+    EdgeGPSConv,
     GatedGCNConv,
     LapPEEncoder,
     SBMGPSConv,
@@ -313,8 +313,9 @@ class GPSNodeClassifier(Module):
     :class:`GatedGCNConv` local layer that updates the edge features, and a
     3-layer node head. Only the global attention differs between
     :obj:`attention` types: :class:`SBMGPSConv` (:obj:`"sbm"`) or
-    :class:`DenseGPSConv` (:obj:`"multihead"`, :obj:`"performer"`,
-    :obj:`"none"`).
+    :class:`EdgeGPSConv`, PyG's :class:`GPSConv` for an edge-updating local
+    conv (:obj:`"multihead"`, :obj:`"performer"` with heads of :math:`C / H`
+    channels, :obj:`"none"`).
 
     Args:
         in_channels (int): node features.
@@ -327,8 +328,9 @@ class GPSNodeClassifier(Module):
         attn_dropout (float): dropout on the attention weights. (default: :obj:`0.5`)
         pe_channels (int): width of the positional encoding, 0 for none.
             (default: :obj:`16`)
-        sbm_kwargs (dict, optional): :class:`~sbm_pyg.nn.SBMConv`'s
-            arguments for :obj:`"sbm"` (e.g. :obj:`num_clusters`).
+        **sbm_kwargs: :class:`~sbm_pyg.nn.SBMConv`'s arguments for
+            :obj:`"sbm"` (e.g. :obj:`num_clusters`, :obj:`sbm_init`), as
+            :class:`SBMTransformer` takes them.
 
     Shapes:
         - **input:** :obj:`x` :math:`(N, F)`, :obj:`edge_index` :math:`(2,
@@ -340,7 +342,7 @@ class GPSNodeClassifier(Module):
     def __init__(self, in_channels: int, num_classes: int, channels: int = 64,
                  num_layers: int = 6, heads: int = 4, attention: str = "sbm",
                  dropout: float = 0.0, attn_dropout: float = 0.5,
-                 pe_channels: int = 16, sbm_kwargs: Optional[Dict] = None):
+                 pe_channels: int = 16, **sbm_kwargs: Any):
         super().__init__()
         if attention not in GPS_ATTENTIONS:
             raise ValueError(f"attention must be one of {GPS_ATTENTIONS}, got "
@@ -348,6 +350,8 @@ class GPSNodeClassifier(Module):
         if not isinstance(pe_channels, int) or not 0 <= pe_channels < channels:
             raise ValueError(f"pe_channels must be an int in [0, channels), "
                              f"got {pe_channels!r}")
+        if sbm_kwargs and attention != "sbm":
+            raise ValueError(f"{sorted(sbm_kwargs)} only apply to attention='sbm'")
         self.attention = attention
         self.node_encoder = Linear(in_channels, channels - pe_channels)
         self.pe_encoder = LapPEEncoder(pe_channels) if pe_channels else None
@@ -358,12 +362,17 @@ class GPSNodeClassifier(Module):
             if attention == "sbm":
                 layers.append(SBMGPSConv(
                     channels, local, heads, dropout=dropout,
-                    attn_kwargs=dict(sbm_kwargs or {}, dropout=attn_dropout)))
+                    attn_kwargs=dict(sbm_kwargs, dropout=attn_dropout)))
+            elif attention == "none":
+                layers.append(EdgeGPSConv(channels, local, heads,
+                                          dropout=dropout, attn_type=None))
             else:
-                layers.append(DenseGPSConv(
+                attn_kwargs: Dict[str, Any] = dict(dropout=attn_dropout)
+                if attention == "performer":
+                    attn_kwargs["head_channels"] = channels // heads
+                layers.append(EdgeGPSConv(
                     channels, local, heads, dropout=dropout,
-                    attn_type=None if attention == "none" else attention,
-                    attn_dropout=attn_dropout))
+                    attn_type=attention, attn_kwargs=attn_kwargs))
         self.layers = ModuleList(layers)
         self.head = Sequential(Linear(channels, channels), ReLU(),
                                Linear(channels, channels), ReLU(),

@@ -33,7 +33,7 @@ WITH_EXAMPLES = [
     "sbm_pyg.nn.SBMMultiheadAttention", "sbm_pyg.nn.SBMGPSConv", "sbm_pyg.nn.GraphRecorder",
     "sbm_pyg.models.SBMTransformer", "sbm_pyg.theory.check_conditions",
     "sbm_pyg.nn.density_loss", "sbm_pyg.sampling.SampledGraph.sequence",
-    "sbm_pyg.ops.backends", "sbm_pyg.nn.GatedGCNConv", "sbm_pyg.nn.DenseGPSConv",
+    "sbm_pyg.ops.backends", "sbm_pyg.nn.GatedGCNConv", "sbm_pyg.nn.EdgeGPSConv",
     "sbm_pyg.theory.hamiltonian_path", "sbm_pyg.experiments.repeat_batch",
     "sbm_pyg.experiments.tasks.repeat_accuracy_bound",
 ]

@@ -190,9 +190,10 @@ def test_gps_node_classifier_trains_on_cluster_graphs(attention, device):
     torch.manual_seed(0)
     # .to(): PyG's PerformerAttention draws its projection on the CPU
     # whatever the default device.
+    sbm_kwargs = dict(num_clusters=4) if attention == "sbm" else {}
     model = GPSNodeClassifier(7, 6, channels=16, num_layers=2, heads=2,
                               attention=attention, pe_channels=8,
-                              sbm_kwargs=dict(num_clusters=4)).to(device)
+                              **sbm_kwargs).to(device)
     out = model(batch.x, batch.edge_index, batch.batch, batch.eigvecs,
                 batch.eigvals, generator=seeded(0))
     assert out.shape == (batch.num_nodes, 6)
@@ -228,6 +229,10 @@ def test_gps_node_classifier_bad_arguments():
         GPSNodeClassifier(3, 2, attention="full")
     with pytest.raises(ValueError, match="pe_channels"):
         GPSNodeClassifier(3, 2, channels=16, pe_channels=16)
+    with pytest.raises(ValueError, match="num_clusters"):
+        GPSNodeClassifier(3, 2, attention="multihead", num_clusters=4)
+    with pytest.raises(TypeError, match="num_cluster.*did you mean"):
+        GPSNodeClassifier(3, 2, num_cluster=4)
     model = GPSNodeClassifier(3, 2, channels=16, num_layers=1, heads=2, pe_channels=8)
     with pytest.raises(ValueError, match="eigvecs"):
         model(torch.randn(4, 3), torch.tensor([[0, 1], [1, 0]]))

@@ -169,13 +169,14 @@ def _pe_k(args) -> int:
 
 def build_gps_model(args, in_channels: int, num_classes: int) -> GPSNodeClassifier:
     """The model a run trains, from its arguments."""
+    sbm_kwargs = dict(num_clusters=args.num_clusters, sbm_init=args.sbm_init,
+                      exploration=args.exploration)
     return GPSNodeClassifier(
         in_channels, num_classes, channels=args.channels,
         num_layers=args.num_layers, heads=args.heads, attention=args.attention,
         dropout=args.dropout, attn_dropout=args.attn_dropout,
         pe_channels=args.pe_channels if _pe_k(args) else 0,
-        sbm_kwargs=dict(num_clusters=args.num_clusters, sbm_init=args.sbm_init,
-                        exploration=args.exploration))
+        **(sbm_kwargs if args.attention == "sbm" else {}))
 
 
 def _forward(model: GPSNodeClassifier, batch, generator) -> Tensor:

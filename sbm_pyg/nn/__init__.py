@@ -11,13 +11,13 @@ from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.nn.density import DensityBudget, density_loss
 from sbm_pyg.nn.distillation import attention_distillation, distillation_loss
 from sbm_pyg.nn.gated_gcn import GatedGCNConv
-from sbm_pyg.nn.gps import DenseGPSConv, SBMGPSConv
+from sbm_pyg.nn.gps import EdgeGPSConv, SBMGPSConv
 from sbm_pyg.nn.positional import AddLaplacianPE, LapPEEncoder
 from sbm_pyg.nn.recorder import GraphRecorder
 
 __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "SBMGPSConv", "GraphRecorder", "FullAttention",
            "LinearAttention", "density_loss", "DensityBudget", "functional", "sbm_attention",
-           "SBMAttention", "DenseGPSConv", "GatedGCNConv", "AddLaplacianPE",
+           "SBMAttention", "EdgeGPSConv", "GatedGCNConv", "AddLaplacianPE",
            "LapPEEncoder", "attention_distillation", "distillation_loss",
            "BigBirdAttention", "bigbird_graph", "bigbird_sizes"]

@@ -19,7 +19,7 @@ from torch_geometric.utils import to_dense_batch
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["SBMGPSConv", "DenseGPSConv"]
+__all__ = ["SBMGPSConv", "EdgeGPSConv"]
 
 Output = Union[Tensor, Tuple[Tensor, Tensor]]
 
@@ -49,6 +49,9 @@ def _check_attn_kwargs(attn_kwargs: Dict[str, Any]) -> None:
 class _GPSLayer(torch.nn.Module):
     # GPSConv's layout around a global attention that subclasses supply
     # (_attend): local MPNN, attention and MLP, residuals, norms, dropout.
+    # A subclass that exists for edge-updating convs only sets this.
+    _EDGE_UPDATING = False
+
     def __init__(self, channels: int, conv: Optional[MessagePassing],
                  heads: int, dropout: float, act: str,
                  act_kwargs: Optional[Dict[str, Any]], norm: Optional[str],
@@ -119,6 +122,11 @@ class _GPSLayer(torch.nn.Module):
             h = self.conv(x, edge_index, **kwargs)
             if isinstance(h, tuple):  # edge-updating: its own residual, dropout
                 h, edge_attr = h
+            elif self._EDGE_UPDATING:
+                raise TypeError(f"{type(self.conv).__name__} returned a Tensor, "
+                                f"not (x, edge_attr): for a conv that does not "
+                                f"update edge features use "
+                                f"torch_geometric.nn.GPSConv")
             else:
                 h = F.dropout(h, p=self.dropout, training=self.training) + x
             hs.append(self._norm(self.norm1, h, batch))
@@ -274,37 +282,54 @@ class SBMGPSConv(_GPSLayer):
 ATTENTIONS = ("multihead", "performer")
 
 
-class DenseGPSConv(_GPSLayer):
-    r"""PyG's :class:`~torch_geometric.nn.conv.GPSConv` with the layout of
-    :class:`SBMGPSConv` (the same residuals, norms, dropout and MLP, and a
-    local :obj:`conv` that may carry edge features): the baseline that
-    :class:`SBMGPSConv` is compared with. The global attention runs on the
-    padded batch (:func:`~torch_geometric.utils.to_dense_batch`):
+class EdgeGPSConv(_GPSLayer):
+    r"""PyG's :class:`~torch_geometric.nn.conv.GPSConv` for a local
+    :obj:`conv` that updates edge features: one that returns
+    :obj:`(x, edge_attr)`, such as :class:`GatedGCNConv` (GraphGPS's local
+    layer on PATTERN and CLUSTER). :class:`GPSConv` needs its conv to return
+    a Tensor; for such a conv use it directly. The global attention is
+    GPSConv's, built from the same arguments, on the padded batch
+    (:func:`~torch_geometric.utils.to_dense_batch`):
     :class:`torch.nn.MultiheadAttention` (:obj:`"multihead"`, :math:`O(N^2)`
     per graph) or PyG's :class:`~torch_geometric.nn.attention.PerformerAttention`
-    (:obj:`"performer"`, linear, heads of :math:`C / H` channels), or none
-    (:obj:`None`: local MPNN and MLP only).
+    (:obj:`"performer"`, linear), or none (:obj:`None`: local MPNN and MLP
+    only, an ablation GPSConv does not offer). This is the baseline that
+    :class:`SBMGPSConv` with the same local conv is compared with.
+
+    .. math::
+        \mathbf{h}^{L}, \mathbf{e}^{\prime} &= \mathrm{MPNN}(\mathbf{x},
+        \mathbf{e}, \mathcal{E}), \qquad \mathbf{h}^{G} =
+        \mathrm{norm}_2\big(\mathrm{Attn}(\mathbf{x}) + \mathbf{x}\big) \\
+        \mathbf{x}^{\prime} &= \mathrm{norm}_3\big(\mathbf{h} +
+        \mathrm{MLP}(\mathbf{h})\big), \qquad \mathbf{h} =
+        \mathrm{norm}_1(\mathbf{h}^{L}) + \mathbf{h}^{G}
+
+    The local conv applies its own residual and dropout (as GraphGPS's
+    GatedGCN does); everything else is GPSConv's, parameter for parameter
+    (the same state-dict keys).
 
     Args:
         channels (int): size :math:`C` of each node feature.
-        conv (MessagePassing, optional): the local message passing layer.
+        conv (MessagePassing): the edge-updating local message passing layer.
         heads (int): attention heads. (default: :obj:`1`)
         dropout (float): dropout of intermediate embeddings. (default: :obj:`0.`)
+        act, act_kwargs, norm, norm_kwargs: as in :class:`GPSConv`.
         attn_type (str, optional): :obj:`"multihead"`, :obj:`"performer"` or
             :obj:`None`. (default: :obj:`"multihead"`)
-        attn_dropout (float): dropout on the attention weights (multihead)
-            or its output (performer). (default: :obj:`0.`)
-        act, act_kwargs, norm, norm_kwargs: as in :class:`SBMGPSConv`.
+        attn_kwargs (Dict[str, Any], optional): arguments of the attention
+            layer, as in :class:`GPSConv` (e.g. :obj:`dropout`; the
+            performer's :obj:`head_channels`).
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, C)`, edge indices
-          :math:`(2, |\mathcal{E}|)`, sorted batch vector :math:`(|\mathcal{V}|)`
+          :math:`(2, |\mathcal{E}|)`, sorted batch vector :math:`(|\mathcal{V}|)`,
+          :obj:`edge_attr` for the local conv
         - **output:** node features :math:`(|\mathcal{V}|, C)` (and edge
           features with :obj:`return_edge_attr=True`)
 
     Example:
         >>> from sbm_pyg.nn import GatedGCNConv
-        >>> layer = DenseGPSConv(16, GatedGCNConv(16), heads=2)
+        >>> layer = EdgeGPSConv(16, GatedGCNConv(16), heads=2)
         >>> x, edge_attr = torch.randn(6, 16), torch.randn(5, 16)
         >>> edge_index = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 0, 4, 5]])
         >>> batch = torch.tensor([0, 0, 0, 1, 1, 1])
@@ -314,33 +339,44 @@ class DenseGPSConv(_GPSLayer):
         (torch.Size([6, 16]), torch.Size([5, 16]))
     """
 
-    def __init__(self, channels: int, conv: Optional[MessagePassing],
-                 heads: int = 1, dropout: float = 0.0,
-                 attn_type: Optional[str] = "multihead",
-                 attn_dropout: float = 0.0, act: str = "relu",
-                 act_kwargs: Optional[Dict[str, Any]] = None,
-                 norm: Optional[str] = "batch_norm",
-                 norm_kwargs: Optional[Dict[str, Any]] = None):
+    _EDGE_UPDATING = True
+
+    def __init__(
+        self,
+        channels: int,
+        conv: MessagePassing,
+        heads: int = 1,
+        dropout: float = 0.0,
+        act: str = "relu",
+        act_kwargs: Optional[Dict[str, Any]] = None,
+        norm: Optional[str] = "batch_norm",
+        norm_kwargs: Optional[Dict[str, Any]] = None,
+        attn_type: Optional[str] = "multihead",
+        attn_kwargs: Optional[Dict[str, Any]] = None,
+    ):
         super().__init__(channels, conv, heads, dropout, act, act_kwargs,
                          norm, norm_kwargs)
+        if conv is None:
+            raise ValueError("conv must be a local conv that returns (x, "
+                             "edge_attr); without one use "
+                             "torch_geometric.nn.GPSConv")
         if attn_type is not None and attn_type not in ATTENTIONS:
             raise ValueError(f"attn_type must be one of {ATTENTIONS} or None, "
                              f"got {attn_type!r}")
-        if not 0.0 <= attn_dropout < 1.0:
-            raise ValueError(f"attn_dropout must be in [0, 1), got {attn_dropout!r}")
-        if attn_type is None and conv is None:
-            raise ValueError("a layer without a local conv needs an attn_type")
-        self.attn_type, self.attn_dropout = attn_type, attn_dropout
+        attn_kwargs = dict(attn_kwargs or {})
+        if attn_type is None and attn_kwargs:
+            raise ValueError(f"attn_kwargs {sorted(attn_kwargs)} need an attn_type")
+        self.attn_type = attn_type
         self.attn: Optional[torch.nn.Module] = None
-        if attn_type is None:  # no attention branch to normalize
-            self.norm2 = None
+        # Built as GPSConv builds them, so that its state dict loads here.
         if attn_type == "multihead":
-            self.attn = MultiheadAttention(channels, heads, dropout=attn_dropout,
-                                           batch_first=True)
+            self.attn = MultiheadAttention(channels, heads, batch_first=True,
+                                           **attn_kwargs)
         elif attn_type == "performer":
-            self.attn = PerformerAttention(channels, heads, channels // heads,
-                                           dropout=attn_dropout)
-        self._reset_attention()
+            self.attn = PerformerAttention(channels=channels, heads=heads,
+                                           **attn_kwargs)
+        else:  # no attention branch to normalize
+            self.norm2 = None
 
     def _reset_attention(self) -> None:
         if isinstance(self.attn, (MultiheadAttention, PerformerAttention)):
@@ -359,4 +395,4 @@ class DenseGPSConv(_GPSLayer):
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.channels}, conv={self.conv}, "
-                f"heads={self.heads}, attn_type={self.attn_type!r})")
+                f"heads={self.heads}, attn_type={self.attn_type})")

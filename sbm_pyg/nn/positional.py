@@ -6,40 +6,73 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, Module, ReLU, Sequential
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
+from torch_geometric.transforms.add_positional_encoding import add_node_attr
 
 __all__ = ["AddLaplacianPE", "LapPEEncoder"]
 
 
 class AddLaplacianPE(BaseTransform):
-    r"""Stores the eigenvectors of the unnormalised Laplacian
+    r"""Laplacian eigenvector positional encodings as GraphGPS computes them:
+    the eigenvectors of the unnormalised Laplacian
     :math:`\mathbf{L} = \mathbf{D} - \mathbf{A}` for its :obj:`k` smallest
-    eigenvalues as :obj:`data.eigvecs` :math:`(N, k)` (each L2-normalised)
-    and the eigenvalues, repeated per node, as :obj:`data.eigvals`
-    :math:`(N, k)`; graphs of fewer than :obj:`k` nodes are padded with NaN,
-    as GraphGPS pads them (:class:`LapPEEncoder` masks them).
+    eigenvalues :math:`(N, k)`, each L2-normalised, stored as
+    :obj:`data[attr_name]`, and the eigenvalues, repeated per node
+    :math:`(N, k)`, as :obj:`data[eigvals_attr_name]`; graphs of fewer than
+    :obj:`k` nodes are padded with NaN, as GraphGPS pads them
+    (:class:`LapPEEncoder` masks them).
 
-    Unlike PyG's :class:`~torch_geometric.transforms.AddLaplacianEigenvectorPE`
-    it keeps the first (constant) eigenvector and the eigenvalues, and
-    draws no sign: :class:`LapPEEncoder` flips signs in training from the
-    run's generator. The eigendecomposition is dense (:math:`O(N^3)` per
-    graph): meant for graphs of hundreds of nodes, as a pre-transform.
+    Where GraphGPS's encoding differs from PyG's
+    :class:`~torch_geometric.transforms.AddLaplacianEigenvectorPE` (which
+    to use where those semantics are wanted): the unnormalised Laplacian
+    (PyG: symmetric-normalised), the first (constant) eigenvector kept (PyG
+    drops it), the eigenvalues stored (PyG: none), no sign drawn here
+    (:class:`LapPEEncoder` flips signs in training from the run's
+    generator; PyG draws one sign per graph from the global RNG), and
+    padding for small graphs (PyG needs :math:`N > k`). The attribute
+    names follow PyG's :obj:`attr_name` convention. The eigendecomposition
+    is dense (:math:`O(N^3)` per graph): meant for graphs of hundreds of
+    nodes, as a pre-transform.
 
     Args:
         k (int): the number of eigenvectors (GraphGPS: 16 on PATTERN, 10 on
             CLUSTER).
+        attr_name (str, optional): the attribute for the eigenvectors; with
+            :obj:`None` they are concatenated to :obj:`data.x`, as PyG's
+            transforms do, with zeros for the padding (:obj:`x` stays
+            finite). (default: :obj:`"eigvecs"`)
+        eigvals_attr_name (str, optional): the attribute for the
+            eigenvalues; :obj:`None` stores none. (default: :obj:`"eigvals"`)
+
+    Example:
+        >>> from torch_geometric.data import Data
+        >>> ring = torch.tensor([[0, 1, 2, 1, 2, 0], [1, 2, 0, 0, 1, 2]])
+        >>> data = AddLaplacianPE(2)(Data(edge_index=ring, num_nodes=3))
+        >>> data.eigvecs.shape, data.eigvals[0]
+        (torch.Size([3, 2]), tensor([0., 3.]))
     """
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, attr_name: Optional[str] = "eigvecs",
+                 eigvals_attr_name: Optional[str] = "eigvals"):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
-        self.k = k
+        for name, value in (("attr_name", attr_name),
+                            ("eigvals_attr_name", eigvals_attr_name)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty str or None, "
+                                 f"got {value!r}")
+        if attr_name is not None and attr_name == eigvals_attr_name:
+            raise ValueError(f"attr_name and eigvals_attr_name must differ, "
+                             f"both are {attr_name!r}")
+        self.k, self.attr_name = k, attr_name
+        self.eigvals_attr_name = eigvals_attr_name
 
     def forward(self, data: Data) -> Data:
-        r"""Adds :obj:`eigvecs` and :obj:`eigvals` to :obj:`data`."""
+        r"""Adds the eigenvectors and eigenvalues to :obj:`data`."""
         N = data.num_nodes
         if N is None or N < 1:
             raise ValueError("data must have at least one node")
@@ -52,15 +85,19 @@ class AddLaplacianPE(BaseTransform):
         k = min(self.k, N)
         evals, evecs = evals[:k].clamp_min(0), evecs[:, :k]
         evecs = evecs / evecs.norm(dim=0, keepdim=True).clamp_min(1e-12)
-        pad = self.k - k
-        evecs = torch.nn.functional.pad(evecs, (0, pad), value=float("nan"))
-        evals = torch.nn.functional.pad(evals, (0, pad), value=float("nan"))
-        data.eigvecs = evecs.float()
-        data.eigvals = evals.float().expand(N, self.k).contiguous()
+        pad = (0, self.k - k)
+        if self.attr_name is None:
+            add_node_attr(data, F.pad(evecs, pad).float(), None)
+        else:
+            data[self.attr_name] = F.pad(evecs, pad, value=float("nan")).float()
+        if self.eigvals_attr_name is not None:
+            evals = F.pad(evals, pad, value=float("nan")).float()
+            data[self.eigvals_attr_name] = evals.expand(N, self.k).contiguous()
         return data
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(k={self.k})"
+        return (f"{self.__class__.__name__}(k={self.k}, attr_name="
+                f"{self.attr_name!r}, eigvals_attr_name={self.eigvals_attr_name!r})")
 
 
 class LapPEEncoder(Module):

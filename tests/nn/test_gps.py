@@ -218,9 +218,12 @@ def test_kwargs_without_a_local_conv_are_refused():
 
 
 # ---------------------------------------------------------------------------
-# Edge features carried through the layers, and the dense-attention twin.
+# Edge features carried through the layers, and GPSConv's twin for
+# edge-updating convs.
 
-from sbm_pyg.nn import DenseGPSConv, GatedGCNConv  # noqa: E402
+from torch_geometric.nn import GPSConv  # noqa: E402
+
+from sbm_pyg.nn import EdgeGPSConv, GatedGCNConv  # noqa: E402
 
 
 def _two_graphs(C=8, seed=0):
@@ -240,7 +243,7 @@ def test_an_edge_updating_conv_carries_edge_features(layer):
     else:
         # .to(): PyG's PerformerAttention draws its projection on the CPU
         # whatever the default device (as a user's model is, it is moved).
-        gps = DenseGPSConv(8, conv, heads=2, attn_type=layer).to(x.device)
+        gps = EdgeGPSConv(8, conv, heads=2, attn_type=layer).to(x.device)
     out, e_out = gps(x, ei, batch, edge_attr=e, generator=seeded(1),
                      return_edge_attr=True)
     assert out.shape == x.shape and e_out.shape == e.shape
@@ -264,8 +267,8 @@ def test_an_edge_updating_conv_carries_edge_features(layer):
 def test_dense_twin_attends_within_each_graph_only(attn_type):
     torch.manual_seed(0)
     x, ei, e, batch = _two_graphs()
-    gps = DenseGPSConv(8, GatedGCNConv(8), heads=2, attn_type=attn_type,
-                       norm=None).to(x.device).eval()
+    gps = EdgeGPSConv(8, GatedGCNConv(8), heads=2, attn_type=attn_type,
+                      norm=None).to(x.device).eval()
     out = gps(x, ei, batch, edge_attr=e)
     x2 = x.clone()
     x2[3:] = torch.randn(3, 8)  # the second graph changes
@@ -277,29 +280,61 @@ def test_dense_twin_attends_within_each_graph_only(attn_type):
     torch.testing.assert_close(out[:3], alone, rtol=1e-5, atol=1e-6)
 
 
-def test_multihead_twin_is_pytorch_attention_plus_the_gps_layout():
-    # attn_type "multihead", no local conv and no norm: the layer is
-    # x + MHA(x) then x + MLP(x), which is checked by hand.
+class _GINWithEdges(GINConv):
+    # GIN plus its residual, returning the edge features it was given: an
+    # "edge-updating" conv whose node output is what GPSConv computes from
+    # a plain GINConv (GPSConv adds the residual itself).
+    def forward(self, x, edge_index, edge_attr):
+        return super().forward(x, edge_index) + x, edge_attr
+
+
+def _gin_mlp(C):
+    return torch.nn.Sequential(torch.nn.Linear(C, C), torch.nn.ReLU(),
+                               torch.nn.Linear(C, C))
+
+
+@pytest.mark.parametrize("attn_type", ["multihead", "performer"])
+@pytest.mark.parametrize("training", [False, True])
+def test_edge_twin_is_pygs_gpsconv(attn_type, training):
+    # The twin differs from GPSConv only where the conv updates edges: PyG's
+    # layer's state dict loads into it key for key, and the outputs agree
+    # (batch norm in training uses the batch's statistics in both).
     torch.manual_seed(0)
-    x, ei, _, batch = _two_graphs()
-    gps = DenseGPSConv(8, None, heads=2, norm=None).eval()
-    h = x[:3][None]
-    attn = gps.attn(h, h, h, need_weights=False)[0][0] + x[:3]
-    want = attn + gps.mlp(attn)
-    torch.testing.assert_close(gps(x, ei, batch)[:3], want)
+    x, ei, e, batch = _two_graphs()
+    kwargs = dict(heads=2, attn_type=attn_type, attn_kwargs=dict(dropout=0.0))
+    pyg = GPSConv(8, GINConv(_gin_mlp(8)), **kwargs).to(x.device)
+    ours = EdgeGPSConv(8, _GINWithEdges(_gin_mlp(8)), **kwargs).to(x.device)
+    ours.load_state_dict(pyg.state_dict())  # strict: every key matches
+    assert sorted(ours.state_dict()) == sorted(pyg.state_dict())
+    pyg.train(training)
+    ours.train(training)
+    want = pyg(x, ei, batch)
+    got, e_out = ours(x, ei, batch, edge_attr=e, return_edge_attr=True)
+    torch.testing.assert_close(got, want)
+    assert e_out is e
+    before = [p.clone() for p in ours.attn.parameters()]
+    ours.reset_parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(before, ours.attn.parameters()))
+    assert repr(ours).replace("EdgeGPSConv", "") == repr(pyg).replace(
+        "GPSConv", "").replace("GINConv", "_GINWithEdges")
 
 
-def test_dense_twin_bad_arguments():
+def test_edge_twin_bad_arguments():
     with pytest.raises(ValueError, match="attn_type"):
-        DenseGPSConv(8, None, attn_type="bigbird")
-    with pytest.raises(ValueError, match="attn_type"):
-        DenseGPSConv(8, None, attn_type=None)
-    with pytest.raises(ValueError, match="attn_dropout"):
-        DenseGPSConv(8, None, attn_dropout=1.0)
+        EdgeGPSConv(8, GatedGCNConv(8), attn_type="bigbird")
+    with pytest.raises(ValueError, match="conv.*GPSConv"):
+        EdgeGPSConv(8, None)
     with pytest.raises(ValueError, match="heads"):
-        DenseGPSConv(8, None, heads=3)
-    gps = DenseGPSConv(8, GatedGCNConv(8), heads=2, attn_type=None)
-    assert "attn_type=None" in repr(gps)
+        EdgeGPSConv(8, GatedGCNConv(8), heads=3)
+    with pytest.raises(ValueError, match="attn_kwargs"):
+        EdgeGPSConv(8, GatedGCNConv(8), attn_type=None, attn_kwargs={"dropout": 0.1})
+    gps = EdgeGPSConv(8, GatedGCNConv(8), heads=2, attn_type=None)
+    assert "attn_type=None" in repr(gps) and gps.norm2 is None
+    # A conv that returns node features only belongs in PyG's GPSConv.
+    x, ei, _, batch = _two_graphs()
+    plain = EdgeGPSConv(8, GINConv(_gin_mlp(8)), heads=2)
+    with pytest.raises(TypeError, match="GINConv.*torch_geometric.nn.GPSConv"):
+        plain(x, ei, batch)
 
 
 @pytest.mark.parametrize("swap", [False, True])

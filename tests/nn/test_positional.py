@@ -37,6 +37,33 @@ def test_small_graphs_are_padded_with_nan():
         AddLaplacianPE(0)
 
 
+def test_attribute_names_as_pygs_transforms_take_them():
+    n, k = 5, 3
+    x = torch.randn(n, 2)
+    ref = AddLaplacianPE(k)(Data(edge_index=_path(n), num_nodes=n))
+    named = AddLaplacianPE(k, attr_name="pe", eigvals_attr_name="pe_values")(
+        Data(edge_index=_path(n), num_nodes=n))
+    assert "eigvecs" not in named and "eigvals" not in named
+    torch.testing.assert_close(named.pe, ref.eigvecs)
+    torch.testing.assert_close(named.pe_values, ref.eigvals)
+    # attr_name=None: concatenated to x, as PyG's transforms do; no
+    # eigenvalues stored with eigvals_attr_name=None.
+    cat = AddLaplacianPE(k, attr_name=None, eigvals_attr_name=None)(
+        Data(x=x.clone(), edge_index=_path(n), num_nodes=n))
+    assert set(cat.keys()) == {"x", "edge_index", "num_nodes"}
+    torch.testing.assert_close(cat.x, torch.cat([x, ref.eigvecs], 1))
+    # ... where the padding of a small graph is zero: x stays finite.
+    small = AddLaplacianPE(4, attr_name=None)(
+        Data(x=torch.ones(2, 1), edge_index=_path(2), num_nodes=2))
+    assert small.x.shape == (2, 5) and bool((small.x[:, 3:] == 0).all())
+    assert torch.isnan(small.eigvals[:, 2:]).all()
+    assert "attr_name='pe'" in repr(named.__class__(k, attr_name="pe"))
+    for bad in (dict(attr_name=""), dict(eigvals_attr_name=3),
+                dict(attr_name="pe", eigvals_attr_name="pe")):
+        with pytest.raises(ValueError, match="attr_name"):
+            AddLaplacianPE(k, **bad)
+
+
 def test_encoder_masks_padding_and_flips_signs_from_the_generator():
     enc = LapPEEncoder(8)
     data = AddLaplacianPE(6)(Data(edge_index=_path(4), num_nodes=4))  # 2 padded
