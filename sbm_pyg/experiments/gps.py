@@ -17,13 +17,14 @@ import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 
-from sbm_pyg.datasets import SBMBenchmarkDataset
+from sbm_pyg.datasets import SBMBenchmarkDataset, generate_sbm_graphs
 from sbm_pyg.experiments.arguments import default_exploration
 from sbm_pyg.experiments.gps_metrics import accuracy_sbm, weighted_cross_entropy
 from sbm_pyg.experiments.optim import build_optimizer, build_schedule, clip_and_measure
@@ -105,7 +106,8 @@ def add_gps_arguments(parser: argparse.ArgumentParser) -> None:
     for split in ("train", "val", "test"):
         add(f"--{split}-graphs", type=int, default=None,
             help=f"use this many graphs of the {split} split, evenly spaced "
-                 f"over it (default: all)")
+                 f"over it, generated in memory (default: all, cached under "
+                 f"--root)")
     add("--eval-seed", type=int, default=12345,
         help="the attention's sampling seed in every evaluation, so that a "
              "figure does not move between evaluations")
@@ -213,18 +215,25 @@ def evaluate_gps(model: GPSNodeClassifier, loader: DataLoader,
     return result
 
 
-def _datasets(args) -> Tuple[SBMBenchmarkDataset, ...]:
+def _datasets(args) -> Tuple[Sequence[Data], ...]:
     pre = AddLaplacianPE(_pe_k(args)) if _pe_k(args) else None
     root = str(args.root / (f"pe{_pe_k(args)}" if pre else "plain"))
-    splits = [SBMBenchmarkDataset(root, args.dataset, split, seed=args.data_seed,
-                                  pre_transform=pre)
-              for split in ("train", "val", "test")]
-    for i, split in enumerate(("train", "val", "test")):
+    splits: List[Sequence[Data]] = []
+    for split in ("train", "val", "test"):
         count = getattr(args, f"{split}_graphs", None)
-        if count is not None and count < len(splits[i]):
-            # Evenly spaced: PATTERN's graphs come in runs of one pattern.
-            index = (torch.arange(count) * (len(splits[i]) / count)).long()
-            splits[i] = splits[i].index_select(index)
+        if count is None:  # the whole split, generated once, cached under root
+            splits.append(SBMBenchmarkDataset(root, args.dataset, split,
+                                              seed=args.data_seed,
+                                              pre_transform=pre))
+            continue
+        # Part of a split: generated in memory (seconds; the split's own
+        # stream: the cached split's graphs), encoded for the graphs used
+        # only, nothing written under root. Evenly spaced: PATTERN's graphs
+        # come in runs of one pattern.
+        graphs = generate_sbm_graphs(args.dataset, split, args.data_seed)
+        index = (torch.arange(min(count, len(graphs)))
+                 * (len(graphs) / min(count, len(graphs)))).long().tolist()
+        splits.append([pre(graphs[i]) if pre else graphs[i] for i in index])
     return tuple(splits)
 
 
@@ -256,7 +265,7 @@ def train_gps(args) -> dict:
                               generator=data_generator)
     val_loader = DataLoader(val_set, batch_size=args.batch_size)
     test_loader = DataLoader(test_set, batch_size=args.batch_size)
-    model = build_gps_model(args, train_set.num_features, num_classes).to(device)
+    model = build_gps_model(args, train_set[0].num_features, num_classes).to(device)
     opt_args = SimpleNamespace(lr=args.lr, sbm_lr=None, optimizer="adamw",
                                adam_eps=1e-8, weight_decay=args.weight_decay,
                                steps=args.epochs, warmup_steps=args.warmup_epochs,
@@ -287,13 +296,15 @@ def train_gps(args) -> dict:
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
-        progress = tqdm(total=args.epochs, initial=epoch,
+        # Counted in training batches: a small run moves at once.
+        progress = tqdm(total=args.epochs * len(train_loader),
+                        initial=epoch * len(train_loader), unit="batch",
                         desc=f"{args.dataset}/{args.attention}")
     while epoch < args.epochs:
         memory.start()
         start = time.perf_counter()
         train = _train_epoch(model, train_loader, optimizer, budget, args,
-                             device, graph_generator, num_classes)
+                             device, graph_generator, num_classes, progress)
         seconds = time.perf_counter() - start
         peak = memory.read()  # training's: not the evaluation's
         schedule.step()
@@ -319,8 +330,7 @@ def train_gps(args) -> dict:
                         jsonable(args),
                         budget=None if budget is None else budget.state_dict())
         if progress is not None:
-            progress.update(1)
-            progress.set_postfix(loss=f"{train['train_loss']:.3f}",
+            progress.set_postfix(epoch=epoch, loss=f"{train['train_loss']:.3f}",
                                  val=f"{val['metric']:.4f}")
     if progress is not None:
         progress.close()
@@ -330,7 +340,7 @@ def train_gps(args) -> dict:
 
 
 def _train_epoch(model, loader, optimizer, budget, args, device, generator,
-                 num_classes) -> dict:
+                 num_classes, progress) -> dict:
     model.train()
     losses: List[Tensor] = []
     preds, targets, densities = [], [], []
@@ -350,6 +360,8 @@ def _train_epoch(model, loader, optimizer, budget, args, device, generator,
         optimizer.step()
         if budget is not None:
             budget.step()
+        if progress is not None:
+            progress.update(1)
         losses.append(loss.detach())
         preds.append(logits.detach().argmax(1))
         targets.append(batch.y)

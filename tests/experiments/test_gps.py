@@ -21,11 +21,11 @@ def small_recipes(monkeypatch):
         sbm_benchmark.RECIPES["PATTERN"], patterns=3, graphs=dict(train=8, val=4, test=4)))
 
 
-def _run(tmp_path, out, *extra):
+def _run(tmp_path, out, *extra, progress=False):
     return main(["gps", "--dataset", "CLUSTER", "--channels", "16", "--num-layers", "2",
                  "--heads", "2", "--pe-channels", "4", "--num-clusters", "4",
                  "--batch-size", "8", "--root", str(tmp_path / "data"),
-                 "--out", str(out), "--no-progress", *extra])
+                 "--out", str(out), *([] if progress else ["--no-progress"]), *extra])
 
 
 @pytest.mark.parametrize("attention", ["none", "multihead", "performer", "sbm"])
@@ -51,17 +51,38 @@ def test_cli_trains_and_reports_the_best_validation_epoch(tmp_path, small_recipe
     assert printed["test_accuracy"] == final["test_accuracy"]
 
 
-def test_small_runs_take_part_of_each_split(tmp_path, small_recipes):
+def test_small_runs_take_part_of_each_split(tmp_path, small_recipes, capsys):
     # --train-graphs, --val-graphs, --test-graphs: evenly spaced subsets of
-    # the splits (24, 12, 12 graphs here), as final.json reports.
+    # the splits (24, 12, 12 graphs here), as final.json reports, made in
+    # memory: nothing is generated into --root for them.
+    from argparse import Namespace
+    from pathlib import Path
+
+    from sbm_pyg.datasets import SBMBenchmarkDataset
+    from sbm_pyg.experiments.gps import _datasets
     out = tmp_path / "run"
     assert _run(tmp_path, out, "--epochs", "1", "--train-graphs", "8",
                 "--val-graphs", "5", "--test-graphs", "3") == 0
     final = json.loads((out / "final.json").read_text())
     assert final["graphs"] == dict(train=8, val=5, test=3)
-    assert _run(tmp_path, tmp_path / "all", "--epochs", "1") == 0
+    assert not (tmp_path / "data").exists()
+    # The whole splits are cached; progress counts training batches.
+    capsys.readouterr()
+    assert _run(tmp_path, tmp_path / "all", "--epochs", "2", progress=True) == 0
+    assert "6/6" in capsys.readouterr().err  # 2 epochs of 24 graphs / 8
     final = json.loads((tmp_path / "all" / "final.json").read_text())
     assert final["graphs"] == dict(train=24, val=12, test=12)
+    # The subset's graphs are the cached split's, positional encoding and all.
+    args = Namespace(**{**final["args"], "root": Path(tmp_path / "data"),
+                        "val_graphs": 5})
+    from sbm_pyg.nn import AddLaplacianPE
+    whole = SBMBenchmarkDataset(str(tmp_path / "data" / "pe10"), "CLUSTER", "val",
+                                pre_transform=AddLaplacianPE(10))
+    part = _datasets(args)[1]
+    assert len(part) == 5
+    for graph, i in zip(part, [0, 2, 4, 7, 9]):  # 12 / 5 apart, rounded down
+        for key in ("x", "edge_index", "y", "eigvecs", "eigvals"):
+            torch.testing.assert_close(graph[key], whole[i][key], equal_nan=True)
 
 
 def test_resume_continues_the_run_exactly(tmp_path, small_recipes):
