@@ -161,3 +161,20 @@ def test_resume_refuses_other_settings(tmp_path, small_recipes, capsys):
     with pytest.raises(SystemExit):
         _run(tmp_path, out, "--epochs", "2", "--resume", "--lr", "0.1")
     assert "--lr" in capsys.readouterr().err
+
+
+def test_parameter_counts_in_the_docs_artifact_are_the_models():
+    # docs/gps.md quotes docs/runs/gps-benchmarks/stats.json; the counts
+    # must be those of the models the presets build now.
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parents[2] / "docs/runs/gps-benchmarks/stats.py"
+    spec = importlib.util.spec_from_file_location("gps_stats", path)
+    stats_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stats_script)
+    stored = json.loads(path.with_name("stats.json").read_text())["parameters"]
+    for key, counts in stored.items():
+        preset, dataset = key.split("/")
+        for attention, count in counts.items():
+            assert stats_script.parameters(preset, dataset, attention) == count, (
+                key, attention)
