@@ -200,8 +200,8 @@ def test_networkx_roundtrip_and_recorder():
     assert [layer for layer, _ in rec.graphs] == [0, 1]
     for (_, graph), alpha in zip(rec.graphs, rec.weights):
         assert alpha.shape == (graph.num_edges,) and not alpha.requires_grad
-        sums = torch.zeros(graph.num_heads * graph.num_queries).index_add_(
-            0, graph.csr.row().long().cpu(), alpha.float().cpu())
+        sums = alpha.new_zeros(graph.num_heads * graph.num_queries).index_add_(
+            0, graph.csr.row().long(), alpha)
         torch.testing.assert_close(sums, torch.ones_like(sums))
     conv = model.blocks[0].attention.conv
     assert not conv._weights_hooks

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sbm_pyg.experiments.gps_metrics import accuracy_sbm, weighted_cross_entropy
+from tests.helpers import seeded
 
 
 def test_accuracy_sbm_is_the_mean_per_class_recall():
@@ -16,7 +17,7 @@ def test_accuracy_sbm_is_the_mean_per_class_recall():
 
 
 def test_weighted_cross_entropy_weighs_classes_by_the_others_share():
-    logits = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(5, 3, generator=seeded(0))
     target = torch.tensor([0, 0, 0, 1, 1])  # class 2 absent: weight 0
     w = torch.tensor([2 / 5, 3 / 5, 0.0])
     nll = -logits.log_softmax(1)[torch.arange(5), target]

@@ -10,7 +10,7 @@ def test_peak_memory_counts_what_a_stretch_adds():
     # touched within the stretch shows, at least most of it.
     peak = PeakMemory(torch.device("cpu"))
     peak.start()
-    buf = torch.ones(16 * 2**20)  # 64 MiB, written
+    buf = torch.ones(16 * 2**20, device="cpu")  # 64 MiB, written
     got = peak.read()
     del buf
     if got is None:

@@ -159,7 +159,7 @@ def test_every_kernel_gives_the_same_loss_and_gradient(backend, ste):
             and torch.get_default_device().type == "cpu":
         pytest.skip("no compiled extension")
     if backend == "cpp" and torch.get_default_device().type != "cpu":
-        backend = "auto"
+        pytest.skip("the C++ kernels take CPU tensors (Triton's case runs here)")
     # The estimator's gradient and the distillation's add up in the SBM.
     ref = _layer_call("torch", 0.5, ste=ste)
     got = _layer_call(backend, 0.5, ste=ste)
