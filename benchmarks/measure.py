@@ -16,6 +16,8 @@ from typing import Callable, Dict, List, Sequence
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from sbm_pyg.experiments.runs import PeakMemory
+
 MEMORY_BUDGET = 8 * 2**30
 
 MEMORY = {"method": "subprocess"}  # main() sets "profiler" for --quick
@@ -51,14 +53,6 @@ def median_time(fn: Callable[[], object], device: torch.device,
     return median_times({"fn": fn}, device, repeats)["fn"]
 
 
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
 def _profiler_peak(fn: Callable[[], object]) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
@@ -78,13 +72,16 @@ def pin_mmap_threshold() -> None:
 
 def peak_rss(fn: Callable[[], object]) -> int:
     """Peak resident set of one call of ``fn`` beyond the resident set
-    before it (``VmHWM`` reset through ``/proc/self/clear_refs``); Linux."""
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _status("VmRSS:")
+    before it (``VmHWM`` reset through ``/proc/self/clear_refs``, as the
+    training runs measure it: :class:`sbm_pyg.experiments.runs.PeakMemory`);
+    Linux."""
+    peak = PeakMemory(torch.device("cpu"))
+    peak.start()
     fn()
-    return max(_status("VmHWM:") - base, 0)
+    got = peak.read()
+    if got is None:
+        raise OSError("peak_rss reads /proc/self/status and clear_refs (Linux)")
+    return got
 
 
 def cuda_peak(fn: Callable[[], object], device: torch.device) -> int:
