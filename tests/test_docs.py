@@ -4,6 +4,7 @@ each main public function and class an example."""
 import doctest
 import importlib
 import inspect
+import json
 import pkgutil
 import re
 from pathlib import Path
@@ -170,3 +171,25 @@ def test_cited_runs_exist():
     assert _expand("a{1,2}-s{0,1}") == ["a1-s0", "a1-s1", "a2-s0", "a2-s1"]
     assert cited_artifacts("see `docs/runs/nope-{x,y}/`.") == [
         "docs/runs/nope-x/", "docs/runs/nope-y/"]
+
+
+def test_ring_example_table_is_its_runs():
+    # docs/gps.md's table of the ring example: each row's accuracy and
+    # seconds per epoch as its JSON under docs/runs/ has them.
+    rows = {line.split("|")[1].strip(): line
+            for line in (ROOT / "docs/gps.md").read_text().splitlines()
+            if line.startswith("| ")}
+    labels = {("gps", "none"): "none (local GIN only)",
+              ("gps", "multihead"): "multihead (`GPSConv`, padded)",
+              ("gps", "performer"): "performer (`GPSConv`, padded)",
+              ("gps", "sbm"): "sbm (`SBMGPSConv`, k=32), λ = 0",
+              ("gps-sbm-input-edges", "sbm"): "sbm, λ = 0, `--include-input-edges`",
+              ("gps-sbm-lam0.01", "sbm"): "sbm, λ = 0.01",
+              ("gps-sbm-lam0.1", "sbm"): "sbm, λ = 0.1"}
+    for (run, attention), label in labels.items():
+        path = ROOT / "docs/runs" / f"{run}.json"
+        result = next(r for r in json.loads(path.read_text())["results"]
+                      if r["attention"] == attention)
+        cells = [c.strip() for c in rows[label].split("|")]
+        assert cells[2].strip("*") == f"{100 * result['accuracy']:.2f}%", label
+        assert cells[3] == f"{result['seconds_per_epoch']:.2f}", label
