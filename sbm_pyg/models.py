@@ -350,6 +350,9 @@ class GPSNodeClassifier(Module):
         if not isinstance(pe_channels, int) or not 0 <= pe_channels < channels:
             raise ValueError(f"pe_channels must be an int in [0, channels), "
                              f"got {pe_channels!r}")
+        if "sbm_kwargs" in sbm_kwargs:  # the earlier signature
+            raise TypeError("sbm_kwargs= is gone: pass SBMConv's arguments as "
+                            "keywords, e.g. GPSNodeClassifier(..., num_clusters=32)")
         if sbm_kwargs and attention != "sbm":
             raise ValueError(f"{sorted(sbm_kwargs)} only apply to attention='sbm'")
         self.attention = attention

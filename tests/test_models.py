@@ -233,6 +233,8 @@ def test_gps_node_classifier_bad_arguments():
         GPSNodeClassifier(3, 2, attention="multihead", num_clusters=4)
     with pytest.raises(TypeError, match="num_cluster.*did you mean"):
         GPSNodeClassifier(3, 2, num_cluster=4)
+    with pytest.raises(TypeError, match="sbm_kwargs= is gone.*num_clusters=32"):
+        GPSNodeClassifier(3, 2, sbm_kwargs=dict(num_clusters=4))
     model = GPSNodeClassifier(3, 2, channels=16, num_layers=1, heads=2, pe_channels=8)
     with pytest.raises(ValueError, match="eigvecs"):
         model(torch.randn(4, 3), torch.tensor([[0, 1], [1, 0]]))
