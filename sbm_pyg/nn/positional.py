@@ -96,8 +96,13 @@ class AddLaplacianPE(BaseTransform):
         return data
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}(k={self.k}, attr_name="
-                f"{self.attr_name!r}, eigvals_attr_name={self.eigvals_attr_name!r})")
+        # The names only where not the defaults: a dataset cached with this
+        # transform compares its repr (PyG warns where it differs).
+        names = "".join(f", {key}={value!r}" for key, value, default in (
+            ("attr_name", self.attr_name, "eigvecs"),
+            ("eigvals_attr_name", self.eigvals_attr_name, "eigvals"))
+            if value != default)
+        return f"{self.__class__.__name__}(k={self.k}{names})"
 
 
 class LapPEEncoder(Module):

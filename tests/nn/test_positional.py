@@ -57,7 +57,8 @@ def test_attribute_names_as_pygs_transforms_take_them():
         Data(x=torch.ones(2, 1), edge_index=_path(2), num_nodes=2))
     assert small.x.shape == (2, 5) and bool((small.x[:, 3:] == 0).all())
     assert torch.isnan(small.eigvals[:, 2:]).all()
-    assert "attr_name='pe'" in repr(named.__class__(k, attr_name="pe"))
+    assert repr(AddLaplacianPE(k, attr_name="pe")) == "AddLaplacianPE(k=3, attr_name='pe')"
+    assert repr(AddLaplacianPE(k)) == "AddLaplacianPE(k=3)"  # as cached datasets have it
     for bad in (dict(attr_name=""), dict(eigvals_attr_name=3),
                 dict(attr_name="pe", eigvals_attr_name="pe")):
         with pytest.raises(ValueError, match="attr_name"):
