@@ -10,7 +10,7 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from sbm_pyg.experiments.optim import OPTIMIZERS, SCHEDULES
-from sbm_pyg.nn.block_model import INITS
+from sbm_pyg.nn.block_model import INITS, PARAMETRIZATIONS
 
 __all__ = ["PRESETS", "BUDGET_PRESETS", "preset_defaults", "RESUMABLE",
            "add_train_arguments", "train_arguments",
@@ -190,6 +190,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="SBM initialization: the paper's kaiming-normal clusters at the "
              "published code's scale (about 25%% of pairs sampled) or dense "
              "(about 99%%: the heads start as full attention)")
+    add("--sbm-parametrization", choices=PARAMETRIZATIONS, default="paper",
+        help="the SBM's block matrix: the paper's (a softmax over its k^2 "
+             "entries: one unit of mass shared by all blocks) or mmsb "
+             "(memberships on the simplex, each block entry in (0, 1))")
     add("--seed", type=int, default=0)
     add("--out", type=Path, required=True, help="run directory")
     add("--resume", action="store_true", help="continue from OUT/checkpoint.pt")

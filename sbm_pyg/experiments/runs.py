@@ -41,6 +41,8 @@ def build_model(args) -> SBMTransformer:
         bigbird_density=getattr(args, "bigbird_density", 0.05),
         **(dict(exploration=args.exploration, mode=args.mode,
                 ste=args.ste, sbm_init=args.sbm_init,
+                sbm_parametrization=getattr(args, "sbm_parametrization",
+                                            "paper"),
                 distill=getattr(args, "distill", 0.0))
            if args.attention == "sbm" else {}),
     )

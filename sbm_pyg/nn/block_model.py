@@ -11,11 +11,21 @@ from torch.nn import Module, Parameter
 from sbm_pyg.ops.csr import row_index
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["StochasticBlockModel", "INITS", "cluster_masses",
-           "expected_densities", "mean_densities"]
+__all__ = ["StochasticBlockModel", "INITS", "PARAMETRIZATIONS",
+           "cluster_masses", "expected_densities", "mean_densities"]
 
 #: Initializations of :class:`StochasticBlockModel`.
 INITS = ("paper", "dense")
+#: Parametrizations of :class:`StochasticBlockModel`: the paper's, whose
+#: block matrix shares one unit of mass between all blocks, and the classic
+#: mixed-membership SBM's, which does not (docs/theory.md, "The block
+#: matrix's mass cap").
+PARAMETRIZATIONS = ("paper", "mmsb")
+
+# The block logit's offset b that each initialization starts from under
+# "mmsb": about the paper's 25% of the pairs (logit(0.25)), and every pair at
+# sigma(6) = 0.998, as the paper's "dense" start has its memberships.
+_MMSB_BIAS = {"paper": math.log(0.25 / 0.75), "dense": 6.0}
 
 
 class StochasticBlockModel(Module):
@@ -38,6 +48,27 @@ class StochasticBlockModel(Module):
     \hat{\mathbf{S}}_h \hat{\mathbf{K}}_j^{\top}` lies in :math:`(0, 1)`.
     All heads are computed at once with batched matrix products.
 
+    Because :math:`\hat{\mathbf{S}}_h` sums to 1 over its :math:`k^2`
+    entries, a graph of :math:`V` disjoint dense blocks has a mean
+    within-block probability of at most :math:`1/V` plus its cross-block
+    probabilities (:func:`sbm_pyg.theory.within_block_cap`). With
+    :obj:`parametrization="mmsb"` (the mixed-membership SBM of Airoldi et
+    al., 2008) the memberships lie on the simplex and every block entry in
+    :math:`(0, 1)` on its own, with a learned offset :math:`b_h` per head:
+
+    .. math::
+        \hat{\mathbf{S}}_h = \sigma(\mathbf{C}_h \mathbf{C}_h^{\top} + b_h),
+        \qquad
+        \hat{\mathbf{Q}}_h = \mathrm{softmax}(\mathrm{MLP}_h(\mathbf{Q}_h)
+        \mathbf{C}_h^{\top}), \qquad
+        \hat{\mathbf{K}}_h = \mathrm{softmax}(\mathrm{MLP}_h(\mathbf{K}_h)
+        \mathbf{C}_h^{\top})
+
+    (softmax over the :math:`k` clusters), so that :math:`p_{ij} \le 1`
+    and :math:`V` blocks can each be dense. :math:`p_{ij}` is a product of
+    nonnegative factors either way: every sampler, the expected density,
+    the estimators and the kernels take both.
+
     Args:
         heads (int): number of heads :math:`H`.
         channels (int): head dimension :math:`d`.
@@ -46,7 +77,11 @@ class StochasticBlockModel(Module):
             of the pairs sampled, see :meth:`reset_parameters`) or
             :obj:`"dense"` (nodes and clusters gathered in one place, the
             paper's Figure 3(a): every :math:`p_{ij} \approx 0.99`, a head
-            that starts as full attention). (default: :obj:`"paper"`)
+            that starts as full attention). Under :obj:`"mmsb"` the same
+            starts are set by the offset :math:`b_h`: about 25% and 99.8%
+            of the pairs. (default: :obj:`"paper"`)
+        parametrization (str): :obj:`"paper"` or :obj:`"mmsb"`, see above.
+            (default: :obj:`"paper"`)
 
     Shapes:
         - **input:** query :math:`(N_q, H, d)`, key :math:`(N_k, H, d)`
@@ -61,11 +96,14 @@ class StochasticBlockModel(Module):
     """
 
     def __init__(self, heads: int, channels: int, num_clusters: int = 128,
-                 init: str = "paper"):
+                 init: str = "paper", parametrization: str = "paper"):
         super().__init__()
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
-        self.init = init
+        if parametrization not in PARAMETRIZATIONS:
+            raise ValueError(f"parametrization must be one of "
+                             f"{PARAMETRIZATIONS}, got {parametrization!r}")
+        self.init, self.parametrization = init, parametrization
         for name, value in (("heads", heads), ("channels", channels),
                             ("num_clusters", num_clusters)):
             if not isinstance(value, int) or value < 1:
@@ -76,6 +114,10 @@ class StochasticBlockModel(Module):
         self.weight2 = Parameter(torch.empty(heads, channels, channels))
         self.bias2 = Parameter(torch.empty(heads, 1, channels))
         self.clusters = Parameter(torch.empty(heads, num_clusters, channels))
+        # The paper's parametrization has no offset: its state dict (and the
+        # checkpoints saved with it) keep their keys.
+        self.block_bias = (Parameter(torch.empty(heads, 1, 1))
+                           if parametrization == "mmsb" else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -91,12 +133,24 @@ class StochasticBlockModel(Module):
         With :obj:`init="dense"`, each head's clusters are one random unit
         vector :math:`\mathbf{u}_h` plus :math:`\mathcal{N}(0, 0.1^2)`
         noise and the MLP's output bias is :math:`6\mathbf{u}_h`, so every
-        membership logit is about 6 (:math:`\sigma(6) \approx 0.998`)."""
+        membership logit is about 6 (:math:`\sigma(6) \approx 0.998`).
+
+        Under :obj:`parametrization="mmsb"` the MLP and the clusters start
+        as the paper's start has them (so :math:`\mathbf{C}_h
+        \mathbf{C}_h^{\top} \approx 0` and the memberships are spread
+        over many clusters), and the offset sets the start: :math:`b_h =
+        \mathrm{logit}(0.25)` (about 25% of the pairs, as the paper's
+        start) or, with :obj:`init="dense"`, :math:`b_h = 6` (every
+        :math:`p_{ij} \approx 0.998`)."""
         bound = 1.0 / math.sqrt(self.channels)
         for weight, bias in ((self.weight1, self.bias1),
                              (self.weight2, self.bias2)):
             torch.nn.init.uniform_(weight, -bound, bound)
             torch.nn.init.uniform_(bias, -bound, bound)
+        if self.block_bias is not None:
+            torch.nn.init.kaiming_normal_(self.clusters)
+            torch.nn.init.constant_(self.block_bias, _MMSB_BIAS[self.init])
+            return
         if self.init == "paper":
             torch.nn.init.kaiming_normal_(self.clusters)
             return
@@ -107,19 +161,26 @@ class StochasticBlockModel(Module):
             self.bias2.copy_(6.0 * u)
 
     def block(self) -> Tensor:
-        r""":math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`, each head summing to 1."""
+        r""":math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`: each head summing to
+        1 (:obj:`"paper"`), or each entry in :math:`(0, 1)` (:obj:`"mmsb"`)."""
         logits = torch.bmm(self.clusters, self.clusters.transpose(1, 2))
+        if self.block_bias is not None:
+            return (logits + self.block_bias).sigmoid()
         return logits.flatten(1).softmax(dim=-1).view_as(logits)
 
     def membership(self, x: Tensor) -> Tensor:
         r""":math:`\sigma(\mathrm{MLP}_h(\mathbf{x}) \mathbf{C}_h^{\top})`
+        (:obj:`"paper"`) or its softmax over the clusters (:obj:`"mmsb"`)
         for :obj:`x [N, H, d]`; returns :obj:`[N, H, k]`."""
         x = x.transpose(0, 1)  # [H, N, d]
         x = torch.baddbmm(self.bias1, x, self.weight1).relu()
         x = torch.baddbmm(self.bias2, x, self.weight2)
+        logits = torch.bmm(x, self.clusters.transpose(1, 2))
+        memb = (logits.softmax(dim=-1) if self.block_bias is not None
+                else logits.sigmoid())
         # Contiguous: torch.compile (2.13) fails to replay a transposed view
         # returned across the graph break at the sampler.
-        return torch.bmm(x, self.clusters.transpose(1, 2)).sigmoid().transpose(0, 1).contiguous()
+        return memb.transpose(0, 1).contiguous()
 
     def forward(self, query: Tensor, key: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         for name, x in (("query", query), ("key", key)):
@@ -130,9 +191,11 @@ class StochasticBlockModel(Module):
         return self.membership(query), self.block(), self.membership(key)
 
     def __repr__(self) -> str:
-        init = "" if self.init == "paper" else f", init={self.init!r}"
+        extra = "" if self.init == "paper" else f", init={self.init!r}"
+        if self.parametrization != "paper":
+            extra += f", parametrization={self.parametrization!r}"
         return (f"{self.__class__.__name__}(heads={self.heads}, "
-                f"channels={self.channels}, num_clusters={self.num_clusters}{init})")
+                f"channels={self.channels}, num_clusters={self.num_clusters}{extra})")
 
 
 def cluster_masses(ptr: Tensor, memb: Tensor) -> Tensor:

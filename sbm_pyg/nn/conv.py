@@ -130,6 +130,11 @@ class SBMConv(MessagePassing):
         sbm_init (str): :obj:`"paper"` (about 25% of the pairs sampled) or
             :obj:`"dense"` (about 99%), see :class:`StochasticBlockModel`.
             (default: :obj:`"paper"`)
+        sbm_parametrization (str): :obj:`"paper"` (the paper's block
+            matrix, a softmax over its :math:`k^2` entries) or
+            :obj:`"mmsb"` (memberships on the simplex, each block entry in
+            :math:`(0, 1)`: many sparse blocks can each be dense), see
+            :class:`StochasticBlockModel`. (default: :obj:`"paper"`)
         eval_seed (int, optional): in :obj:`eval()` mode, without a
             :obj:`generator`, sample from a generator seeded with this: the
             same input gives the same output. :obj:`None` samples afresh, as
@@ -179,9 +184,12 @@ class SBMConv(MessagePassing):
                  ste: str = "paper", distill: float = 0.0,
                  sbm_init: str = "paper", eval_seed: Optional[int] = None,
                  sampler_backend: str = "auto",
-                 attention_backend: str = "auto", **kwargs):
+                 attention_backend: str = "auto",
+                 sbm_parametrization: str = "paper", **kwargs):
         check_options(kwargs, dropout=dropout, mode=mode, ste=ste,
-                      sbm_init=sbm_init, sampler_backend=sampler_backend,
+                      sbm_init=sbm_init,
+                      sbm_parametrization=sbm_parametrization,
+                      sampler_backend=sampler_backend,
                       attention_backend=attention_backend,
                       exploration=exploration, eval_seed=eval_seed)
         if not (isinstance(distill, (int, float)) and distill >= 0):
@@ -210,7 +218,8 @@ class SBMConv(MessagePassing):
                                    heads * out_channels if concat else out_channels,
                                    bias=bias)
         self.sbm = StochasticBlockModel(heads, out_channels, num_clusters,
-                                        init=sbm_init)
+                                        init=sbm_init,
+                                        parametrization=sbm_parametrization)
         self.sampled_density: Optional[Tensor] = None  # [H], set by forward
         self.expected_density: Optional[Tensor] = None
         self.distillation: Optional[Tensor] = None  # [H], with distill > 0

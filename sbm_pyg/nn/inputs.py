@@ -11,7 +11,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_sparse
 
-from sbm_pyg.nn.block_model import INITS
+from sbm_pyg.nn.block_model import INITS, PARAMETRIZATIONS
 from sbm_pyg.nn.functional import STE_MODES
 from sbm_pyg.ops.backend_info import ATTENTION_BACKENDS, BACKENDS
 from sbm_pyg.sampling import MODES
@@ -111,7 +111,8 @@ def raise_for_features(err: ValueError) -> None:
 
 
 def check_options(kwargs: Dict[str, Any], *, dropout: float, mode: str,
-                  ste: str, sbm_init: str, sampler_backend: str,
+                  ste: str, sbm_init: str, sbm_parametrization: str,
+                  sampler_backend: str,
                   attention_backend: str, exploration: float,
                   eval_seed: Optional[int]) -> None:
     r"""Checks an SBM attention layer's options (:class:`SBMConv`'s) when it
@@ -132,6 +133,7 @@ def check_options(kwargs: Dict[str, Any], *, dropout: float, mode: str,
     for name, value, choices in (
             ("mode", mode, MODES), ("ste", ste, STE_MODES),
             ("sbm_init", sbm_init, INITS),
+            ("sbm_parametrization", sbm_parametrization, PARAMETRIZATIONS),
             ("sampler_backend", sampler_backend, BACKENDS),
             ("attention_backend", attention_backend, layer_backends)):
         if value not in choices:

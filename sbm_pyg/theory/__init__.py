@@ -22,6 +22,7 @@ no incoming edge with probability :math:`(1-p^*)^{n-1} \approx e^{-e}
 :func:`hamiltonian_cycle_probability` measures this.
 """
 from sbm_pyg.nn.recorder import GraphRecorder
+from sbm_pyg.theory.block_cap import block_masses, within_block_cap
 from sbm_pyg.theory.conditions import (
     ConditionReport,
     check_conditions,
@@ -58,4 +59,5 @@ __all__ = [
     "proof_patterns", "proof_sbm", "proof_hamiltonian_path",
     "lemma1_probability", "expected_hamiltonian_cycles",
     "hamiltonian_cycle_probability", "model_conditions", "condition_frequencies",
+    "within_block_cap", "block_masses",
 ]

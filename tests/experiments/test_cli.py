@@ -210,6 +210,8 @@ def test_listops_task(tmp_path):
      "argument --preset: invalid choice: 'no-such-preset'"),
     (["train", "--task", "repeat", "--out", "x", "--sbm-init", "zeros"],
      "argument --sbm-init: invalid choice: 'zeros'"),
+    (["train", "--task", "repeat", "--out", "x", "--sbm-parametrization",
+      "rate"], "argument --sbm-parametrization: invalid choice: 'rate'"),
     (["train", "--task", "repeat", "--out", "x", "--diagnose-every", "-1"],
      "--diagnose-every must be >= 0 and needs --task repeat --attention sbm"),
     (["train", "--task", "repeat", "--attention", "full", "--out", "x",
@@ -283,6 +285,33 @@ def test_sbm_init_dense_starts_near_full_attention(tmp_path):
     model, args = load_run(dense)
     assert args["sbm_init"] == "dense"
     assert model.blocks[0].attention.conv.sbm.init == "dense"
+
+
+@pytest.mark.parametrize("init,low,high", [("paper", 0.2, 0.3),
+                                             ("dense", 0.99, 1.0)])
+def test_sbm_parametrization_mmsb_trains_resumes_and_loads(tmp_path, init,
+                                                           low, high):
+    out = run(tmp_path, init, "--steps", "2", "--sbm-parametrization", "mmsb",
+              "--sbm-init", init)
+    assert low < metrics(out)[0]["expected_density"] < high
+    main(["train", "--task", "repeat", "--out", str(out), *TINY, "--steps",
+          "3", "--resume"])
+    assert [r["step"] for r in metrics(out)][-1] == 3
+    from sbm_pyg.experiments import load_run
+    model, args = load_run(out)
+    assert args["sbm_parametrization"] == "mmsb"
+    assert model.blocks[0].attention.conv.sbm.parametrization == "mmsb"
+
+
+def test_runs_saved_before_the_parametrization_load_as_paper(tmp_path):
+    out = run(tmp_path, "old", "--steps", "1")
+    path = out / "checkpoint.pt"
+    state = load_checkpoint(path)
+    del state["args"]["sbm_parametrization"]  # as a checkpoint saved before
+    torch.save(state, path)
+    from sbm_pyg.experiments import load_run
+    model, args = load_run(out)
+    assert model.blocks[0].attention.conv.sbm.parametrization == "paper"
 
 
 def test_diagnose_every_logs_without_changing_the_run(tmp_path):

@@ -142,3 +142,114 @@ def test_cluster_masses_and_expected_densities_exact():
     block = torch.tensor([[[0.0, 1.0], [0.0, 0.0]]])
     dens = expected_densities(ptr, ptr, memb.detach(), block, memb.detach())
     assert dens[:, 0].tolist() == [4.0 * 6.0 / 4, 0.0, 5.0 * 6.0 / 1]
+
+
+def test_mmsb_matches_its_equations_per_head():
+    torch.manual_seed(11)
+    sbm = StochasticBlockModel(heads=2, channels=4, num_clusters=3,
+                               parametrization="mmsb")
+    with torch.no_grad():
+        sbm.block_bias.copy_(torch.tensor([-1.0, 2.0]).view(2, 1, 1))
+    q, k = torch.randn(5, 2, 4), torch.randn(6, 2, 4)
+    q_memb, block, k_memb = sbm(q, k)
+    for h in range(2):
+        C, b = sbm.clusters[h], float(sbm.block_bias[h])
+
+        def mlp(x, h=h):
+            return torch.relu(x @ sbm.weight1[h] + sbm.bias1[h]) @ sbm.weight2[h] + sbm.bias2[h]
+        assert torch.allclose(block[h], torch.sigmoid(C @ C.T + b))
+        assert torch.allclose(q_memb[:, h], torch.softmax(mlp(q[:, h]) @ C.T, -1))
+        assert torch.allclose(k_memb[:, h], torch.softmax(mlp(k[:, h]) @ C.T, -1))
+    # On the simplex; every block entry a probability of its own.
+    assert torch.allclose(q_memb.sum(-1), torch.ones(5, 2))
+    assert bool(((block > 0) & (block < 1)).all())
+    assert not torch.allclose(block.sum((1, 2)), torch.ones(2))
+
+
+def test_mmsb_exact_values_on_a_tiny_head():
+    # k = 2, d = 2: clusters e_1 and e_2 scaled by 2, offset -2, so the
+    # block is sigmoid([[2, -2], [-2, 2]]); the MLP passes its input
+    # through (identity weights, zero biases, inputs >= 0).
+    sbm = StochasticBlockModel(1, 2, 2, parametrization="mmsb")
+    with torch.no_grad():
+        sbm.weight1.copy_(torch.eye(2)[None])
+        sbm.weight2.copy_(torch.eye(2)[None])
+        sbm.bias1.zero_()
+        sbm.bias2.zero_()
+        sbm.clusters.copy_(math.sqrt(2) * torch.eye(2)[None])
+        sbm.block_bias.fill_(-2.0)
+    x = torch.tensor([[[math.log(3) / math.sqrt(2), 0.0]]])  # logits log 3, 0
+    q_memb, block, k_memb = sbm(x, x)
+    assert torch.allclose(q_memb, torch.tensor([[[0.75, 0.25]]]))
+    s_in, s_out = 0.5, 1 / (1 + math.exp(2.0))  # sigmoid(2 - 2), sigmoid(0 - 2)
+    assert torch.allclose(block, torch.tensor([[[s_in, s_out], [s_out, s_in]]]))
+    p = float(torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb))
+    assert p == pytest.approx(0.75 ** 2 * s_in + 2 * 0.75 * 0.25 * s_out
+                              + 0.25 ** 2 * s_in, rel=1e-6)
+
+
+@pytest.mark.parametrize("init,low,high", [("paper", 0.2, 0.3), ("dense", 0.99, 1.0)])
+def test_mmsb_initial_edge_probability(init, low, high):
+    torch.manual_seed(5)
+    sbm = StochasticBlockModel(4, 32, 128, init=init, parametrization="mmsb")
+    x = torch.randn(200, 4, 32)
+    q_memb, block, k_memb = sbm(x, x)
+    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb).detach()
+    assert low < float(p.mean()) < high
+    assert float(p.min()) > (0.99 if init == "dense" else 0.2)
+
+
+def test_mmsb_holds_many_dense_blocks_the_paper_cannot():
+    # V = 8 blocks, each on its own cluster: one-hot memberships, a block
+    # matrix near the identity. The mixed-membership SBM gives every
+    # within-block pair p > 0.99 and every cross pair p < 0.01; the paper's
+    # form, with the same weights, stays under its cap (within_block_cap:
+    # the mean within-block probability for the mean cross probability).
+    V, d = 8, 8
+    from sbm_pyg.theory import within_block_cap
+    for parametrization, within in (("mmsb", 0.99), ("paper", 1 / V)):
+        sbm = StochasticBlockModel(1, d, V, parametrization=parametrization)
+        with torch.no_grad():
+            sbm.weight1.copy_(torch.eye(d)[None])
+            sbm.weight2.copy_(torch.eye(d)[None])
+            sbm.bias1.zero_()
+            sbm.bias2.zero_()
+            sbm.clusters.copy_(4 * torch.eye(V)[None])
+            if sbm.block_bias is not None:
+                sbm.block_bias.fill_(-8.0)
+        x = torch.eye(V)[:, None] * 4  # token t points at cluster t
+        q_memb, block, k_memb = sbm(x, x)
+        p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb)[0].detach()
+        if parametrization == "mmsb":
+            assert float(p.diagonal().min()) > within
+            assert float((p - torch.diag(p.diagonal())).max()) < 0.01
+        else:
+            cross = float((p.sum() - p.diagonal().sum()) / (V * (V - 1)))
+            assert float(p.diagonal().mean()) <= within_block_cap(V, cross)
+            assert float(p.diagonal().mean()) > 1.5 * within  # sigmoid overlap
+
+
+def test_mmsb_state_dict_and_paper_checkpoints():
+    # The paper's state dict keeps its keys (checkpoints saved before the
+    # parametrization existed load as "paper"); "mmsb" adds the offset.
+    paper = StochasticBlockModel(2, 4, 3)
+    assert "block_bias" not in paper.state_dict()
+    StochasticBlockModel(2, 4, 3).load_state_dict(paper.state_dict())
+    mmsb = StochasticBlockModel(2, 4, 3, parametrization="mmsb")
+    assert mmsb.state_dict()["block_bias"].shape == (2, 1, 1)
+    with pytest.raises(RuntimeError, match="block_bias"):
+        mmsb.load_state_dict(paper.state_dict())
+    assert repr(mmsb) == ("StochasticBlockModel(heads=2, channels=4, "
+                          "num_clusters=3, parametrization='mmsb')")
+    with pytest.raises(ValueError, match="parametrization"):
+        StochasticBlockModel(2, 4, 3, parametrization="rate")
+
+
+def test_mmsb_paper_init_draws_as_the_paper_does():
+    # The same seed gives the same MLP and clusters under both forms.
+    torch.manual_seed(12)
+    paper = StochasticBlockModel(2, 8, 16)
+    torch.manual_seed(12)
+    mmsb = StochasticBlockModel(2, 8, 16, parametrization="mmsb")
+    for name in ("weight1", "bias1", "weight2", "bias2", "clusters"):
+        assert torch.equal(getattr(paper, name), getattr(mmsb, name)), name

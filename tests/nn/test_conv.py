@@ -101,10 +101,13 @@ def test_bipartite_input():
     assert torch.equal(batch[1][i], batch[0][j])
 
 
-@pytest.mark.parametrize("ste", ["paper", "published"])
-def test_fused_path_equals_pyg_message_passing(monkeypatch, ste):
+@pytest.mark.parametrize("ste,parametrization", [
+    ("paper", "paper"), ("published", "paper"), ("paper", "mmsb")])
+def test_fused_path_equals_pyg_message_passing(monkeypatch, ste,
+                                               parametrization):
     sparse_only(monkeypatch)
-    conv = make_conv(dropout=0.0, ste=ste)
+    conv = make_conv(dropout=0.0, ste=ste,
+                     sbm_parametrization=parametrization)
     assert conv.attention_backend == "auto"
     x = x_input().requires_grad_()
     with monkeypatch.context() as m:  # the fused path must not call message()
@@ -124,7 +127,8 @@ def test_fused_path_equals_pyg_message_passing(monkeypatch, ste):
     for a, b in zip(grads_fused, grads_ref):
         assert torch.allclose(a, b, atol=1e-5)
     # The estimators differ, so the test above compares the chosen one.
-    other = make_conv(dropout=0.0, ste="paper" if ste == "published" else "published")
+    other = make_conv(dropout=0.0, ste="paper" if ste == "published" else "published",
+                      sbm_parametrization=parametrization)
     out_other = run(other, x, batch=BATCH)
     grad_other = torch.autograd.grad(out_other.pow(2).sum(), other.sbm.clusters)
     grad_fused = grads_fused[1 + [n for n, _ in conv.named_parameters()].index("sbm.clusters")]
@@ -132,14 +136,16 @@ def test_fused_path_equals_pyg_message_passing(monkeypatch, ste):
     assert not torch.allclose(grad_other[0], grad_fused, atol=1e-5)
 
 
-def test_gradients_reach_the_sbm_through_ste_and_regularizer():
-    conv = make_conv()
+@pytest.mark.parametrize("parametrization", ["paper", "mmsb"])
+def test_gradients_reach_the_sbm_through_ste_and_regularizer(parametrization):
+    conv = make_conv(sbm_parametrization=parametrization)
+    sbm_params = [p for _, p in conv.sbm.named_parameters()]
+    assert len(sbm_params) == (6 if parametrization == "mmsb" else 5)
     out = run(conv, x_input(), batch=BATCH)
-    grads = torch.autograd.grad(out.pow(2).sum(), [conv.sbm.clusters, conv.sbm.weight1],
-                                retain_graph=True)
+    grads = torch.autograd.grad(out.pow(2).sum(), sbm_params, retain_graph=True)
     assert all(float(g.abs().sum()) > 0 for g in grads)
-    reg = torch.autograd.grad(conv.expected_density.sum(), conv.sbm.clusters)[0]
-    assert float(reg.abs().sum()) > 0
+    reg = torch.autograd.grad(conv.expected_density.sum(), sbm_params)
+    assert all(float(g.abs().sum()) > 0 for g in reg)
 
 
 
@@ -165,8 +171,9 @@ def test_no_straight_through_work_without_grad(monkeypatch):
     assert given == [False, True]  # the SBM reaches the attention with grad only
 
 
-def test_density_statistics():
-    conv = make_conv()
+@pytest.mark.parametrize("parametrization", ["paper", "mmsb"])
+def test_density_statistics(parametrization):
+    conv = make_conv(sbm_parametrization=parametrization)
     conv.eval()
     x = x_input()
     _, (graph, _) = run(conv, x, batch=BATCH, return_attention_weights=True)
@@ -276,6 +283,7 @@ def test_bad_input(kwargs, error, match):
     (dict(dropout=1.0), "dropout"), (dict(mode="dense"), "mode"),
     (dict(exploration=-1.0), "exploration"), (dict(ste="mine"), "ste"),
     (dict(sbm_init="zeros"), "sbm_init"),
+    (dict(sbm_parametrization="rate"), "sbm_parametrization"),
 ])
 def test_bad_constructor_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -461,12 +469,14 @@ def test_auto_takes_the_dense_kernel_from_the_crossover_on(monkeypatch):
 
 
 @needs_cpp
-def test_dense_kernel_trains_the_layer_like_the_sparse_one(monkeypatch):
+@pytest.mark.parametrize("parametrization", ["paper", "mmsb"])
+def test_dense_kernel_trains_the_layer_like_the_sparse_one(monkeypatch,
+                                                           parametrization):
     # The same layer on both kernels: densities agree with the expected one
     # (the same distribution), and every parameter, the SBM's included, gets
     # a gradient.
     conv = make_conv(attention_backend="dense", self_loops=True,
-                     exploration=0.0)
+                     exploration=0.0, sbm_parametrization=parametrization)
     x = x_input(n=300, seed=4)
     batch = torch.arange(300) // 100
     out = run(conv, x, batch=batch)
