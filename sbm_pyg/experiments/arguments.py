@@ -148,6 +148,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="strength beta of the attention distillation in every SBM "
              "layer: the SBM learns to put its edges where the attention "
              "weights go (sbm_pyg.nn.attention_distillation; 0: off)")
+    add("--distill-edges", type=float, default=0.0,
+        help="with --distill, the weight of the edge fit added to it "
+             "(sbm_pyg.nn.edge_fit: a binary cross-entropy that pulls the "
+             "edges the attention uses toward p = 1, the others toward 0)")
     add("--distill-start", type=int, default=0,
         help="the step from which --distill acts (before it the attention "
              "learns the task on its own)")
@@ -287,6 +291,9 @@ def validate_train_arguments(args) -> None:
     distill = getattr(args, "distill", 0.0)
     if not distill >= 0 or (distill > 0 and args.attention != "sbm"):
         raise ValueError("--distill must be >= 0 and needs --attention sbm")
+    edges = getattr(args, "distill_edges", 0.0)
+    if not edges >= 0 or (edges > 0 and not distill > 0):
+        raise ValueError("--distill-edges must be >= 0 and needs --distill")
     if getattr(args, "distill_start", 0) < 0 or getattr(args, "dense_steps", 0) < 0:
         raise ValueError("--distill-start and --dense-steps must be >= 0")
     if getattr(args, "dense_steps", 0) and args.attention != "sbm":

@@ -43,7 +43,8 @@ def build_model(args) -> SBMTransformer:
                 ste=args.ste, sbm_init=args.sbm_init,
                 sbm_parametrization=getattr(args, "sbm_parametrization",
                                             "paper"),
-                distill=getattr(args, "distill", 0.0))
+                distill=getattr(args, "distill", 0.0),
+                distill_edges=getattr(args, "distill_edges", 0.0))
            if args.attention == "sbm" else {}),
     )
 

@@ -9,7 +9,7 @@ from sbm_pyg.nn.bigbird import BigBirdAttention, bigbird_graph, bigbird_sizes
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.nn.density import DensityBudget, density_loss
-from sbm_pyg.nn.distillation import attention_distillation, distillation_loss
+from sbm_pyg.nn.distillation import attention_distillation, distillation_loss, edge_fit
 from sbm_pyg.nn.gated_gcn import GatedGCNConv
 from sbm_pyg.nn.gps import EdgeGPSConv, SBMGPSConv
 from sbm_pyg.nn.positional import AddLaplacianPE, LapPEEncoder
@@ -19,5 +19,5 @@ __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "SBMGPSConv", "GraphRecorder", "FullAttention",
            "LinearAttention", "density_loss", "DensityBudget", "functional", "sbm_attention",
            "SBMAttention", "EdgeGPSConv", "GatedGCNConv", "AddLaplacianPE",
-           "LapPEEncoder", "attention_distillation", "distillation_loss",
+           "LapPEEncoder", "attention_distillation", "distillation_loss", "edge_fit",
            "BigBirdAttention", "bigbird_graph", "bigbird_sizes"]

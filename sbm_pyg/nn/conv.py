@@ -18,7 +18,7 @@ from torch_geometric.utils import softmax
 
 from sbm_pyg.nn._sbm_attention import sbm_attention
 from sbm_pyg.nn.block_model import StochasticBlockModel
-from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, attention_distillation
+from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, attention_distillation, edge_fit
 from sbm_pyg.nn.functional import straight_through_probability
 from sbm_pyg.nn.inputs import (
     check_not_edges,
@@ -130,6 +130,12 @@ class SBMConv(MessagePassing):
         sbm_init (str): :obj:`"paper"` (about 25% of the pairs sampled) or
             :obj:`"dense"` (about 99%), see :class:`StochasticBlockModel`.
             (default: :obj:`"paper"`)
+        distill_edges (float): with :obj:`distill`, the weight
+            :math:`\gamma \geq 0` of :func:`~sbm_pyg.nn.edge_fit` added to
+            the distillation (per head: cross-entropy :math:`+ \gamma`
+            edge fit): it pulls the edges the attention uses toward
+            :math:`p = 1` and the others toward 0, the SBM's scale, which
+            the cross-entropy leaves to the density. (default: :obj:`0.0`)
         sbm_parametrization (str): :obj:`"paper"` (the paper's block
             matrix, a softmax over its :math:`k^2` entries) or
             :obj:`"mmsb"` (memberships on the simplex, each block entry in
@@ -185,22 +191,25 @@ class SBMConv(MessagePassing):
                  sbm_init: str = "paper", eval_seed: Optional[int] = None,
                  sampler_backend: str = "auto",
                  attention_backend: str = "auto",
-                 sbm_parametrization: str = "paper", **kwargs):
+                 sbm_parametrization: str = "paper",
+                 distill_edges: float = 0.0, **kwargs):
         check_options(kwargs, dropout=dropout, mode=mode, ste=ste,
                       sbm_init=sbm_init,
                       sbm_parametrization=sbm_parametrization,
                       sampler_backend=sampler_backend,
                       attention_backend=attention_backend,
                       exploration=exploration, eval_seed=eval_seed)
-        if not (isinstance(distill, (int, float)) and distill >= 0):
-            raise ValueError(f"distill must be a number >= 0, got {distill!r}")
+        for name, value in (("distill", distill),
+                            ("distill_edges", distill_edges)):
+            if not (isinstance(value, (int, float)) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         super().__init__(node_dim=0, **kwargs)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.heads, self.concat, self.num_clusters = heads, concat, num_clusters
         self.dropout, self.root_weight = dropout, root_weight
         self.exploration, self.self_loops = exploration, self_loops
         self.mode, self.max_edges, self.ste = mode, max_edges, ste
-        self.distill = float(distill)
+        self.distill, self.distill_edges = float(distill), float(distill_edges)
         # A dense warm-up (set by a training loop): in training, every pair
         # is sampled (exploration 1) whatever the SBM says.
         self.attend_all = False
@@ -349,6 +358,9 @@ class SBMConv(MessagePassing):
                           else self.sbm(query.detach(), key.detach()))
             self.distillation = attention_distillation(
                 res.alpha, qd, bd, kd, res.graph, smoothing=DISTILL_SMOOTHING)
+            if self.distill_edges > 0:
+                self.distillation = self.distillation + self.distill_edges * \
+                    edge_fit(res.alpha, qd, bd, kd, res.graph)
         self.last_backends = res.backends
         out = res.out.reshape(-1, H * C) if self.concat else res.out.mean(1)
         if self.lin_skip is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import List
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from sbm_pyg.nn.block_model import cluster_masses
@@ -20,7 +21,8 @@ from sbm_pyg.ops.csr import row_index
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["attention_distillation", "distillation_loss", "DISTILL_SMOOTHING"]
+__all__ = ["attention_distillation", "edge_fit", "distillation_loss",
+           "DISTILL_SMOOTHING"]
 
 #: The smoothing of :class:`~sbm_pyg.nn.SBMConv`'s distillation: label
 #: smoothing's usual 0.1, so that a key the SBM misses pulls at most
@@ -110,6 +112,68 @@ def attention_distillation(alpha: Tensor, q_memb: Tensor, block: Tensor,
     per_row = cross.new_zeros(H * Nq).index_add_(0, rows, -cross).view(H, Nq)
     has_edges = (graph.csr.rowptr.diff() > 0).to(dtype).view(H, Nq)
     return per_row.sum(1) / has_edges.sum(1).clamp(min=1)
+
+
+def edge_fit(alpha: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
+             graph: SampledGraph) -> Tensor:
+    r"""The binary cross-entropy from each sampled edge's SBM probability to
+    whether the attention uses it, averaged over each head's edges:
+
+    .. math::
+        \mathcal{L}_h = -\frac{1}{|\mathcal{E}_h|} \sum_{e \in
+        \mathcal{E}_h} \big( t_e \log p_e + (1 - t_e) \log (1 - p_e) \big),
+        \qquad t_e = \min(1, \bar{\alpha}_e\, d_{i(e)})
+
+    where :math:`d_i` is the number of edges of query :math:`i` and
+    :math:`\bar{\alpha}_e` the edge's attention weight, detached: an edge
+    that carries at least its uniform share of the row is a target of 1, one
+    the attention ignores a target of 0. Unlike
+    :func:`attention_distillation`, which sees only the shape of each row,
+    it sets the SBM's scale: edges the attention needs are pulled toward
+    :math:`p = 1`, the others toward 0 (as an SBM fitted alone to a graph
+    is). Under the paper's parametrization the mass cap bounds what it can
+    reach (:mod:`sbm_pyg.theory.block_cap`).
+
+    Args:
+        alpha (Tensor): :obj:`[E]` attention weights in :obj:`graph`'s edge
+            order; not differentiated.
+        q_memb (Tensor): :math:`\hat{\mathbf{Q}}` :obj:`[N_q, H, k]`.
+        block (Tensor): :math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`.
+        k_memb (Tensor): :math:`\hat{\mathbf{K}}` :obj:`[N_k, H, k]`.
+        graph (SampledGraph): the sampled edges.
+
+    Returns:
+        Tensor :obj:`[H]` (0 for a head without edges), differentiable in
+        the memberships and the block.
+
+    Example:
+        >>> memb = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])  # [N, H, k]
+        >>> block = torch.tensor([[[0.5, 0.5], [0.5, 0.5]]])
+        >>> graph = SampledGraph.from_edge_index(torch.tensor([[0, 1], [0, 0]]), 2, 2)
+        >>> edge_fit(torch.tensor([1.0, 0.0]), memb, block, memb, graph)  # log 2
+        tensor([0.6931])
+    """
+    _check_memberships(graph, q_memb, block, k_memb)
+    require_tensor("alpha", alpha, 1, floating=True)
+    if alpha.numel() != graph.num_edges:
+        raise ValueError(f"alpha must have one entry per edge "
+                         f"({graph.num_edges}), got {alpha.numel()}")
+    H = q_memb.size(1)
+    dtype = torch.promote_types(q_memb.dtype, torch.float32)
+    rows = graph.csr.row().long()
+    degree = graph.csr.rowptr.diff()[rows].to(dtype)
+    target = (alpha.detach().to(dtype) * degree).clamp(max=1)
+    p = edge_probability(*(t.to(dtype) for t in (q_memb, block, k_memb)), graph)
+    # Clamped so that an edge at p = 0 or 1 (the exact sampler's bounds)
+    # costs a finite amount: the BCE's own clamp of log at -100 would
+    # stop its gradient.
+    eps = torch.finfo(dtype).eps
+    loss = F.binary_cross_entropy(p.clamp(eps, 1 - eps), target,
+                                  reduction="none")
+    head = rows // graph.num_queries
+    per_head = loss.new_zeros(H).index_add_(0, head, loss)
+    count = loss.new_zeros(H).index_add_(0, head, torch.ones_like(loss))
+    return per_head / count.clamp(min=1)
 
 
 def distillation_loss(model: torch.nn.Module) -> Tensor:

@@ -12,6 +12,7 @@ from sbm_pyg.nn import (
     SBMMultiheadAttention,
     attention_distillation,
     distillation_loss,
+    edge_fit,
     sbm_attention,
 )
 from sbm_pyg.nn.distillation import DISTILL_SMOOTHING
@@ -290,3 +291,71 @@ def test_the_layer_distils_its_own_weights_and_graph():
     expected = attention_distillation(alpha, *conv.sbm(query, key), graph,
                                       smoothing=DISTILL_SMOOTHING)
     torch.testing.assert_close(conv.distillation, expected)
+
+
+def test_edge_fit_exact_value_on_a_tiny_graph():
+    alpha, q, block, k, graph = tiny()
+    got = edge_fit(alpha, q, block, k, graph)
+    # Targets min(1, alpha * degree): row 0 (2 edges) 1.5 -> 1 and 0.5,
+    # row 1 (1 edge) 1, row 3 (1 edge) 1; p = 0.5, 0.25, 0.125, 0.4.
+    terms = [-math.log(0.5), -(0.5 * math.log(0.25) + 0.5 * math.log(0.75)),
+             -math.log(0.125), -math.log(0.4)]
+    assert got.shape == (1,)
+    assert got.item() == pytest.approx(sum(terms) / 4, rel=1e-12)
+    # Smallest where the SBM gives the used edges p = 1 and the unused 0.
+    assert edge_fit(torch.tensor([1.0, 0.0]), torch.eye(2)[:, None],
+                    torch.eye(2)[None], torch.eye(2)[:, None],
+                    SampledGraph.from_edge_index(torch.tensor([[0, 1], [0, 0]]),
+                                                 2, 2)).item() < 1e-5
+
+
+def test_edge_fit_per_head_gradient_and_bad_input():
+    torch.manual_seed(1)
+    q = torch.rand(6, 2, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.rand(6, 2, 3, dtype=torch.float64)
+    block = torch.rand(2, 3, 3, dtype=torch.float64) * 0.2
+    block[1] *= 4  # head 1 denser
+    from sbm_pyg.sampling import fastrg
+    graph = fastrg(q.detach(), block, k, mode="exact", exploration=0.3,
+                   generator=seeded(2))
+    E = graph.num_edges
+    alpha = torch.rand(E, dtype=torch.float64, requires_grad=True)
+    out = edge_fit(alpha, q, block, k, graph)
+    assert out.shape == (2,) and bool((out > 0).all())
+    # Each head's mean over its own edges, written out.
+    rows = graph.csr.row().long()
+    deg = graph.csr.rowptr.diff()[rows].double()
+    target = (alpha.detach() * deg).clamp(max=1)
+    from sbm_pyg.nn.functional import edge_probability
+    eps = torch.finfo(torch.float64).eps  # p >= 1 on some edges: clamped
+    p = edge_probability(q, block, k, graph).detach().clamp(eps, 1 - eps)
+    assert float(p.max()) == 1 - eps
+    bce = -(target * p.log() + (1 - target) * (1 - p).log())
+    for h in range(2):
+        mine = rows // 6 == h
+        assert out[h].item() == pytest.approx(bce[mine].mean().item(), rel=1e-9)
+    torch.autograd.gradcheck(lambda q_: edge_fit(alpha, q_, block, k, graph),
+                             (q,))
+    out.sum().backward()
+    assert alpha.grad is None  # the weights are targets, not differentiated
+    with pytest.raises(ValueError, match="alpha"):
+        edge_fit(alpha[:3], q, block, k, graph)
+
+
+def test_the_layer_adds_the_edge_fit_to_its_distillation():
+    torch.manual_seed(0)
+    conv = SBMConv(8, 4, heads=2, num_clusters=3, distill=0.5,
+                   distill_edges=2.0, sbm_parametrization="mmsb")
+    x = torch.randn(11, 8, generator=seeded(6))
+    batch = torch.tensor([0] * 5 + [1] * 6)
+    _, (graph, alpha) = conv(x, batch, return_attention_weights=True,
+                             generator=seeded(7))
+    H, C = conv.heads, conv.out_channels
+    memb = conv.sbm(conv.lin_query(x).view(-1, H, C),
+                    conv.lin_key(x).view(-1, H, C))
+    expected = (attention_distillation(alpha, *memb, graph,
+                                       smoothing=DISTILL_SMOOTHING)
+                + 2.0 * edge_fit(alpha, *memb, graph))
+    torch.testing.assert_close(conv.distillation, expected)
+    with pytest.raises(ValueError, match="distill_edges"):
+        SBMConv(8, 4, distill_edges=-1.0)
