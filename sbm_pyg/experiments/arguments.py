@@ -131,6 +131,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--channels", type=int, default=32, help="embedding size")
     add("--num-clusters", type=int, default=128, help="SBM clusters per head")
     add("--lam", type=float, default=0.0, help="density penalty lambda")
+    add("--lam-start", type=int, default=0,
+        help="the step from which --lam acts (e.g. --dense-steps: in a "
+             "dense warm-up the penalty only pulls the SBM sparse)")
     add("--target-density", type=float, default=None,
         help="hold the SBM heads' mean expected density at this budget in "
              "(0, 1], adjusting lambda as training goes "
@@ -296,6 +299,8 @@ def validate_train_arguments(args) -> None:
         raise ValueError("--distill-edges must be >= 0 and needs --distill")
     if getattr(args, "distill_start", 0) < 0 or getattr(args, "dense_steps", 0) < 0:
         raise ValueError("--distill-start and --dense-steps must be >= 0")
+    if getattr(args, "lam_start", 0) < 0:
+        raise ValueError("--lam-start must be >= 0")
     if getattr(args, "dense_steps", 0) and args.attention != "sbm":
         raise ValueError("--dense-steps needs --attention sbm")
     target = getattr(args, "target_density", None)

@@ -73,8 +73,11 @@ def train(args) -> dict:
     start_time = time.perf_counter()
     while step < args.steps:
         _schedule_layers(model, args, step)
+        # The density penalty from --lam-start on (e.g. after a dense
+        # warm-up, in which it would only pull the SBM sparse).
+        lam = args.lam if step >= getattr(args, "lam_start", 0) else 0.0
         record = train_step(net, model, optimizer, schedule, task, args,
-                            device, graph_generator, budget)
+                            device, graph_generator, budget, lam=lam)
         step += 1
         if rank == 0:
             record = dict(step=step, **record,
@@ -117,7 +120,8 @@ def train(args) -> dict:
 
 def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
                args, device: torch.device, generator: torch.Generator,
-               budget: Optional[DensityBudget] = None) -> dict:
+               budget: Optional[DensityBudget] = None,
+               lam: Optional[float] = None) -> dict:
     r"""One optimizer step on a fresh batch of :obj:`task`, as :func:`train`
     takes it.
 
@@ -134,6 +138,8 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
         generator (torch.Generator): the attention's sampling generator.
         budget (DensityBudget, optional): holds the density to a budget;
             its penalty replaces :obj:`args.lam`'s.
+        lam (float, optional): this step's density penalty (default:
+            :obj:`args.lam`).
 
     Returns:
         The step's training record: loss, accuracy, density and what shows
@@ -153,7 +159,8 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
         applied = budget.lams.reshape(len(budget.lams), -1).mean(1)  # ceiling, floor
         (total + budget.penalty()).backward()
     else:
-        (total + args.lam * out.density_loss).backward()
+        lam = args.lam if lam is None else lam
+        (total + lam * out.density_loss).backward()
     stats = clip_and_measure(optimizer, args.clip_grad_norm)
     before = parameters_before(optimizer)
     lr = optimizer.param_groups[0]["lr"]

@@ -210,6 +210,10 @@ def test_listops_task(tmp_path):
      "argument --preset: invalid choice: 'no-such-preset'"),
     (["train", "--task", "repeat", "--out", "x", "--sbm-init", "zeros"],
      "argument --sbm-init: invalid choice: 'zeros'"),
+    (["train", "--task", "repeat", "--out", "x", "--lam-start", "-1"],
+     "--lam-start must be >= 0"),
+    (["train", "--task", "repeat", "--out", "x", "--distill-edges", "1"],
+     "--distill-edges must be >= 0 and needs --distill"),
     (["train", "--task", "repeat", "--out", "x", "--sbm-parametrization",
       "rate"], "argument --sbm-parametrization: invalid choice: 'rate'"),
     (["train", "--task", "repeat", "--out", "x", "--diagnose-every", "-1"],
@@ -301,6 +305,19 @@ def test_sbm_parametrization_mmsb_trains_resumes_and_loads(tmp_path, init,
     model, args = load_run(out)
     assert args["sbm_parametrization"] == "mmsb"
     assert model.blocks[0].attention.conv.sbm.parametrization == "mmsb"
+
+
+def test_lam_start_holds_the_penalty_off_until_its_step(tmp_path):
+    plain = run(tmp_path, "plain", "--steps", "3")
+    late = run(tmp_path, "late", "--steps", "3", "--lam", "1e3",
+               "--lam-start", "2")
+    a, b = metrics(plain), metrics(late)
+    # Steps 1 and 2 (before step index 2) take no penalty: the same
+    # updates; step 3 takes it, and its update differs.
+    assert [r["loss"] for r in a[:3]] == [r["loss"] for r in b[:3]]
+    assert a[2]["update_norm_sbm"] != b[2]["update_norm_sbm"]
+    assert [r["update_norm_sbm"] for r in a[:2]] == [
+        r["update_norm_sbm"] for r in b[:2]]
 
 
 def test_runs_saved_before_the_parametrization_load_as_paper(tmp_path):
