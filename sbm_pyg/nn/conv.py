@@ -27,6 +27,7 @@ from sbm_pyg.nn.inputs import (
     raise_for_features,
     sequence_pointers,
 )
+from sbm_pyg.nn.warmup import dense_warmup
 from sbm_pyg.ops.csr import heads_first
 from sbm_pyg.ops.torch_attention import clip_grad
 from sbm_pyg.sampling import SampledGraph
@@ -238,6 +239,28 @@ class SBMConv(MessagePassing):
         self._weights_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.reset_parameters()
 
+    def _dense_warmup(self, x_dst: Tensor, query: Tensor, key: Tensor,
+                      value: Tensor, memb: Tuple[Tensor, Tensor, Tensor],
+                      ptr_q: Optional[Tensor], ptr_k: Optional[Tensor],
+                      distilling: bool, generator: Optional[torch.Generator]
+                      ) -> Tensor:
+        device = query.device
+        if ptr_q is None or ptr_k is None:  # one sequence
+            ptr_q = torch.tensor([0, query.size(0)], device=device)
+            ptr_k = torch.tensor([0, key.size(0)], device=device)
+        out, distill, expected, sampled = dense_warmup(
+            query, key, value, *memb, ptr_q.to(device), ptr_k.to(device),
+            dropout=self.dropout, smoothing=DISTILL_SMOOTHING,
+            distill_edges=self.distill_edges, generator=generator)
+        self.expected_density, self.sampled_density = expected, sampled
+        self.distillation = distill if distilling else None
+        self.last_backends = {"sampler": "dense", "attention": "warm-up"}
+        out = out.reshape(-1, self.heads * self.out_channels) if self.concat \
+            else out.mean(1)
+        if self.lin_skip is not None:
+            out = out + project(self.lin_skip, x_dst, "x_dst")
+        return out
+
     def register_graph_hook(self, hook: Callable[[SBMConv, SampledGraph], None]
                             ) -> RemovableHandle:
         r"""Calls :obj:`hook(module, graph)` with every graph this layer
@@ -320,6 +343,13 @@ class SBMConv(MessagePassing):
         passing = self.attention_backend == "message_passing"
         distilling = (self.distill > 0 and self.training
                       and torch.is_grad_enabled())
+        if (warmup and not passing and not return_attention_weights
+                and not self._graph_hooks and not self._weights_hooks):
+            # Every pair attended and nobody asks for the graph: dense
+            # products instead of a graph of every pair (nn/warmup.py).
+            return self._dense_warmup(x_dst, query, key, value,
+                                      (q_memb, block, k_memb), ptr_q, ptr_k,
+                                      distilling, generator)
         try:
             res = sbm_attention(
                 query, key, value, q_memb, block, k_memb, ptr_q=ptr_q,

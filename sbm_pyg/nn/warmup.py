@@ -1,0 +1,149 @@
+r"""A dense warm-up step of an SBM attention layer, computed densely.
+
+In a dense warm-up (:attr:`SBMConv.attend_all` in training) every pair is
+attended and the SBM learns on the side from the attention distillation.
+Through :func:`~sbm_pyg.nn.sbm_attention` that is a graph of every pair
+attended by the sparse kernel (the distillation needs each edge's weight)
+and an :math:`O(E k)` product for the SBM's probability of each edge: 10 s
+a step for the repeated-token task at :math:`N = 256`, batch 256, on one
+CPU thread. Here the same quantities come from padded dense products
+(:math:`[G, H, n, n]` per batch), as full attention computes them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sbm_pyg.nn.block_model import expected_densities, mean_densities
+from sbm_pyg.ops.csr import row_index
+from sbm_pyg.ops.dropout import dropout_keep, dropout_threshold, keep_scale
+from sbm_pyg.sampling.fastrg_op import stream_seed
+
+__all__ = ["dense_warmup"]
+
+# The distillation's guard of the logarithm and the division, as
+# attention_distillation's.
+_MIN_MASS = 1e-30
+
+
+def _padded(x: Tensor, ptr: Tensor, size: int) -> Tuple[Tensor, Tensor]:
+    # [N, ...] cut by ptr -> [G, size, ...] and the mask of real rows.
+    G = ptr.numel() - 1
+    seq = row_index(ptr, x.size(0)).long()
+    pos = torch.arange(x.size(0), device=x.device) - ptr[seq]
+    out = x.new_zeros((G, size) + tuple(x.shape[1:]))
+    out[seq, pos] = x
+    mask = torch.zeros(G, size, dtype=torch.bool, device=x.device)
+    mask[seq, pos] = True
+    return out, mask
+
+
+def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
+                 block: Tensor, k_memb: Tensor, ptr_q: Tensor, ptr_k: Tensor,
+                 *, dropout: float = 0.0, smoothing: float = 0.0,
+                 distill_edges: float = 0.0,
+                 generator: Optional[torch.Generator] = None
+                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""Attention over every pair of each sequence, and the SBM's
+    distillation from its weights, as a dense warm-up step of
+    :class:`~sbm_pyg.nn.SBMConv` computes them: the output of
+    :func:`~sbm_pyg.nn.sparse_attention` on the graph of every pair (scale
+    :math:`1/\sqrt{D}`, attention dropout by counter as every kernel
+    draws it: the same mask for the same seed), and
+    :func:`~sbm_pyg.nn.attention_distillation` (plus :obj:`distill_edges`
+    times :func:`~sbm_pyg.nn.edge_fit`) of its weights, in
+    :math:`O(G H n^2 (D + k) + N H k^2)` with :math:`[G, H, n, n]` tensors
+    for the longest sequence :math:`n`.
+
+    Args:
+        query (Tensor): :obj:`[N_q, H, D]`.
+        key (Tensor): :obj:`[N_k, H, D]`.
+        value (Tensor): :obj:`[N_k, H, D_v]`.
+        q_memb (Tensor): :obj:`[N_q, H, k]`.
+        block (Tensor): :obj:`[H, k, k]`.
+        k_memb (Tensor): :obj:`[N_k, H, k]`.
+        ptr_q (Tensor): :obj:`[G + 1]` the query rows of each sequence.
+        ptr_k (Tensor): :obj:`[G + 1]` the key rows of each sequence.
+        dropout (float): attention dropout. (default: :obj:`0.0`)
+        smoothing (float): the distillation's smoothing.
+            (default: :obj:`0.0`)
+        distill_edges (float): the edge fit's weight. (default: :obj:`0.0`)
+        generator (torch.Generator, optional): the dropout's seed (two
+            draws, as :func:`~sbm_pyg.nn.sbm_attention` takes them in a
+            warm-up step).
+
+    Returns:
+        :obj:`(out [N_q, H, D_v], distillation [H], expected [H],
+        sampled [H])`: the densities as :func:`sbm_attention` reports them
+        (the sampled one 1 for every head with a non-empty sequence).
+
+    Example:
+        >>> q, k, v = torch.randn(3, 5, 1, 4).unbind(0)
+        >>> memb = torch.rand(5, 1, 2)
+        >>> ptr = torch.tensor([0, 2, 5])
+        >>> out, distill, expected, sampled = dense_warmup(
+        ...     q, k, v, memb, torch.full((1, 2, 2), 0.25), memb, ptr, ptr)
+        >>> out.shape, distill.shape, sampled
+        (torch.Size([5, 1, 4]), torch.Size([1]), tensor([1.]))
+    """
+    Nq, H, D = query.shape
+    n_q, n_k = ptr_q.diff(), ptr_k.diff()
+    # Sizes read on the host: the padded tensors' shapes.
+    sizes = torch.stack([n_q.max(), n_k.max()]).tolist() if n_q.numel() else [0, 0]
+    q, q_mask = _padded(query, ptr_q, sizes[0])
+    k, k_mask = _padded(key, ptr_k, sizes[1])
+    v, _ = _padded(value, ptr_k, sizes[1])
+    scores = torch.einsum("gihd,gjhd->ghij", q, k) * (1.0 / math.sqrt(D))
+    scores = scores.masked_fill(~k_mask[:, None, None, :], float("-inf"))
+    alpha = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # empty key rows
+    attended = alpha
+    # Two draws, as the graph path takes them: the mask's seed (every pair
+    # is attended: unused) and the dropout's, so that a run's random stream
+    # after the warm-up is the one that path leaves.
+    stream_seed(generator, query.device)
+    seed = stream_seed(generator, query.device) if dropout > 0 else 0
+    if dropout > 0:
+        # The kernels' rows and columns are heads first: h * N_q + i and
+        # h * N_k + j.
+        heads = torch.arange(H, device=q.device)[None, :, None]
+        rows = heads * Nq + (ptr_q[:-1, None] + torch.arange(
+            sizes[0], device=q.device))[:, None, :]  # [G, H, n_q]
+        cols = heads * key.size(0) + (ptr_k[:-1, None] + torch.arange(
+            sizes[1], device=q.device))[:, None, :]  # [G, H, n_k]
+        threshold = dropout_threshold(dropout)
+        keep = dropout_keep(seed, rows[..., None], cols[:, :, None, :]
+                            .expand(-1, -1, sizes[0], -1), threshold)
+        attended = alpha * keep * keep_scale(threshold)
+    out = torch.einsum("ghij,gjhd->gihd", attended, v)[q_mask]
+
+    # The distillation: each row's SBM distribution over its keys against
+    # the attention's (detached) weights.
+    Qm, _ = _padded(q_memb, ptr_q, sizes[0])
+    Km, _ = _padded(k_memb, ptr_k, sizes[1])
+    dtype = torch.promote_types(q_memb.dtype, torch.float32)
+    p = torch.einsum("gihu,huv,gjhv->ghij", Qm.to(dtype), block.to(dtype),
+                     Km.to(dtype))
+    total = p.sum(-1, keepdim=True)
+    keys = n_k.to(dtype)[:, None, None, None].clamp(min=1)
+    target = (1 - smoothing) * p / total.clamp(min=_MIN_MASS) + smoothing / keys
+    weights = alpha.detach().to(dtype)
+    cross = -(weights * target.clamp(min=_MIN_MASS).log()).sum(-1)  # [G, H, i]
+    rows_used = (q_mask[:, None, :] & (n_k > 0)[:, None, None]).expand_as(cross)
+    count = rows_used.sum((0, 2)).clamp(min=1).to(dtype)
+    distill = (cross * rows_used).sum((0, 2)) / count
+    if distill_edges > 0:
+        eps = torch.finfo(dtype).eps
+        pairs = (q_mask[:, None, :, None] & k_mask[:, None, None, :]).expand_as(p)
+        fit = F.binary_cross_entropy(p.clamp(eps, 1 - eps),
+                                     (weights * keys).clamp(max=1),
+                                     reduction="none") * pairs
+        distill = distill + distill_edges * fit.sum((0, 2, 3)) / pairs.sum(
+            (0, 2, 3)).clamp(min=1).to(dtype)
+    per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
+    expected, sampled = mean_densities(
+        ptr_q, ptr_k, (n_q * n_k)[:, None].expand(-1, H), per)
+    return out, distill, expected, sampled
