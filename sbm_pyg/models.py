@@ -20,7 +20,7 @@ from sbm_pyg.nn import (
 )
 from sbm_pyg.nn.baselines import FullAttention, LinearAttention
 from sbm_pyg.nn.bigbird import BigBirdAttention
-from sbm_pyg.nn.distillation import distillation_loss
+from sbm_pyg.nn.losses import distillation_loss
 from sbm_pyg.validation import require_tensor
 
 __all__ = ["SBMTransformer", "TransformerOutput", "ShortConv", "FullAttention",

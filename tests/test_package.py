@@ -125,6 +125,46 @@ def _sbm_pyg_imports(root: Path, rel: str) -> set:
     return out
 
 
+def _import_edges(root: Path) -> list:
+    # (importer, imported) between the package's files, every import
+    # counted (deferred ones in functions too): `from P import m` of a
+    # submodule m is an edge to m, of a name an edge to P's own file.
+    def path_of(dotted: str):
+        base = root / dotted.replace("sbm_pyg", "", 1).lstrip(".").replace(".", "/")
+        for c in (base.with_suffix(".py"), base / "__init__.py"):
+            if c.exists():
+                return str(c.relative_to(root))
+        return None
+
+    edges = []
+    for p in root.rglob("*.py"):
+        rel = str(p.relative_to(root))
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sbm_pyg"):
+                for a in node.names:
+                    target = path_of(f"{node.module}.{a.name}") or path_of(node.module)
+                    if target and target != rel:
+                        edges.append((rel, target))
+    return edges
+
+
+def _cycles(edges: list) -> list:
+    import networkx as nx
+    return list(nx.simple_cycles(nx.DiGraph(edges)))
+
+
+def test_the_package_has_no_import_circle():
+    # A circle hidden by a deferred import still ties the modules together
+    # (the layer, the per-layer distillation and the model-level losses
+    # once were one).
+    root = Path(sbm_pyg.__file__).parent
+    assert _cycles(_import_edges(root)) == []
+    # The check sees a circle through a deferred import.
+    assert _cycles([("nn/conv.py", "nn/distillation.py"),
+                    ("nn/distillation.py", "nn/losses.py"),
+                    ("nn/losses.py", "nn/conv.py")])
+
+
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 def test_fastrg_calls_go_down_the_import_graph(backend):
     # Every call from one of the package's modules into another goes to a

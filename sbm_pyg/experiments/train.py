@@ -30,7 +30,7 @@ from sbm_pyg.experiments.runs import (
 from sbm_pyg.experiments.tasks import ListOpsTask, MQARTask, RepeatTask, make_task
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn.conv import SBMConv
-from sbm_pyg.nn.density import DensityBudget
+from sbm_pyg.nn.losses import DensityBudget
 
 __all__ = ["train", "train_step", "evaluate_model"]
 

@@ -8,10 +8,10 @@ from sbm_pyg.nn.baselines import FullAttention, LinearAttention
 from sbm_pyg.nn.bigbird import BigBirdAttention, bigbird_graph, bigbird_sizes
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.conv import SBMConv
-from sbm_pyg.nn.density import DensityBudget, density_loss
-from sbm_pyg.nn.distillation import attention_distillation, distillation_loss, edge_fit
+from sbm_pyg.nn.distillation import attention_distillation, edge_fit
 from sbm_pyg.nn.gated_gcn import GatedGCNConv
 from sbm_pyg.nn.gps import EdgeGPSConv, SBMGPSConv
+from sbm_pyg.nn.losses import DensityBudget, density_loss, distillation_loss
 from sbm_pyg.nn.positional import AddLaplacianPE, LapPEEncoder
 from sbm_pyg.nn.recorder import GraphRecorder
 

@@ -9,8 +9,6 @@ SBM's own distribution over each query's keys.
 """
 from __future__ import annotations
 
-from typing import List
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -21,8 +19,7 @@ from sbm_pyg.ops.csr import row_index
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["attention_distillation", "edge_fit", "distillation_loss",
-           "DISTILL_SMOOTHING"]
+__all__ = ["attention_distillation", "edge_fit", "DISTILL_SMOOTHING"]
 
 #: The smoothing of :class:`~sbm_pyg.nn.SBMConv`'s distillation: label
 #: smoothing's usual 0.1, so that a key the SBM misses pulls at most
@@ -174,37 +171,3 @@ def edge_fit(alpha: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
     per_head = loss.new_zeros(H).index_add_(0, head, loss)
     count = loss.new_zeros(H).index_add_(0, head, torch.ones_like(loss))
     return per_head / count.clamp(min=1)
-
-
-def distillation_loss(model: torch.nn.Module) -> Tensor:
-    r"""The attention distillation of every SBM attention layer in
-    :obj:`model` with :obj:`distill > 0`, from their last forward pass in
-    training: :math:`\sum_l \beta_l \frac{1}{H} \sum_h \mathcal{L}_{l,h}`
-    (:func:`attention_distillation`), :math:`\beta_l` the layer's
-    :obj:`distill`. Train with :obj:`task_loss + distillation_loss(model)`
-    after the forward pass; 0 where no layer distils.
-
-    Args:
-        model (torch.nn.Module): any module holding
-            :class:`~sbm_pyg.nn.SBMConv` layers.
-
-    Returns:
-        A scalar tensor.
-
-    Example:
-        >>> from sbm_pyg.nn import SBMMultiheadAttention
-        >>> model = SBMMultiheadAttention(16, heads=2, head_channels=8,
-        ...                               num_clusters=4, distill=0.1)
-        >>> out = model(torch.randn(2, 5, 16))
-        >>> distillation_loss(model).shape
-        torch.Size([])
-    """
-    from sbm_pyg.nn.density import _sbm_convs
-    terms: List[Tensor] = []
-    for conv in _sbm_convs(model):
-        if conv.distill > 0 and conv.distillation is not None:
-            terms.append(conv.distill * conv.distillation.mean())
-    if not terms:
-        param = next(model.parameters(), None)
-        return torch.zeros((), device=None if param is None else param.device)
-    return torch.stack(terms).sum()

@@ -1,5 +1,8 @@
-r"""The paper's sparsity regularizer over a whole model, and a controller
-that holds the attention's density to a budget with it."""
+r"""The losses over a whole model's SBM layers: the paper's sparsity
+regularizer, a controller that holds the attention's density to a budget
+with it, and the attention distillation's sum. They sit above the layers
+(they walk a model for its :class:`~sbm_pyg.nn.SBMConv` layers); the
+per-layer distillation is :mod:`sbm_pyg.nn.distillation`, below them."""
 from __future__ import annotations
 
 import math
@@ -10,7 +13,7 @@ from torch import Tensor
 
 from sbm_pyg.nn.conv import SBMConv
 
-__all__ = ["density_loss", "DensityBudget"]
+__all__ = ["density_loss", "DensityBudget", "distillation_loss"]
 
 
 def _sbm_convs(model: torch.nn.Module) -> List[SBMConv]:
@@ -326,3 +329,36 @@ class DensityBudget:
                 f"floor={self.floor}, lam={self.lam0}, "
                 f"kp={self.kp}, "
                 f"ki={self.ki})")
+
+
+def distillation_loss(model: torch.nn.Module) -> Tensor:
+    r"""The attention distillation of every SBM attention layer in
+    :obj:`model` with :obj:`distill > 0`, from their last forward pass in
+    training: :math:`\sum_l \beta_l \frac{1}{H} \sum_h \mathcal{L}_{l,h}`
+    (:func:`attention_distillation`), :math:`\beta_l` the layer's
+    :obj:`distill`. Train with :obj:`task_loss + distillation_loss(model)`
+    after the forward pass; 0 where no layer distils.
+
+    Args:
+        model (torch.nn.Module): any module holding
+            :class:`~sbm_pyg.nn.SBMConv` layers.
+
+    Returns:
+        A scalar tensor.
+
+    Example:
+        >>> from sbm_pyg.nn import SBMMultiheadAttention
+        >>> model = SBMMultiheadAttention(16, heads=2, head_channels=8,
+        ...                               num_clusters=4, distill=0.1)
+        >>> out = model(torch.randn(2, 5, 16))
+        >>> distillation_loss(model).shape
+        torch.Size([])
+    """
+    terms: List[Tensor] = []
+    for conv in _sbm_convs(model):
+        if conv.distill > 0 and conv.distillation is not None:
+            terms.append(conv.distill * conv.distillation.mean())
+    if not terms:
+        param = next(model.parameters(), None)
+        return torch.zeros((), device=None if param is None else param.device)
+    return torch.stack(terms).sum()
