@@ -106,9 +106,9 @@ class _Block(Module):
             x = x + self.short_conv(self.norm0(x), mask)
         h = self.norm1(x)
         if isinstance(self.attention, (SBMMultiheadAttention, BigBirdAttention)):
-            h = self.attention(h, mask, generator=generator)
+            h = self.attention(h, mask=mask, generator=generator)
         else:
-            h = self.attention(h, mask)
+            h = self.attention(h, mask=mask)
         x = x + self.dropout(h)
         return x + self.dropout(self.mlp(self.norm2(x)))
 

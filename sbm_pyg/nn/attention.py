@@ -2,7 +2,7 @@ r"""SBM attention for padded batches, with the interface of PyG's
 :class:`~torch_geometric.nn.attention.PerformerAttention`."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from torch import Tensor
@@ -50,7 +50,7 @@ class SBMMultiheadAttention(torch.nn.Module):
         >>> attn = SBMMultiheadAttention(16, heads=2, head_channels=8, num_clusters=4)
         >>> x = torch.randn(2, 5, 16)
         >>> mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
-        >>> out = attn(x, mask)
+        >>> out = attn(x, mask=mask)
         >>> out.shape, bool(out[1, 3:].eq(0).all())  # padding stays zero
         (torch.Size([2, 5, 16]), True)
     """
@@ -93,7 +93,7 @@ class SBMMultiheadAttention(torch.nn.Module):
         """Per-head expected density of the last forward (differentiable)."""
         return self.conv.expected_density
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None, *,
+    def forward(self, x: Tensor, *args: Any, mask: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None,
                 generator: Optional[torch.Generator] = None) -> Tensor:
         r"""Attends each sequence's real tokens to each other.
@@ -101,7 +101,9 @@ class SBMMultiheadAttention(torch.nn.Module):
         Args:
             x (Tensor): :obj:`[B, N, C]`.
             mask (BoolTensor, optional): :obj:`[B, N]`, True = real token
-                (PyG's convention; :obj:`None`: every token is real).
+                (PyG's convention; :obj:`None`: every token is real). By
+                keyword only, as both masks: the two conventions are
+                opposite, and a mask passed by position could be either.
             key_padding_mask (BoolTensor, optional): :obj:`[B, N]`, True =
                 padding (:class:`torch.nn.MultiheadAttention`'s
                 convention), in place of :obj:`mask`.
@@ -111,9 +113,16 @@ class SBMMultiheadAttention(torch.nn.Module):
             :obj:`[B, N, C]`, zero at padded positions.
 
         Raises:
+            TypeError: a mask passed by position.
             ValueError: both masks given, a mask of another shape or dtype,
                 or a sequence left without a real token.
         """
+        if args:
+            raise TypeError(
+                "SBMMultiheadAttention.forward takes its masks by keyword: "
+                "mask= (True = real token, PyG's PerformerAttention) or "
+                "key_padding_mask= (True = padding, torch.nn."
+                "MultiheadAttention); a mask by position could be either")
         require_tensor("x", x, 3, floating=True)
         B, N, C = x.shape
         if C != self.channels:

@@ -44,9 +44,11 @@ def _warn_eval_samples() -> None:
         _EVAL_WARNED[0] = True
         warnings.warn("SBMConv samples its attention graph in eval() too, as "
                       "the paper evaluates: two calls on one input differ. "
-                      "Build the layer with eval_seed=<int> (or pass a seeded "
-                      "generator) for repeatable evaluation.", UserWarning,
-                      stacklevel=4)
+                      "Build the layer with eval_seed=<int> (SBMConv, "
+                      "SBMMultiheadAttention, SBMTransformer; SBMGPSConv "
+                      "through attn_kwargs={'eval_seed': <int>}), or pass a "
+                      "seeded generator, for repeatable evaluation.",
+                      UserWarning, stacklevel=4)
 
 Features = Union[Tensor, SparseTensor, Tuple]
 Batch = Union[None, Tensor, Tuple[Optional[Tensor], Optional[Tensor]]]

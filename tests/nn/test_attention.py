@@ -16,7 +16,7 @@ def make_attn():
 
 
 def run(attn, x, mask=None, seed=0):
-    return attn(x, mask, generator=seeded(seed))
+    return attn(x, mask=mask, generator=seeded(seed))
 
 
 def x_input(seed=1):
@@ -87,7 +87,7 @@ def test_key_padding_mask_takes_pytorchs_convention():
     got = attn(x, key_padding_mask=~MASK, generator=seeded(0))
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="not both"):
-        attn(x, MASK, key_padding_mask=~MASK)
+        attn(x, mask=MASK, key_padding_mask=~MASK)
     with pytest.raises(ValueError, match="key_padding_mask must be a bool"):
         attn(x, key_padding_mask=(~MASK).long())
     no_token = MASK.clone()
@@ -95,6 +95,14 @@ def test_key_padding_mask_takes_pytorchs_convention():
     with pytest.raises(ValueError, match="sequence 2 without a real token"):
         run(attn, x, no_token)
     assert "key_padding_mask" in SBMMultiheadAttention.forward.__doc__
+
+
+def test_a_mask_by_position_is_refused():
+    # PyTorch's padding mask passed where PyG's mask goes would invert
+    # silently (real tokens attended as padding): by position, neither.
+    attn = make_attn()
+    with pytest.raises(TypeError, match="mask=.*key_padding_mask="):
+        attn(x_input(), ~MASK)
 
 
 def test_bad_x():

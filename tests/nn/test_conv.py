@@ -366,8 +366,10 @@ def test_eval_seed_makes_evaluation_repeatable(monkeypatch):
     monkeypatch.setattr(conv_module, "_EVAL_WARNED", [False])
     free = make_conv(exploration=0.0)
     free.eval()
-    with pytest.warns(UserWarning, match="eval_seed"):
+    with pytest.warns(UserWarning, match="eval_seed") as record:
         outs = [free(x, batch=BATCH) for _ in range(3)]
+    # Each layer's place for the seed, SBMGPSConv's included.
+    assert "attn_kwargs={'eval_seed'" in str(record[0].message)
     assert not all(torch.equal(o, outs[0]) for o in outs[1:])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only
