@@ -31,6 +31,15 @@ DISTILL_SMOOTHING = 0.1
 _MIN_MASS = 1e-30
 
 
+def _check_inputs(alpha: Tensor, q_memb: Tensor, block: Tensor,
+                  k_memb: Tensor, graph: SampledGraph) -> None:
+    _check_memberships(graph, q_memb, block, k_memb)
+    require_tensor("alpha", alpha, 1, floating=True)
+    if alpha.numel() != graph.num_edges:
+        raise ValueError(f"alpha must have one entry per edge "
+                         f"({graph.num_edges}), got {alpha.numel()}")
+
+
 def attention_distillation(alpha: Tensor, q_memb: Tensor, block: Tensor,
                            k_memb: Tensor, graph: SampledGraph, *,
                            smoothing: float = 0.0) -> Tensor:
@@ -83,11 +92,7 @@ def attention_distillation(alpha: Tensor, q_memb: Tensor, block: Tensor,
         >>> attention_distillation(alpha, memb, block, memb, graph)  # KL = 0
         tensor([0.6931])
     """
-    _check_memberships(graph, q_memb, block, k_memb)
-    require_tensor("alpha", alpha, 1, floating=True)
-    if alpha.numel() != graph.num_edges:
-        raise ValueError(f"alpha must have one entry per edge "
-                         f"({graph.num_edges}), got {alpha.numel()}")
+    _check_inputs(alpha, q_memb, block, k_memb, graph)
     if not 0 <= smoothing < 1:  # NaN fails too
         raise ValueError(f"smoothing must lie in [0, 1), got {smoothing}")
     Nq, H, k = q_memb.shape
@@ -150,11 +155,7 @@ def edge_fit(alpha: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
         >>> edge_fit(torch.tensor([1.0, 0.0]), memb, block, memb, graph)  # log 2
         tensor([0.6931])
     """
-    _check_memberships(graph, q_memb, block, k_memb)
-    require_tensor("alpha", alpha, 1, floating=True)
-    if alpha.numel() != graph.num_edges:
-        raise ValueError(f"alpha must have one entry per edge "
-                         f"({graph.num_edges}), got {alpha.numel()}")
+    _check_inputs(alpha, q_memb, block, k_memb, graph)
     H = q_memb.size(1)
     dtype = torch.promote_types(q_memb.dtype, torch.float32)
     rows = graph.csr.row().long()

@@ -62,16 +62,19 @@ def test_kaiming_normal_cluster_init():
     assert abs(float(c.mean())) < z_bound(1) * math.sqrt(sigma2 / n)
 
 
-@pytest.mark.parametrize("init,low,high", [("paper", 0.2, 0.3), ("dense", 0.98, 1.0)])
-def test_initial_edge_probability(init, low, high):
+@pytest.mark.parametrize("parametrization,init,low,high,floor", [
+    ("paper", "paper", 0.2, 0.3, 0.1), ("paper", "dense", 0.98, 1.0, 0.9),
+    ("mmsb", "paper", 0.2, 0.3, 0.2), ("mmsb", "dense", 0.99, 1.0, 0.99)])
+def test_initial_edge_probability(parametrization, init, low, high, floor):
     # Queries of unit scale per coordinate, as after a LayerNorm.
     torch.manual_seed(5)
-    sbm = StochasticBlockModel(4, 32, 128, init=init)
+    sbm = StochasticBlockModel(4, 32, 128, init=init,
+                               parametrization=parametrization)
     x = torch.randn(200, 4, 32)
     q_memb, block, k_memb = sbm(x, x)
     p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb).detach()
     assert low < float(p.mean()) < high
-    assert float(p.min()) > (0.9 if init == "dense" else 0.1)
+    assert float(p.min()) > floor
 
 
 def test_dense_init_gathers_the_clusters():
@@ -186,17 +189,6 @@ def test_mmsb_exact_values_on_a_tiny_head():
     p = float(torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb))
     assert p == pytest.approx(0.75 ** 2 * s_in + 2 * 0.75 * 0.25 * s_out
                               + 0.25 ** 2 * s_in, rel=1e-6)
-
-
-@pytest.mark.parametrize("init,low,high", [("paper", 0.2, 0.3), ("dense", 0.99, 1.0)])
-def test_mmsb_initial_edge_probability(init, low, high):
-    torch.manual_seed(5)
-    sbm = StochasticBlockModel(4, 32, 128, init=init, parametrization="mmsb")
-    x = torch.randn(200, 4, 32)
-    q_memb, block, k_memb = sbm(x, x)
-    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb).detach()
-    assert low < float(p.mean()) < high
-    assert float(p.min()) > (0.99 if init == "dense" else 0.2)
 
 
 def test_mmsb_holds_many_dense_blocks_the_paper_cannot():
