@@ -252,10 +252,11 @@ class SBMConv(MessagePassing):
             ptr_k = torch.tensor([0, key.size(0)], device=device)
         out, distill, expected, sampled = dense_warmup(
             query, key, value, *memb, ptr_q.to(device), ptr_k.to(device),
-            dropout=self.dropout, smoothing=DISTILL_SMOOTHING,
-            distill_edges=self.distill_edges, generator=generator)
+            dropout=self.dropout, distill=distilling,
+            smoothing=DISTILL_SMOOTHING, distill_edges=self.distill_edges,
+            generator=generator)
         self.expected_density, self.sampled_density = expected, sampled
-        self.distillation = distill if distilling else None
+        self.distillation = distill
         self.last_backends = {"sampler": "dense", "attention": "warm-up"}
         out = out.reshape(-1, self.heads * self.out_channels) if self.concat \
             else out.mean(1)

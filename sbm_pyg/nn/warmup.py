@@ -22,6 +22,7 @@ from sbm_pyg.nn.block_model import expected_densities, mean_densities
 from sbm_pyg.ops.csr import row_index
 from sbm_pyg.ops.dropout import dropout_keep, dropout_threshold, keep_scale
 from sbm_pyg.sampling.fastrg_op import stream_seed
+from sbm_pyg.validation import check_memory
 
 __all__ = ["dense_warmup"]
 
@@ -44,10 +45,10 @@ def _padded(x: Tensor, ptr: Tensor, size: int) -> Tuple[Tensor, Tensor]:
 
 def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
                  block: Tensor, k_memb: Tensor, ptr_q: Tensor, ptr_k: Tensor,
-                 *, dropout: float = 0.0, smoothing: float = 0.0,
-                 distill_edges: float = 0.0,
+                 *, dropout: float = 0.0, distill: bool = True,
+                 smoothing: float = 0.0, distill_edges: float = 0.0,
                  generator: Optional[torch.Generator] = None
-                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                 ) -> Tuple[Tensor, Optional[Tensor], Tensor, Tensor]:
     r"""Attention over every pair of each sequence, and the SBM's
     distillation from its weights, as a dense warm-up step of
     :class:`~sbm_pyg.nn.SBMConv` computes them: the output of
@@ -69,6 +70,8 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
         ptr_q (Tensor): :obj:`[G + 1]` the query rows of each sequence.
         ptr_k (Tensor): :obj:`[G + 1]` the key rows of each sequence.
         dropout (float): attention dropout. (default: :obj:`0.0`)
+        distill (bool): compute the distillation (else :obj:`None` is
+            returned for it). (default: :obj:`True`)
         smoothing (float): the distillation's smoothing.
             (default: :obj:`0.0`)
         distill_edges (float): the edge fit's weight. (default: :obj:`0.0`)
@@ -77,7 +80,7 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
             warm-up step).
 
     Returns:
-        :obj:`(out [N_q, H, D_v], distillation [H], expected [H],
+        :obj:`(out [N_q, H, D_v], distillation [H] or None, expected [H],
         sampled [H])`: the densities as :func:`sbm_attention` reports them
         (the sampled one 1 for every head with a non-empty sequence).
 
@@ -94,6 +97,12 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
     n_q, n_k = ptr_q.diff(), ptr_k.diff()
     # Sizes read on the host: the padded tensors' shapes.
     sizes = torch.stack([n_q.max(), n_k.max()]).tolist() if n_q.numel() else [0, 0]
+    G = ptr_q.numel() - 1
+    # Guarded before anything of that size is allocated: about six
+    # [G, H, n_q, n_k] tensors of 4 bytes live at once with the backward's.
+    check_memory(24.0 * G * H * sizes[0] * sizes[1], query.device,
+                 f"a dense warm-up step over {G} sequence(s) of up to "
+                 f"{sizes[0]} queries and {sizes[1]} keys, {H} head(s)")
     q, q_mask = _padded(query, ptr_q, sizes[0])
     k, k_mask = _padded(key, ptr_k, sizes[1])
     v, _ = _padded(value, ptr_k, sizes[1])
@@ -119,6 +128,11 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
                             .expand(-1, -1, sizes[0], -1), threshold)
         attended = alpha * keep * keep_scale(threshold)
     out = torch.einsum("ghij,gjhd->gihd", attended, v)[q_mask]
+    per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
+    expected, sampled = mean_densities(
+        ptr_q, ptr_k, (n_q * n_k)[:, None].expand(-1, H), per)
+    if not distill:
+        return out, None, expected, sampled
 
     # The distillation: each row's SBM distribution over its keys against
     # the attention's (detached) weights.
@@ -134,16 +148,13 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
     cross = -(weights * target.clamp(min=_MIN_MASS).log()).sum(-1)  # [G, H, i]
     rows_used = (q_mask[:, None, :] & (n_k > 0)[:, None, None]).expand_as(cross)
     count = rows_used.sum((0, 2)).clamp(min=1).to(dtype)
-    distill = (cross * rows_used).sum((0, 2)) / count
+    loss = (cross * rows_used).sum((0, 2)) / count
     if distill_edges > 0:
         eps = torch.finfo(dtype).eps
         pairs = (q_mask[:, None, :, None] & k_mask[:, None, None, :]).expand_as(p)
         fit = F.binary_cross_entropy(p.clamp(eps, 1 - eps),
                                      (weights * keys).clamp(max=1),
                                      reduction="none") * pairs
-        distill = distill + distill_edges * fit.sum((0, 2, 3)) / pairs.sum(
+        loss = loss + distill_edges * fit.sum((0, 2, 3)) / pairs.sum(
             (0, 2, 3)).clamp(min=1).to(dtype)
-    per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
-    expected, sampled = mean_densities(
-        ptr_q, ptr_k, (n_q * n_k)[:, None].expand(-1, H), per)
-    return out, distill, expected, sampled
+    return out, loss, expected, sampled

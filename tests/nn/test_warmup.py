@@ -79,3 +79,18 @@ def test_dense_warmup_exact_values():
     # cross-entropy from any row of weights is log 2.
     assert distill.item() == pytest.approx(0.6931472, rel=1e-6)
     assert expected.item() == pytest.approx(0.5) and sampled.item() == 1.0
+
+
+def test_dense_warmup_without_distillation_and_its_memory_guard(monkeypatch):
+    q = torch.randn(6, 2, 4)
+    memb = torch.rand(6, 2, 3)
+    block = torch.rand(2, 3, 3)
+    ptr = torch.tensor([0, 6])
+    out, distill, _, _ = dense_warmup(q, q, q, memb, block, memb, ptr, ptr,
+                                      distill=False)
+    assert distill is None and out.shape == (6, 2, 4)
+    # Refused before its [G, H, n, n] tensors are allocated.
+    import sbm_pyg.validation as validation
+    monkeypatch.setattr(validation, "available_memory", lambda device: 1000.0)
+    with pytest.raises(ValueError, match="dense warm-up step over 1 sequence"):
+        dense_warmup(q, q, q, memb, block, memb, ptr, ptr)
