@@ -28,7 +28,7 @@ def layers():
                                    BATCH, generator=g)),
         "SBMMultiheadAttention": (
             SBMMultiheadAttention(8, 2, 4, 4),
-            lambda m, g: m(torch.randn(2, 5, 8, generator=seeded(1)), MASK,
+            lambda m, g: m(torch.randn(2, 5, 8, generator=seeded(1)), mask=MASK,
                            generator=g)),
         "SBMGPSConv": (
             SBMGPSConv(8, None, heads=2, norm=None,

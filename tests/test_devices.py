@@ -104,7 +104,7 @@ def test_layers_make_nothing_on_the_default_device(device):
     tokens = torch.randint(1, 10, (2, 5), generator=g, device=device)
     with torch.device("meta"):
         outs = [conv(x, batch, include_edges=include, generator=g),
-                mha(seq, mask, generator=g),
+                mha(seq, mask=mask, generator=g),
                 gps(x, edge_index, batch, generator=g)]
         result = model(tokens, mask, generator=g)
         outs += [result.token_logits, result.seq_logits]
