@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch_geometric.utils import to_dense_batch
 
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
 from sbm_pyg.ops.csr import row_index
@@ -33,14 +34,8 @@ _MIN_MASS = 1e-30
 
 def _padded(x: Tensor, ptr: Tensor, size: int) -> Tuple[Tensor, Tensor]:
     # [N, ...] cut by ptr -> [G, size, ...] and the mask of real rows.
-    G = ptr.numel() - 1
-    seq = row_index(ptr, x.size(0)).long()
-    pos = torch.arange(x.size(0), device=x.device) - ptr[seq]
-    out = x.new_zeros((G, size) + tuple(x.shape[1:]))
-    out[seq, pos] = x
-    mask = torch.zeros(G, size, dtype=torch.bool, device=x.device)
-    mask[seq, pos] = True
-    return out, mask
+    return to_dense_batch(x, row_index(ptr, x.size(0)).long(),
+                          batch_size=ptr.numel() - 1, max_num_nodes=size)
 
 
 def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
