@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint docs demo bench clean
+.PHONY: install test test-slow lint docs demo bench clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*/*.cpp csrc/*/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,15 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*/*.cpp cs
 
 install: $(STAMP)
 
+# The suite on every core (pytest-xdist), its end-to-end tests aside
+# (marked `slow`: training to a target, the notebooks, the benchmarks'
+# quick runs, the statistical tests of many draws): about 5 minutes on 2
+# cores. `make test-slow` runs those (about 15 minutes); CI runs both.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n auto -m slow
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

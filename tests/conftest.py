@@ -38,6 +38,16 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "host: a host-side test that runs on the CPU whatever "
         "SBM_PYG_TEST_DEVICE says")
+    config.addinivalue_line(
+        "markers", "slow: an end-to-end test (training to a target, a "
+        "notebook, a benchmark's quick run, a statistical test of many "
+        "draws): `make test-slow` runs them, `make test` leaves them out")
+    # pytest-xdist's workers share the cores: one worker's OpenMP threads
+    # on every core would oversubscribe them (the kernels then slow down
+    # several times).
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_report_header(config):

@@ -25,6 +25,7 @@ def test_demo_prints_both_tables(capsys):
     assert re.search(r"trained 20 steps", out)
 
 
+@pytest.mark.slow
 def test_demo_training_learns_the_task(capsys):
     # The default run: a user's first result must beat the majority class
     # (from the library's earlier initialization it collapsed onto it).

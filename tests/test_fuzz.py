@@ -103,12 +103,14 @@ def check_invariants(graph: SampledGraph, kwargs) -> None:
         assert {(hh, a, b) for hh in range(H) for b, a in zip(jj, ii)} <= edges
 
 
+@pytest.mark.slow
 @given(sbm_batches())
 def test_sampled_graph_invariants(batch):
     q, b, k, kwargs = batch
     check_invariants(fastrg(q, b, k, **kwargs), kwargs)
 
 
+@pytest.mark.slow
 @given(sbm_batches(), st.integers(1, 5), st.integers(0, 2**31 - 1),
        st.sampled_from(["paper", "published"]))
 def test_attention_matches_dense_reference(batch, D, seed, ste):

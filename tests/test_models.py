@@ -73,6 +73,7 @@ def test_dense_baselines_against_explicit_attention():
         assert torch.allclose(module(x, mask), module.merge(w @ v), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_sbm_head_learns_full_attention_on_tiny_repeat_task():
     # The paper's Figure 4 in miniature, from the default start (about 25%
     # of pairs) at the paper's lr: the head drives itself dense and the loss
@@ -181,6 +182,7 @@ from sbm_pyg.models import GPS_ATTENTIONS, GPSNodeClassifier  # noqa: E402
 from sbm_pyg.nn import AddLaplacianPE  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", GPS_ATTENTIONS)
 def test_gps_node_classifier_trains_on_cluster_graphs(attention, device):
     # The dataset's graphs are host data: the batch goes to the model's

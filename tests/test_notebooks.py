@@ -28,11 +28,12 @@ def _untracked_and_modified() -> set:
     return set(done.stdout.splitlines()) if done.returncode == 0 else set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_shows_its_figures(path):
     notebook = nbformat.read(path, as_version=4)
     before = _untracked_and_modified()
-    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
+    nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}}
                             ).execute()
     # Each cell that draws a figure displays it (a docs page without its

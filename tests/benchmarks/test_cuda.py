@@ -36,6 +36,7 @@ def test_quick_run_writes_every_section(tmp_path):
     assert [r["mode"] for r in result["sampler"]] == ["poisson", "exact"]
 
 
+@pytest.mark.slow
 def test_quick_run_of_the_narrowed_sections_and_the_dense_kernel(tmp_path):
     # The options a short GPU call uses, and the sections that crashed on
     # CUDA before (tuning: the kernels' dropout arguments) run here too,

@@ -6,7 +6,7 @@ from benchmarks import gps_scaling
 
 # Host-side tools (the GPS CLI and the CPU benchmark): on the CPU whatever
 # SBM_PYG_TEST_DEVICE says.
-pytestmark = pytest.mark.host
+pytestmark = [pytest.mark.host, pytest.mark.slow]
 
 
 def test_scaled_pattern_graph_keeps_the_degree():

@@ -10,6 +10,7 @@ from benchmarks.__main__ import main
 pytestmark = pytest.mark.host
 
 
+@pytest.mark.slow
 def test_quick_benchmark_runs(tmp_path, capsys):
     out = tmp_path / "results.json"
     results = main(["--quick", "--repeats", "1", "--out", str(out)])

@@ -63,6 +63,7 @@ def _pattern_signature(g):
     return sorted(zip(feat.tolist(), sub.sum(1).long().tolist())), int(sub.sum())
 
 
+@pytest.mark.slow
 def test_pattern_recipe_invariants():
     val = generate_sbm_graphs("PATTERN", "val")
     test = generate_sbm_graphs("PATTERN", "test")
@@ -95,6 +96,7 @@ def test_same_seed_same_graphs_other_seed_other_graphs():
     assert not torch.equal(a[0].edge_index, c[0].edge_index)
 
 
+@pytest.mark.slow
 def test_graphs_are_host_data_whatever_the_default_device():
     # Drawn from CPU generators: a default device set by the caller (CUDA,
     # or here meta, which would make every tensor an empty shell) changes
@@ -112,6 +114,7 @@ def _mean_and_se(values):
     return float(t.mean()), float(t.std() / math.sqrt(len(t)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["CLUSTER", "PATTERN"])
 def test_full_split_statistics(name):
     # The whole training split: its means lie within 4% (nodes) and 8%

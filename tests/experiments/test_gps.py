@@ -9,7 +9,7 @@ from sbm_pyg.experiments.gps import GPS_PRESETS
 
 # Host-side tools (the GPS CLI and the CPU benchmark): on the CPU whatever
 # SBM_PYG_TEST_DEVICE says.
-pytestmark = pytest.mark.host
+pytestmark = [pytest.mark.host, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from sbm_pyg.nn import SBMConv
 from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.sampling import expected_adjacency
 from tests.helpers import kernels_ran, pin_crossover, seeded
+from tests.markers import needs_cpp
 
 BATCH = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])
 PTR = torch.tensor([0, 3, 7, 9])
@@ -218,6 +219,7 @@ def test_max_edges_exceeded():
         run(conv, x_input(), batch=BATCH)
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager(monkeypatch):
     # The sampler runs eagerly (a graph break: its edge count is
     # data-dependent); the attention operator is traced into the graphs the
@@ -435,10 +437,6 @@ def test_forward_is_typed_by_return_attention_weights():
 
 
 
-needs_cpp = pytest.mark.skipif(
-    not __import__("sbm_pyg").ops.WITH_EXTENSION
-    or torch.get_default_device().type != "cpu",
-    reason="the dense-regime kernel is the compiled extension's (CPU)")
 
 
 @needs_cpp

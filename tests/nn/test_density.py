@@ -182,6 +182,7 @@ def test_per_head_budgets_move_each_head_its_own_way():
     assert (budget.lam_floor[target == 1.0] > 1e-2).all()
 
 
+@pytest.mark.slow
 def test_budget_holds_the_density_against_a_force_toward_full_attention():
     # The loss pulls the density up with strength 0.05; the budget must find
     # lambda ~ 0.05 and hold the density at 0.1 (the last 20% of steps within

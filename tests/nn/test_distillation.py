@@ -1,6 +1,5 @@
 """Attention distillation: exact values on a tiny graph, its gradient, and
 the same loss from every attention kernel."""
-import importlib.util
 import math
 
 import pytest
@@ -19,9 +18,7 @@ from sbm_pyg.nn.distillation import DISTILL_SMOOTHING
 from sbm_pyg.ops import backend_info
 from sbm_pyg.sampling import SampledGraph
 from tests.helpers import seeded
-
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                  reason="triton not installed")
+from tests.markers import needs_triton_installed
 
 
 def tiny():
@@ -154,7 +151,7 @@ def _layer_call(backend, distill, seed=3, sbm_init="paper", ste="paper"):
 @pytest.mark.parametrize("ste", ["paper", "published"])
 @pytest.mark.parametrize("backend", [
     "cpp", "message_passing",
-    pytest.param("triton", marks=needs_triton)])
+    pytest.param("triton", marks=needs_triton_installed)])
 def test_every_kernel_gives_the_same_loss_and_gradient(backend, ste):
     if backend == "cpp" and not backend_info.backends()["attention"] == "cpp" \
             and torch.get_default_device().type == "cpu":

@@ -191,6 +191,7 @@ def test_include_input_edges_from_adj_t(structure):
     assert torch.equal(graphs[0].edge_index, graphs[1].edge_index)
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager():
     layer = make_layer(include_input_edges=True).eval()
     data = batch_of()

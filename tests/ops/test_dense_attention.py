@@ -6,15 +6,15 @@ import math
 import pytest
 import torch
 
-from sbm_pyg.ops import backend_info, dense_attention, fused_attention
+from sbm_pyg.ops import dense_attention, fused_attention
 from sbm_pyg.ops.csr import heads_first
 from sbm_pyg.ops.dense_attention import mask_keys as unpack
 from sbm_pyg.sampling import fastrg, fastrg_op
 from sbm_pyg.sampling.edges import csr_from_keys
 from tests.helpers import max_binomial_z, seeded, z_bound
+from tests.markers import needs_extension
 
-pytestmark = [pytest.mark.host, pytest.mark.skipif(
-    not backend_info.WITH_EXTENSION, reason="sbm_pyg._C not built")]
+pytestmark = [pytest.mark.host, needs_extension]
 
 H, D, DV, K = 2, 8, 6, 4
 

@@ -8,10 +8,9 @@ from sbm_pyg.ops import backend_info, fused_attention
 from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.sampling import fastrg
 from tests.helpers import kernels_ran, pin_crossover, seeded
+from tests.markers import needs_extension
 
-needs_cpp = pytest.mark.skipif(not backend_info.WITH_EXTENSION,
-                                    reason="compiled extension not built")
-pytestmark = [pytest.mark.host, needs_cpp]
+pytestmark = [pytest.mark.host, needs_extension]
 
 PTR = [0, 7, 19, 19, 40]  # a ragged batch with an empty sequence
 

@@ -2,7 +2,6 @@
 
 On a machine without a GPU they run under Triton's interpreter
 (TRITON_INTERPRET=1, set in conftest), on small inputs."""
-import importlib.util
 import os
 
 import pytest
@@ -11,9 +10,7 @@ import torch
 from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.sampling import fastrg
 from tests.helpers import TEST_DEVICE, seeded
-
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                  reason="triton not installed")
+from tests.markers import needs_triton_installed
 
 PTR = [0, 4, 9, 9, 13]  # a ragged batch with an empty sequence
 
@@ -40,7 +37,7 @@ def run(backend, graph, inputs, ste="paper", grad_seed=1):
     return out, alpha, [t.grad for t in inputs]
 
 
-@needs_triton
+@needs_triton_installed
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12),
                                        (torch.float32, 1e-5)])
 @pytest.mark.parametrize("ste", ["paper", "published"])
@@ -58,7 +55,7 @@ def test_triton_matches_the_torch_path(dtype, tol, ste, D, DV):
         assert torch.allclose(a, b, rtol=tol, atol=tol)
 
 
-@needs_triton
+@needs_triton_installed
 def test_triton_rows_longer_than_a_block():
     # Every query attends to all 40 keys: rows span two blocks of 32 edges
     # and the online softmax rescales across them.
@@ -77,7 +74,7 @@ def test_triton_rows_longer_than_a_block():
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
-@needs_triton
+@needs_triton_installed
 def test_triton_edge_offsets_past_int32():
     # One row of 40 edges stored at the end of an int32 CSR of 2^31 - 1
     # edges gives what it gives at offset 0: block starts near 2^31 plus
@@ -107,7 +104,7 @@ def test_triton_edge_offsets_past_int32():
         torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
 
 
-@needs_triton
+@needs_triton_installed
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_triton_half_precision_inputs(dtype):
     # Accumulated in float32, returned in the inputs' dtype: as close to the
@@ -122,7 +119,7 @@ def test_triton_half_precision_inputs(dtype):
         assert torch.allclose(a.float(), b, atol=1e-1, rtol=1e-1)
 
 
-@needs_triton
+@needs_triton_installed
 @pytest.mark.parametrize("ste", ["paper", "published"])
 def test_triton_membership_gradients_match_the_cpp_kernel(ste):
     # With sbm=, both kernels sum dL/dp_e into Q̂Ŝ (rows) and K̂ (columns)
@@ -148,7 +145,8 @@ def test_triton_membership_gradients_match_the_cpp_kernel(ste):
             assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-@needs_triton
+@pytest.mark.slow
+@needs_triton_installed
 def test_triton_op_passes_opcheck():
     # The operator with its Triton kernels (on CPU tensors the twin
     # operator, under the interpreter) passes the schema, autograd and fake
@@ -165,7 +163,7 @@ def test_triton_op_passes_opcheck():
             torch.library.opcheck(op.default, args + [0.5, 1, True, *dropout])
 
 
-@needs_triton
+@needs_triton_installed
 def test_triton_without_edge_prob_or_grad():
     graph, (q, k, v, _) = graph_and_inputs(torch.float64)
     ref = sparse_attention(q, k, v, graph)
@@ -177,7 +175,7 @@ def test_triton_without_edge_prob_or_grad():
     assert torch.isfinite(q.grad).all()
 
 
-@needs_triton
+@needs_triton_installed
 def test_triton_backend_errors():
     graph, (q, k, v, _) = graph_and_inputs(torch.float32)
     with pytest.raises(ValueError, match="backend must be one of"):

@@ -4,21 +4,18 @@ for the same seed, the same output and gradients.
 Without a GPU the Triton kernels run under the interpreter on CPU tensors
 (the twin operators sbm_pyg::triton_dense_attention(_backward)); on CUDA
 the operator's own kernels run and the CPU operator is given copies."""
-import importlib.util
 
 import pytest
 import torch
 
-from sbm_pyg.ops import backend_info, dense_attention
+from sbm_pyg.ops import dense_attention
 from sbm_pyg.ops.csr import heads_first
 from sbm_pyg.sampling.fastrg_op import included_csr
 from tests.helpers import TEST_DEVICE, seeded
+from tests.markers import needs_extension, needs_triton_installed
 
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                       reason="triton not installed"),
-    pytest.mark.skipif(not backend_info.WITH_EXTENSION,
-                       reason="the CPU operator (sbm_pyg._C) is not built")]
+# The CPU operator (sbm_pyg._C) is what the Triton kernels are compared with.
+pytestmark = [needs_triton_installed, needs_extension]
 
 H, D, DV, K = 2, 8, 6, 5
 # A ragged batch: a sequence without queries or keys, one longer than
@@ -88,6 +85,7 @@ def test_same_mask_output_and_gradients_as_the_cpu_kernel(mode, ste):
         assert b.abs().max() > 0, name
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(TEST_DEVICE.type != "cpu",
                     reason="switches a compiled kernel's global (interpreter only)")
 def test_float64_as_elementwise_sums(monkeypatch):

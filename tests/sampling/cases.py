@@ -5,19 +5,14 @@ import math
 import pytest
 import torch
 
-from sbm_pyg.ops import WITH_EXTENSION, triton_runs
 from sbm_pyg.sampling import (
     SampledGraph,
     bernoulli,
     expected_adjacency,
 )
 from tests.helpers import TEST_DEVICE, max_binomial_z, seeded, z_bound
+from tests.markers import needs_cpp, needs_triton
 
-needs_cpp = pytest.mark.skipif(
-    not WITH_EXTENSION or TEST_DEVICE.type != "cpu",
-    reason="sbm_pyg._C not built, or the tests run on another device")
-needs_triton = pytest.mark.skipif(not triton_runs(TEST_DEVICE),
-                                  reason="triton not installed")
 # Triton's interpreter runs each row's program in Python, about 0.1 s per
 # repeated sequence here: tests marked `many_draws` skip the Triton sampler
 # under it (on a GPU they run); its graphs are compared with the C++

@@ -13,9 +13,8 @@ from sbm_pyg.sampling import (
     fastrg_op,
 )
 from tests.helpers import max_binomial_z, seeded, z_bound
+from tests.markers import needs_cpp, needs_triton
 from tests.sampling.cases import (
-    needs_cpp,
-    needs_triton,
     pair_counts,
     repeated,
     small_sbm,
@@ -103,6 +102,7 @@ def _edge_set(graph):
 @pytest.mark.parametrize("mode, exploration, dtype, threshold", [
     ("exact", 0.0, torch.float32, 0.5), ("poisson", 0.05, torch.float64, 0.5),
     ("exact", 0.02, torch.float64, 0.0), ("poisson", 0.0, torch.float32, math.inf)])
+@pytest.mark.slow
 def test_triton_gives_the_cpp_graph_for_the_same_seed(mode, exploration, dtype,
                                                       threshold, monkeypatch):
     # The same row streams, key tables and algorithm: the same edges
@@ -157,6 +157,7 @@ def _same_graph(mode, exploration, dtype, threshold, monkeypatch):
             assert torch.equal(getattr(out, name), getattr(ref, name)), name
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_triton_marginals(mode):

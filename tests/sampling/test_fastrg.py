@@ -105,6 +105,7 @@ def test_include_edges_bad_input(sample):
         sample(q, b, k, include_edges=torch.tensor([[0, 1, 2]]))
 
 
+@pytest.mark.slow
 @pytest.mark.many_draws
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_edge_count_matches_poisson_mean(mode, sample):
@@ -324,6 +325,7 @@ def test_poisson_mode_caps_an_sbm_transformer_head_at_1_minus_1_over_e(sample):
     assert exact == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.many_draws
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_marginals_few_draws_over_many_keys(sample, mode):

@@ -9,7 +9,7 @@ import torch
 from sbm_pyg.ops import WITH_TRITON, triton_runs
 from sbm_pyg.sampling import fastrg_triton
 from tests.helpers import seeded
-from tests.sampling.cases import needs_cpp, needs_triton
+from tests.markers import needs_cpp, needs_triton
 
 pytestmark = pytest.mark.host
 

@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sbm_pyg.ops import triton_runs
 from sbm_pyg.sampling import fastrg_triton
-from tests.sampling.cases import needs_triton
+from tests.markers import needs_triton
 
 pytestmark = [needs_triton, pytest.mark.skipif(
     not triton_runs(torch.device("cpu")),

@@ -8,7 +8,8 @@ from sbm_pyg import sampling
 from sbm_pyg.nn import StochasticBlockModel
 from sbm_pyg.sampling import fastrg_op
 from tests.helpers import max_binomial_z, seeded, z_bound
-from tests.sampling.cases import needs_cpp, needs_triton, pair_counts, repeated
+from tests.markers import needs_cpp, needs_triton
+from tests.sampling.cases import pair_counts, repeated
 
 
 def mmsb_factors(dtype=torch.float64):

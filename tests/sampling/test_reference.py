@@ -13,6 +13,7 @@ from tests.sampling.cases import (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
 def test_bernoulli_marginals(mode):
     check_marginals(bernoulli, mode)
