@@ -225,11 +225,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add("--lr", type=float, default=1e-3)
     add("--seed", type=int, default=0)
     add("--device", default="cpu", help="where the model trains (cpu, cuda)")
+    # Another thread count sums in another order: the runs' figures would
+    # drift from docs/gps.md's (made with one).
+    add("--threads", type=int, default=1, help="torch's CPU threads")
     add("--json", type=Path, help="write the results here")
     add("--verbose", action="store_true", help="print each epoch's loss")
     args = parser.parse_args(argv)
     for name in ("epochs", "train", "test", "hidden", "num_layers", "heads",
-                 "num_clusters", "batch_size"):
+                 "num_clusters", "batch_size", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.hidden % args.heads:
@@ -238,6 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("need 3 <= --min-nodes <= --max-nodes and --colors >= 2")
     if args.lam < 0 or args.lr <= 0:
         parser.error("--lam must be >= 0 and --lr > 0")
+    torch.set_num_threads(args.threads)
     results = []
     print(f"{'attention':>10} {'accuracy':>9} {'s/epoch':>8} {'density':>8}")
     for attention in args.attention:
