@@ -52,6 +52,16 @@ def test_readme_quickstart_and_commands():
     assert "make test" in readme and "\nmake test\n" in ci
 
 
+def test_readme_is_a_front_page():
+    # What it is, install, a quickstart, one table per task: the runs'
+    # narrative belongs to docs/experiments.md.
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    for section in ("## Install", "## Quickstart", "## Results"):
+        assert section in readme
+    assert "docs/experiments.md" in readme
+
+
 def _documented() -> set:
     # Names the API page documents: automodule with all members, or listed.
     names, module = set(), None
