@@ -21,17 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch_geometric.utils import softmax as pyg_softmax
 
 from benchmarks.cases import CLUSTERS, sbm_memberships
+from benchmarks.measure import cuda_peak, median_times
 from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.ops import triton_runs
 from sbm_pyg.sampling import SampledGraph, fastrg
@@ -42,48 +41,6 @@ L2_BYTES_PER_S = 5.5e12
 CASE_DIM = 32
 # The int32 CSR of a graph: the benchmark keeps edge counts well inside it.
 MAX_EDGES = 1_200_000_000
-
-
-def event_times(fns: Dict[str, Callable[[], object]], repeats: int,
-                device: torch.device) -> Dict[str, float]:
-    """Median seconds of each function over ``repeats`` turns, after one
-    warm-up call each; CUDA events on a GPU, the host clock elsewhere."""
-    for fn in fns.values():
-        fn()
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-    spans: Dict[str, list] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if cuda:
-                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                start.record()
-                fn()
-                end.record()
-                spans[name].append((start, end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                spans[name].append(time.perf_counter() - t0)
-    if cuda:
-        torch.cuda.synchronize(device)
-        return {name: statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
-                for name, pairs in spans.items()}
-    return {name: statistics.median(t) for name, t in spans.items()}
-
-
-def peak_bytes(fn: Callable[[], object], device: torch.device) -> Optional[int]:
-    """Bytes the CUDA allocator holds at the peak of one call beyond what
-    was allocated before it (None off CUDA)."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - base
 
 
 def mask_keys(n: int, heads: int, density: float, device: torch.device,
@@ -207,11 +164,11 @@ def attention_row(n, heads, dim, dtype, density, q, k, v, q4, k4, v4, sdpa,
         if flex is not None:
             fns["flex"] = lambda: grad(flex(q4, k4, v4), (q4, k4, v4))
     del keys
-    times = event_times(fns, repeats, device)
+    times = median_times(fns, device, repeats, clock="events")
     row = dict(n=n, heads=heads, dim=dim, dtype=str(dtype).removeprefix("torch."),
                density=density, edges=E, sdpa_kernel=sdpa)
     for name, t in times.items():
-        row[name] = dict(time=t, memory=peak_bytes(fns[name], device),
+        row[name] = dict(time=t, memory=cuda_peak(fns[name], device),
                          vs_sdpa=t / times["sdpa"])
     model = bytes_per_edge(dim, dtype) * E
     row["sbm"].update(bytes=model, achieved_bytes_per_s=model / times["sbm"],
@@ -270,7 +227,7 @@ def bench_tuning(n: int, heads: int, dim: int, density: float, dtype,
                     q, k, v, go, lse, delta, gk, gv, gq, gq, colptr, row_t, scale,
                     seed, threshold, BLOCK=block, num_warps=warps, **back),
             }
-            times = event_times(fns, repeats, device)
+            times = median_times(fns, device, repeats, clock="events")
             row = dict(block=block, num_warps=warps, edges=E,
                        **{f"{name}_ms": t * 1e3 for name, t in times.items()})
             rows.append(row)
@@ -314,14 +271,14 @@ def bench_dense(n: int, densities: Sequence[float], device: torch.device,
             sdpa_fp32=lambda: grad(F.scaled_dot_product_attention(q4, k4, v4),
                                    (q4, k4, v4)),
             sdpa_bf16=lambda: grad(F.scaled_dot_product_attention(*h4), h4))
-        times = event_times(fns, repeats, device)
+        times = median_times(fns, device, repeats, clock="events")
         sampled = edges[-1] / (heads * n * n)
         row = dict(n=n, heads=heads, dim=CASE_DIM, clusters=clusters,
                    target_density=density, density=sampled,
                    sdpa_kernel_fp32=sdpa_kernel(q4, k4, v4) if device.type == "cuda" else "cpu",
                    sdpa_kernel_bf16=sdpa_kernel(*h4) if device.type == "cuda" else "cpu",
                    **{f"{m}_time": t for m, t in times.items()},
-                   dense_memory=peak_bytes(dense, device))
+                   dense_memory=cuda_peak(dense, device))
         row["dense_vs_sdpa_fp32"] = times["dense"] / times["sdpa_fp32"]
         row["dense_vs_sdpa_bf16"] = times["dense"] / times["sdpa_bf16"]
         rows.append(row)
@@ -343,12 +300,12 @@ def bench_sampler(sizes: Sequence[int], density: float, device: torch.device,
         for mode in ("poisson", "exact"):
             g = torch.Generator(device).manual_seed(0)
             fn = lambda: fastrg(q_memb, block, k_memb, mode=mode, generator=g)  # noqa: E731
-            t = event_times({"fastrg": fn}, repeats, device)["fastrg"]
+            t = median_times({"fastrg": fn}, device, repeats, clock="events")["fastrg"]
             edges = fn().num_edges
             row = dict(n=n, heads=q_memb.size(1), clusters=CLUSTERS, mode=mode,
                        density=edges / (q_memb.size(1) * n * n), edges=edges,
                        time=t, edges_per_s=edges / t,
-                       memory=peak_bytes(fn, device))
+                       memory=cuda_peak(fn, device))
             rows.append(row)
             log(f"  n={n} {mode:>7}: {edges} edges ({row['density']:.4f}) in "
                 f"{t * 1e3:.3f} ms, {row['edges_per_s'] / 1e9:.2f} G distinct edges/s")
@@ -474,7 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             steps = dict(full=training_step("full", n, 1.0, device))
             for density in (0.01, 0.05):
                 steps[f"sbm@{density}"] = training_step("sbm", n, density, device)
-            times = event_times(steps, args.repeats, device)
+            times = median_times(steps, device, args.repeats, clock="events")
             row = dict(n=n, **{f"{k}_time": t for k, t in times.items()},
                        **{f"{k}_density": steps[k]()["density"] for k in steps})
             results["training"].append(row)

@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.cases import sbm_memberships
-from benchmarks.cuda import event_times, four_d, grad, sdpa_kernel
+from benchmarks.cuda import four_d, grad, sdpa_kernel
+from benchmarks.measure import median_times
 from sbm_pyg.ops.dense_attention import dense_attention
 from sbm_pyg.sampling import fastrg, fastrg_op
 
@@ -139,7 +140,7 @@ def _unpack(mask: torch.Tensor) -> torch.Tensor:
     return (mask[:, None] >> shifts) & 1
 
 
-def bench_dense(n: int, dims: Sequence[int], densities: Sequence[float],
+def dense_precisions(n: int, dims: Sequence[int], densities: Sequence[float],
                 device: torch.device, repeats: int, log,
                 dropouts: Sequence[float] = (0.0, 0.1)) -> List[dict]:
     """The dense kernel forward and forward+backward in each precision, in
@@ -184,7 +185,7 @@ def bench_dense(n: int, dims: Sequence[int], densities: Sequence[float],
                     for p in dropouts:
                         fns[f"dense_{precision}" + (f"_drop{p}" if p else "")] = \
                             dense(precision, p, backward)
-                times = event_times(fns, repeats, device)
+                times = median_times(fns, device, repeats, clock="events")
                 row = dict(n=n, heads=heads, dim=dim, clusters=args[3].size(1),
                            target_density=density,
                            density=edges[-1] / (heads * n * n),
@@ -241,7 +242,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         elif section == "mask":
             result["mask"] = check_mask(mask_n, dims, 0.5, device, log)
         else:
-            result["dense"] = [row for n in dense_sizes for row in bench_dense(
+            result["dense"] = [row for n in dense_sizes for row in dense_precisions(
                 n, dims, (0.3, 0.5, 1.0), device, args.repeats, log)]
         log(f"  ({time.perf_counter() - start:.0f} s)")
         save()

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -30,13 +30,23 @@ def sync(device: torch.device) -> None:
 
 
 def median_times(fns: Dict[str, Callable[[], object]], device: torch.device,
-                 repeats: int) -> Dict[str, float]:
-    """Median wall time in seconds of each function, after one warm-up call
-    each. The functions take turns, repeat by repeat, so that a slow phase
-    of a shared machine hits all of them alike."""
-    times: Dict[str, List[float]] = {name: [] for name in fns}
+                 repeats: int, *, clock: str = "wall") -> Dict[str, float]:
+    """Median seconds of each function, after one warm-up call each. The
+    functions take turns, repeat by repeat, so that a slow phase of a shared
+    machine hits all of them alike.
+
+    ``clock="wall"``: the host's clock around each call, the device
+    synchronized before and after (what a caller waits). ``clock="events"``:
+    CUDA events around each call, synchronized once at the end (the device
+    time, without the host's launch gaps between turns); the host's clock
+    off CUDA."""
+    if clock not in ("wall", "events"):
+        raise ValueError(f"clock must be 'wall' or 'events', got {clock!r}")
     for fn in fns.values():
         fn()
+    if clock == "events" and device.type == "cuda":
+        return _event_times(fns, repeats, device)
+    times: Dict[str, List[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             sync(device)
@@ -45,6 +55,22 @@ def median_times(fns: Dict[str, Callable[[], object]], device: torch.device,
             sync(device)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _event_times(fns: Dict[str, Callable[[], object]], repeats: int,
+                 device: torch.device) -> Dict[str, float]:
+    sync(device)
+    spans: Dict[str, list] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            fn()
+            end.record()
+            spans[name].append((start, end))
+    sync(device)
+    return {name: statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+            for name, pairs in spans.items()}
 
 
 def median_time(fn: Callable[[], object], device: torch.device,
@@ -84,9 +110,12 @@ def peak_rss(fn: Callable[[], object]) -> int:
     return got
 
 
-def cuda_peak(fn: Callable[[], object], device: torch.device) -> int:
+def cuda_peak(fn: Callable[[], object], device: torch.device) -> Optional[int]:
     """Peak bytes the CUDA caching allocator holds during one call of ``fn``
-    beyond what was allocated before it (call ``fn`` once first to warm up)."""
+    beyond what was allocated before it (call ``fn`` once first to warm up);
+    None off CUDA."""
+    if device.type != "cuda":
+        return None
     sync(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
