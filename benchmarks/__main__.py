@@ -24,7 +24,8 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Optional, Sequence
+from types import SimpleNamespace
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -69,42 +70,11 @@ def memory_case(spec: dict) -> str:
     return f"{peak} {edges}" if sampler else str(peak)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, runs in seconds")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--crossover-sizes", type=int, nargs="+", default=[2048],
-                        help="sequence lengths of the crossover section")
-    parser.add_argument("--threads", type=int, default=2,
-                        help="torch CPU threads (default 2)")
-    sections = ["attention", "sampler", "published", "exact", "memory",
-                "scaling", "layer", "crossover", "training", "ext", "budget", "gps"]
-    parser.add_argument("--sections", nargs="+", default=None, choices=sections,
-                        help="default: all (gps on the CPU only)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON output (default benchmarks/results-DEVICE.json)")
-    parser.add_argument("--memory", choices=["subprocess", "profiler"], default=None,
-                        help="CPU memory measurement (default: subprocess, "
-                             "profiler with --quick)")
-    parser.add_argument("--memory-case", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.memory_case:  # child process of peak_memory()
-        print(memory_case(json.loads(args.memory_case)))
-        return {}
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: CUDA is not available")
-    if args.sections is None:
-        args.sections = [s for s in sections if s != "gps" or device.type == "cpu"]
-    elif "gps" in args.sections and device.type != "cpu":
-        parser.error("--sections gps: the GPS scaling benchmark runs on the CPU")
-    if args.repeats < 1 or args.threads < 1:
-        parser.error("--repeats and --threads must be >= 1")
-    torch.set_num_threads(args.threads)
-    MEMORY["method"] = args.memory or ("profiler" if args.quick else "subprocess")
-    if args.quick:
+def section_sizes(quick: bool, device: torch.device,
+                  crossover_sizes: List[int]) -> SimpleNamespace:
+    """The sizes and densities each section measures: --quick's tiny ones
+    (seconds) or the full run's."""
+    if quick:
         sizes, densities, scaling_n = [256, 512], [0.01, 0.05], 512
         scaling_densities, layer_n, batch_case = [0.01, 0.1], 256, (4, 128)
         layer_sizes, layer_densities = [256], [0.05, 0.01]
@@ -122,13 +92,107 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         published_case, exact_n, memory_n = (8, 1024), 4096, 16384
         training_sizes = [1024, 2048, 4096]
         training_densities = [0.01, 0.05, 0.2, 0.5, 1.0]
-        crossover_sizes = args.crossover_sizes
         crossover_densities = [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
         if device.type == "cuda":  # where it was found below 2% at n = 2048
             crossover_densities = [0.005, 0.01] + crossover_densities[:-1]
         budget_sizes = [64, 128, 256]
         gps_sizes, gps_variants = list(gps_scaling.SIZES), list(gps_scaling.VARIANTS)
+    return SimpleNamespace(
+        sizes=sizes,
+        densities=densities,
+        scaling_n=scaling_n,
+        scaling_densities=scaling_densities,
+        layer_n=layer_n,
+        batch_case=batch_case,
+        layer_sizes=layer_sizes,
+        layer_densities=layer_densities,
+        published_case=published_case,
+        exact_n=exact_n,
+        memory_n=memory_n,
+        training_sizes=training_sizes,
+        training_densities=training_densities,
+        crossover_sizes=crossover_sizes,
+        crossover_densities=crossover_densities,
+        budget_sizes=budget_sizes,
+        gps_sizes=gps_sizes,
+        gps_variants=gps_variants)
 
+
+def bench_memory(z: SimpleNamespace, device: torch.device, threads: int,
+                 log: Callable[[str], None]) -> Tuple[list, list]:
+    """The memory section: the sampler's peak bytes per distinct edge, and
+    the edge-sized buffers of one SBMConv forward and backward."""
+    log(f"\n[memory] fastrg peak bytes per distinct edge, output included, n={z.memory_n}")
+    memory: list = []
+    for density in z.densities[1:3]:
+        for mode in ("poisson", "exact"):
+            row = sampler_memory(z.memory_n, density, mode, device, threads)
+            memory.append(row)
+            log(f"  density {density} {mode}: {row['peak'] / 2**20:.1f} MiB for "
+                f"{row['edges']} edges, {row['bytes_per_edge']:.1f} B/edge")
+    log(f"\n[memory] edge-sized buffers of one SBMConv forward+backward, "
+        f"n={z.layer_n}")
+    buffers: list = []
+    for backend in ("auto", "torch"):
+        row = edge_buffers(z.layer_n, 0.05, device, backend)
+        buffers.append(row)
+        log(f"  attention {row['attention']}: graph "
+            f"{row['graph_bytes_per_edge']:.1f} B/edge with its views, "
+            f"{row['edge_sized_buffers']} edge-sized buffers "
+            f"({row['buffer_bytes_per_edge']:.1f} B/edge)")
+    return memory, buffers
+
+
+SECTIONS = ["attention", "sampler", "published", "exact", "memory", "scaling",
+            "layer", "crossover", "training", "ext", "budget", "gps"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, runs in seconds")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--crossover-sizes", type=int, nargs="+", default=[2048],
+                        help="sequence lengths of the crossover section")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch CPU threads (default 2)")
+    parser.add_argument("--sections", nargs="+", default=None, choices=SECTIONS,
+                        help="default: all (gps on the CPU only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON output (default benchmarks/results-DEVICE.json)")
+    parser.add_argument("--memory", choices=["subprocess", "profiler"], default=None,
+                        help="CPU memory measurement (default: subprocess, "
+                             "profiler with --quick)")
+    parser.add_argument("--memory-case", help=argparse.SUPPRESS)
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
+               device: torch.device) -> None:
+    """Refuses what cannot run; the default sections for the device."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available")
+    if args.sections is None:
+        args.sections = [s for s in SECTIONS if s != "gps" or device.type == "cpu"]
+    elif "gps" in args.sections and device.type != "cpu":
+        parser.error("--sections gps: the GPS scaling benchmark runs on the CPU")
+    if args.repeats < 1 or args.threads < 1:
+        parser.error("--repeats and --threads must be >= 1")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.memory_case:  # child process of peak_memory()
+        print(memory_case(json.loads(args.memory_case)))
+        return {}
+    device = torch.device(args.device)
+    check_args(parser, args, device)
+    torch.set_num_threads(args.threads)
+    MEMORY["method"] = args.memory or ("profiler" if args.quick else "subprocess")
+    z = section_sizes(args.quick, device, args.crossover_sizes)
     results = dict(device=str(device), threads=args.threads,
                    torch=torch.__version__, machine=platform.machine(),
                    processor=platform.processor() or platform.machine(),
@@ -155,80 +219,64 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         f"{results['attention_backend']}, SDPA {results['sdpa_backend']}")
     if "attention" in args.sections:
         log("\n[attention] fixed sampled graph, time in ms")
-        results["attention"] = bench_attention(sizes, densities, device,
+        results["attention"] = bench_attention(z.sizes, z.densities, device,
                                                args.repeats, args.threads, log)
     if "sampler" in args.sections:
         log(f"\n[sampler] k={CLUSTERS}, distinct edges per second")
-        results["sampler"] = bench_sampler(sizes, densities[1:3], device,
-                                           args.repeats, log, batch_case)
+        results["sampler"] = bench_sampler(z.sizes, z.densities[1:3], device,
+                                           args.repeats, log, z.batch_case)
     if "published" in args.sections:
         log("\n[published] fastrg vs the published-style batched fastRG, "
             "random kaiming-initialized SBM")
         results["published"] = bench_published(device, args.repeats, log,
-                                               *published_case)
+                                               *z.published_case)
     if "exact" in args.sections:
         log("\n[exact] time per distinct edge, exact vs poisson mode")
-        results["exact"] = bench_exact_dense(exact_n, 0.9, device,
+        results["exact"] = bench_exact_dense(z.exact_n, 0.9, device,
                                              args.repeats, log)
     if "memory" in args.sections:
-        log(f"\n[memory] fastrg peak bytes per distinct edge, output included, n={memory_n}")
-        results["memory"] = []
-        for density in densities[1:3]:
-            for mode in ("poisson", "exact"):
-                row = sampler_memory(memory_n, density, mode, device, args.threads)
-                results["memory"].append(row)
-                log(f"  density {density} {mode}: {row['peak'] / 2**20:.1f} MiB for "
-                    f"{row['edges']} edges, {row['bytes_per_edge']:.1f} B/edge")
-        log(f"\n[memory] edge-sized buffers of one SBMConv forward+backward, "
-            f"n={layer_n}")
-        results["edge_buffers"] = []
-        for backend in ("auto", "torch"):
-            row = edge_buffers(layer_n, 0.05, device, backend)
-            results["edge_buffers"].append(row)
-            log(f"  attention {row['attention']}: graph "
-                f"{row['graph_bytes_per_edge']:.1f} B/edge with its views, "
-                f"{row['edge_sized_buffers']} edge-sized buffers "
-                f"({row['buffer_bytes_per_edge']:.1f} B/edge)")
+        results["memory"], results["edge_buffers"] = bench_memory(
+            z, device, args.threads, log)
     if "scaling" in args.sections:
-        log(f"\n[scaling] n={scaling_n}")
-        results["scaling"] = bench_scaling(scaling_n, scaling_densities, device,
+        log(f"\n[scaling] n={z.scaling_n}")
+        results["scaling"] = bench_scaling(z.scaling_n, z.scaling_densities, device,
                                            args.repeats, args.threads, log)
     if "layer" in args.sections:
         results["layer"] = []
-        for n in layer_sizes:
-            for density in layer_densities:
+        for n in z.layer_sizes:
+            for density in z.layer_densities:
                 log(f"\n[layer] n={n}, width {HEADS * HEAD_DIM}, calibrated "
                     f"to ~{density:.0%} expected density")
                 results["layer"].append(bench_layer(n, density, device,
                                                     args.repeats, log))
     if "crossover" in args.sections:
         results["crossover"] = []
-        for n in crossover_sizes:
+        for n in z.crossover_sizes:
             log(f"\n[crossover] SBMConv forward+backward, n={n}: sparse "
                 f"kernels vs the dense-regime kernel")
-            results["crossover"] += bench_crossover(n, crossover_densities,
+            results["crossover"] += bench_crossover(n, z.crossover_densities,
                                                     device, args.repeats, log)
     if "training" in args.sections:
         log(f"\n[training] one step (forward, backward, Adam) of the LRA model "
             f"({2} layers, {HEADS} heads of {HEAD_DIM}, k={CLUSTERS}), batch 1, "
             f"SBM calibrated to each density vs full attention (SDPA)")
-        results["training"] = bench_training(training_sizes, training_densities,
+        results["training"] = bench_training(z.training_sizes, z.training_densities,
                                              device, args.repeats, args.threads,
                                              log)
     if "ext" in args.sections:
-        log(f"\n[ext] torch-scatter / torch-sparse kernels vs ours, n={memory_n}, "
+        log(f"\n[ext] torch-scatter / torch-sparse kernels vs ours, n={z.memory_n}, "
             f"time ratio ext / ours")
-        results["ext"] = bench_ext(memory_n, densities[1:3], device,
+        results["ext"] = bench_ext(z.memory_n, z.densities[1:3], device,
                                    args.repeats, log)
     if "budget" in args.sections:
         log("\n[budget] one step of --preset repeat-paper, batch 256: fixed "
             "lambda vs a DensityBudget setting it, in turns, time per step")
-        results["budget"] = bench_budget(budget_sizes, device, args.repeats, log)
+        results["budget"] = bench_budget(z.budget_sizes, device, args.repeats, log)
     if "gps" in args.sections:
         log("\n[gps] one training step of the GPS CPU preset's model on one "
             "PATTERN-like graph (benchmarks.gps_scaling)")
         results["gps"] = gps_scaling.bench_gps_scaling(
-            gps_sizes, gps_variants, args.repeats, args.threads,
+            z.gps_sizes, z.gps_variants, args.repeats, args.threads,
             int(gps_scaling.MEMORY_LIMIT_GIB * 2**30), gps_scaling.TIMEOUT_S,
             gps_scaling.WEIGHTS, log)
     out.write_text(json.dumps(results, indent=1))

@@ -23,6 +23,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -134,15 +135,18 @@ def bench_attention(cases, densities: Sequence[float], device: torch.device,
         for density in densities:
             if heads * n * n * density > MAX_EDGES:
                 continue
-            rows.append(attention_row(n, heads, dim, dtype, density, q, k, v,
-                                      q4, k4, v4, sdpa, device, repeats,
-                                      n <= flex_max_n, log))
+            rows.append(attention_row(n, heads, dim, dtype, density,
+                                      (q, k, v), (q4, k4, v4), sdpa, device,
+                                      repeats, n <= flex_max_n, log))
             save()
     return rows
 
 
-def attention_row(n, heads, dim, dtype, density, q, k, v, q4, k4, v4, sdpa,
-                  device, repeats, with_flex, log) -> dict:
+def attention_row(n, heads, dim, dtype, density, qkv, qkv4, sdpa, device,
+                  repeats, with_flex, log) -> dict:
+    # qkv: [n, H, D] each, as the SBM kernels take them; qkv4: [1, H, n, D],
+    # as SDPA and FlexAttention do.
+    (q, k, v), (q4, k4, v4) = qkv, qkv4
     keys = mask_keys(n, heads, density, device)
     graph = SampledGraph.from_keys(keys, heads, n, n)
     E = graph.num_edges
@@ -330,26 +334,10 @@ def parse_case(text: str, parser: argparse.ArgumentParser) -> tuple:
                      f"(e.g. 16384:2:32:bfloat16)")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=10)
-    sections = ["attention", "tuning", "sampler", "dense", "layer", "training"]
-    parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
-    # A short call on a GPU machine: these narrow a section to what fits.
-    parser.add_argument("--cases", nargs="+", default=None, metavar="N:H:D:DTYPE",
-                        help="attention cases, e.g. 16384:2:32:bfloat16")
-    parser.add_argument("--densities", nargs="+", type=float, default=None)
-    parser.add_argument("--flex-max-n", type=int, default=None,
-                        help="FlexAttention only up to this n (0: never)")
-    parser.add_argument("--sampler-sizes", nargs="+", type=int, default=None)
-    parser.add_argument("--sampler-densities", nargs="+", type=float, default=None)
-    parser.add_argument("--dense-sizes", nargs="+", type=int, default=None)
-    parser.add_argument("--layer-sizes", nargs="+", type=int, default=None)
-    parser.add_argument("--training-sizes", nargs="+", type=int, default=None)
-    args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def case_sizes(args: argparse.Namespace, parser: argparse.ArgumentParser
+               ) -> SimpleNamespace:
+    """What each section measures: --quick's tiny cases or the full run's,
+    narrowed by the options that fit a short call."""
     bf16, fp32 = torch.bfloat16, torch.float32
     if args.quick:
         cases, densities = [(64, 2, 32, fp32)], [0.05, 1.0]
@@ -376,6 +364,41 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     dense_sizes = args.dense_sizes or dense_sizes
     layer_sizes = args.layer_sizes or layer_sizes
     training_sizes = args.training_sizes or training_sizes
+    return SimpleNamespace(
+        cases=cases,
+        densities=densities,
+        flex_max_n=flex_max_n,
+        tunings=tunings,
+        sampler_sizes=sampler_sizes,
+        sampler_densities=sampler_densities,
+        layer_sizes=layer_sizes,
+        training_sizes=training_sizes,
+        dense_sizes=dense_sizes,
+        dense_densities=dense_densities)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=10)
+    sections = ["attention", "tuning", "sampler", "dense", "layer", "training"]
+    parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
+    # A short call on a GPU machine: these narrow a section to what fits.
+    parser.add_argument("--cases", nargs="+", default=None, metavar="N:H:D:DTYPE",
+                        help="attention cases, e.g. 16384:2:32:bfloat16")
+    parser.add_argument("--densities", nargs="+", type=float, default=None)
+    parser.add_argument("--flex-max-n", type=int, default=None,
+                        help="FlexAttention only up to this n (0: never)")
+    parser.add_argument("--sampler-sizes", nargs="+", type=int, default=None)
+    parser.add_argument("--sampler-densities", nargs="+", type=float, default=None)
+    parser.add_argument("--dense-sizes", nargs="+", type=int, default=None)
+    parser.add_argument("--layer-sizes", nargs="+", type=int, default=None)
+    parser.add_argument("--training-sizes", nargs="+", type=int, default=None)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bf16 = torch.bfloat16
+    z = case_sizes(args, parser)
     results: dict = dict(device=str(device), quick=args.quick, repeats=args.repeats,
                          torch=torch.__version__, triton=triton_version(),
                          command=" ".join(["python -m benchmarks.cuda",
@@ -389,11 +412,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if "attention" in args.sections:
         log("[attention] forward+backward, ms")
         results["attention"] = []
-        bench_attention(cases, densities, device, args.repeats, flex_max_n, log,
+        bench_attention(z.cases, z.densities, device, args.repeats, z.flex_max_n, log,
                         results["attention"], save)
     if "tuning" in args.sections and triton_runs(device):
         results["tuning"] = []
-        for n, heads, dim, density in tunings:
+        for n, heads, dim, density in z.tunings:
             log(f"[tuning] Triton kernels alone, n={n} H={heads} D={dim} "
                 f"density {density}, bf16")
             results["tuning"].append(dict(
@@ -403,23 +426,23 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             save()
     if "sampler" in args.sections:
         results["sampler"] = []
-        for density in sampler_densities:
+        for density in z.sampler_densities:
             log(f"[sampler] fastrg, H=2, k=128, density {density:.0%}")
-            results["sampler"] += bench_sampler(sampler_sizes, density, device,
+            results["sampler"] += bench_sampler(z.sampler_sizes, density, device,
                                                 args.repeats, log)
             save()
     if "dense" in args.sections:
         results["dense"] = []
-        for n in dense_sizes:
+        for n in z.dense_sizes:
             log(f"[dense] the dense-regime kernel vs SDPA, n={n}, H=2, "
                 f"D={CASE_DIM}, k={CLUSTERS}, forward+backward")
-            results["dense"] += bench_dense(n, dense_densities, device,
+            results["dense"] += bench_dense(n, z.dense_densities, device,
                                             args.repeats, log)
             save()
     if "layer" in args.sections:
         from benchmarks.layer import bench_layer
         results["layer"] = []
-        for n in layer_sizes:
+        for n in z.layer_sizes:
             for density in (0.01, 0.05):
                 log(f"[layer] SBMConv vs MultiheadAttention, n={n}, ~{density:.0%}")
                 results["layer"].append(bench_layer(n, density, device, args.repeats, log))
@@ -427,7 +450,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if "training" in args.sections:
         from benchmarks.training import training_step
         results["training"] = []
-        for n in training_sizes:
+        for n in z.training_sizes:
             steps = dict(full=training_step("full", n, 1.0, device))
             for density in (0.01, 0.05):
                 steps[f"sbm@{density}"] = training_step("sbm", n, density, device)

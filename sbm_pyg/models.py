@@ -168,7 +168,8 @@ class SBMTransformer(Module):
         (torch.Size([2, 8, 1]), torch.Size([2, 10]), torch.Size([1, 1]))
     """
 
-    def __init__(self, num_tokens: int, max_len: int, channels: int = 32,
+    # A model's constructor: flat keyword options, as torch.nn.Transformer's.
+    def __init__(self, num_tokens: int, max_len: int, channels: int = 32,  # noqa: PLR0913
                  num_layers: int = 1, heads: int = 1,
                  head_channels: Optional[int] = None,
                  mlp_channels: Optional[int] = None, attention: str = "sbm",

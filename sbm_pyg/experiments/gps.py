@@ -158,17 +158,8 @@ def train_gps(args) -> dict:
     checkpoint, metrics = args.out / "checkpoint.pt", args.out / "metrics.jsonl"
     epoch = 0
     if args.resume:
-        state = load_checkpoint(checkpoint, map_location=device)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        if budget is not None:
-            budget.load_state_dict(state["budget"])
-        rng = state["rng"][0]
-        torch.set_rng_state(rng["torch"].cpu())
-        data_generator.set_state(rng["data"].cpu())
-        graph_generator.set_state(rng["graph"].cpu())
-        epoch = state["step"]
+        epoch = _resume(checkpoint, device, (model, optimizer, schedule, budget),
+                        data_generator, graph_generator)
     best, best_epoch = _best_so_far(metrics, epoch)
     memory = PeakMemory(device)
     progress = None
@@ -215,6 +206,25 @@ def train_gps(args) -> dict:
     graphs = dict(train=len(train_set), val=len(val_set), test=len(test_set))
     return _final(args, model, test_loader, device, num_classes, best,
                   best_epoch, graphs)
+
+
+def _resume(checkpoint: Path, device: torch.device, trained: tuple,
+            data_generator: torch.Generator,
+            graph_generator: torch.Generator) -> int:
+    # The state of (model, optimizer, schedule, budget or None) and the
+    # generators from a checkpoint; returns its epoch.
+    model, optimizer, schedule, budget = trained
+    state = load_checkpoint(checkpoint, map_location=device)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    if budget is not None:
+        budget.load_state_dict(state["budget"])
+    rng = state["rng"][0]
+    torch.set_rng_state(rng["torch"].cpu())
+    data_generator.set_state(rng["data"].cpu())
+    graph_generator.set_state(rng["graph"].cpu())
+    return state["step"]
 
 
 def _train_epoch(model, loader, optimizer, budget, args, device, generator,

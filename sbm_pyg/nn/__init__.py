@@ -12,12 +12,13 @@ from sbm_pyg.nn.distillation import attention_distillation, edge_fit
 from sbm_pyg.nn.gated_gcn import GatedGCNConv
 from sbm_pyg.nn.gps import EdgeGPSConv, SBMGPSConv
 from sbm_pyg.nn.losses import DensityBudget, density_loss, distillation_loss
+from sbm_pyg.nn.options import SBMAttentionOptions
 from sbm_pyg.nn.positional import AddLaplacianPE, LapPEEncoder
 from sbm_pyg.nn.recorder import GraphRecorder
 
 __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "SBMGPSConv", "GraphRecorder", "FullAttention",
            "LinearAttention", "density_loss", "DensityBudget", "functional", "sbm_attention",
-           "SBMAttention", "EdgeGPSConv", "GatedGCNConv", "AddLaplacianPE",
+           "SBMAttention", "SBMAttentionOptions", "EdgeGPSConv", "GatedGCNConv", "AddLaplacianPE",
            "LapPEEncoder", "attention_distillation", "distillation_loss", "edge_fit",
            "BigBirdAttention", "bigbird_graph", "bigbird_sizes"]

@@ -21,12 +21,13 @@ from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, attention_distillation, edge_fit
 from sbm_pyg.nn.functional import straight_through_probability
 from sbm_pyg.nn.inputs import (
+    check_layer_options,
     check_not_edges,
-    check_options,
     project,
     raise_for_features,
     sequence_pointers,
 )
+from sbm_pyg.nn.options import SBMAttentionOptions
 from sbm_pyg.nn.warmup import dense_warmup
 from sbm_pyg.ops.csr import heads_first
 from sbm_pyg.ops.torch_attention import clip_grad
@@ -184,7 +185,10 @@ class SBMConv(MessagePassing):
         (torch.Size([10, 16]), torch.Size([2]))
     """
 
-    def __init__(self, in_channels: Union[int, Tuple[int, int]],
+    # A PyG layer's constructor: flat keyword options, as TransformerConv's
+    # and GATConv's (the attention's are grouped per call by
+    # _attention_options).
+    def __init__(self, in_channels: Union[int, Tuple[int, int]],  # noqa: PLR0913
                  out_channels: int, heads: int = 1, concat: bool = True,
                  num_clusters: int = 128, dropout: float = 0.0,
                  bias: bool = True, root_weight: bool = True,
@@ -196,12 +200,10 @@ class SBMConv(MessagePassing):
                  attention_backend: str = "auto",
                  sbm_parametrization: str = "paper",
                  distill_edges: float = 0.0, **kwargs):
-        check_options(kwargs, dropout=dropout, mode=mode, ste=ste,
-                      sbm_init=sbm_init,
-                      sbm_parametrization=sbm_parametrization,
-                      sampler_backend=sampler_backend,
-                      attention_backend=attention_backend,
-                      exploration=exploration, eval_seed=eval_seed)
+        check_layer_options(kwargs, sbm_init=sbm_init,
+                            sbm_parametrization=sbm_parametrization,
+                            attention_backend=attention_backend,
+                            eval_seed=eval_seed)
         for name, value in (("distill", distill),
                             ("distill_edges", distill_edges)):
             if not (isinstance(value, (int, float)) and value >= 0):
@@ -219,6 +221,7 @@ class SBMConv(MessagePassing):
         self.sampler_backend = sampler_backend
         self.attention_backend = attention_backend
         self.eval_seed = eval_seed
+        self._attention_options(warmup=False)  # checks them, naming each
         if isinstance(in_channels, int):
             in_channels = (in_channels, in_channels)
         self.lin_key = Linear(in_channels[0], heads * out_channels, bias=bias)
@@ -240,6 +243,20 @@ class SBMConv(MessagePassing):
         self._graph_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._weights_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.reset_parameters()
+
+    def _attention_options(self, warmup: bool) -> SBMAttentionOptions:
+        # The attention's options now: every pair in a dense warm-up (no
+        # straight-through gradient: the graph does not follow the SBM), no
+        # exploration in evaluation; the message_passing path is the
+        # layer's own, its graph the "auto" sampler's.
+        explore = 1.0 if self.attend_all else self.exploration
+        backend = self.attention_backend
+        return SBMAttentionOptions(
+            mode=self.mode, exploration=explore if self.training else 0.0,
+            self_loops=self.self_loops, max_edges=self.max_edges,
+            ste=None if warmup else self.ste, dropout=self.dropout,
+            sampler_backend=self.sampler_backend,
+            attention_backend="auto" if backend == "message_passing" else backend)
 
     def _dense_warmup(self, x_dst: Tensor, query: Tensor, key: Tensor,
                       value: Tensor, memb: Tuple[Tensor, Tensor, Tensor],
@@ -355,16 +372,10 @@ class SBMConv(MessagePassing):
                                       distilling, generator)
         try:
             res = sbm_attention(
-                query, key, value, q_memb, block, k_memb, ptr_q=ptr_q,
-                ptr_k=ptr_k, mode=self.mode,
-                exploration=(1.0 if self.attend_all else self.exploration)
-            if self.training else 0.0,
-                self_loops=self.self_loops, include_edges=include_edges,
-                max_edges=self.max_edges,
-                ste=None if warmup else self.ste,
-                dropout=self.dropout,
-                training=self.training, sampler_backend=self.sampler_backend,
-                attention_backend="auto" if passing else self.attention_backend,
+                query, key, value, (q_memb, block, k_memb), ptr_q=ptr_q,
+                ptr_k=ptr_k, include_edges=include_edges,
+                options=self._attention_options(warmup),
+                training=self.training,
                 return_graph=bool(self._graph_hooks or self._weights_hooks),
                 return_attention_weights=(bool(return_attention_weights)
                                           or distilling

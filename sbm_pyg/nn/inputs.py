@@ -12,14 +12,11 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_sparse
 
 from sbm_pyg.nn.block_model import INITS, PARAMETRIZATIONS
-from sbm_pyg.nn.functional import STE_MODES
-from sbm_pyg.ops.backend_info import ATTENTION_BACKENDS, BACKENDS
-from sbm_pyg.sampling import MODES
+from sbm_pyg.ops.backend_info import ATTENTION_BACKENDS
 from sbm_pyg.validation import invalid_values, require_tensor, sync
 
 __all__ = ["project", "batch_to_ptr", "check_not_edges", "sequence_pointers",
-           "check_options",
-           "raise_for_features"]
+           "check_layer_options", "raise_for_features"]
 
 
 def project(lin: Linear, x, name: str) -> Tensor:
@@ -110,13 +107,12 @@ def raise_for_features(err: ValueError) -> None:
                 f"inf, so its SBM memberships are not finite") from err
 
 
-def check_options(kwargs: Dict[str, Any], *, dropout: float, mode: str,
-                  ste: str, sbm_init: str, sbm_parametrization: str,
-                  sampler_backend: str,
-                  attention_backend: str, exploration: float,
-                  eval_seed: Optional[int]) -> None:
-    r"""Checks an SBM attention layer's options (:class:`SBMConv`'s) when it
-    is built, naming the argument; sets :obj:`aggr` and :obj:`flow` of the
+def check_layer_options(kwargs: Dict[str, Any], *, sbm_init: str,
+                        sbm_parametrization: str, attention_backend: str,
+                        eval_seed: Optional[int]) -> None:
+    r"""Checks the options an SBM attention layer (:class:`SBMConv`) has
+    beside :class:`~sbm_pyg.nn.SBMAttentionOptions`' when it is built,
+    naming the argument; sets :obj:`aggr` and :obj:`flow` of the
     :class:`MessagePassing` :obj:`kwargs`."""
     # The softmax over a query's edges is the aggregation, from keys to
     # queries: no kernel has other aggregations or flows.
@@ -126,21 +122,15 @@ def check_options(kwargs: Dict[str, Any], *, dropout: float, mode: str,
     if kwargs.setdefault("flow", "source_to_target") != "source_to_target":
         raise ValueError(f"flow must be 'source_to_target' (keys are "
                          f"sources, queries targets), got {kwargs['flow']!r}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     # The layer's attention also has PyG's gather/scatter message() path.
     layer_backends = ATTENTION_BACKENDS + ("message_passing",)
     for name, value, choices in (
-            ("mode", mode, MODES), ("ste", ste, STE_MODES),
             ("sbm_init", sbm_init, INITS),
             ("sbm_parametrization", sbm_parametrization, PARAMETRIZATIONS),
-            ("sampler_backend", sampler_backend, BACKENDS),
             ("attention_backend", attention_backend, layer_backends)):
         if value not in choices:
             raise ValueError(f"{name} must be one of {choices}, got "
                              f"{value!r}")
-    if not (isinstance(exploration, (int, float)) and exploration >= 0):
-        raise ValueError(f"exploration must be >= 0, got {exploration!r}")
     if eval_seed is not None and (not isinstance(eval_seed, int)
                                   or isinstance(eval_seed, bool)):
         raise TypeError(f"eval_seed must be an int or None, got "

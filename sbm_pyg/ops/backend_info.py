@@ -145,8 +145,7 @@ def _warn_no_triton() -> None:
 
 
 def resolve_backend(op: str, backend: Optional[str],
-                    device: Union[torch.device, str], *,
-                    density: Optional[float] = None) -> str:
+                    device: Union[torch.device, str]) -> str:
     r"""The kernel that runs :obj:`op` for tensors on :obj:`device`: the one
     place where a backend is chosen, for the sampler and the attention
     alike (as FlexAttention validates its kernel options in one place).
@@ -155,9 +154,9 @@ def resolve_backend(op: str, backend: Optional[str],
       compiled extension is built, :obj:`"triton"` on CUDA where Triton is
       installed, else :obj:`"torch"` (on CUDA with a warning, once: the
       PyTorch path is several times slower); every one of them has
-      attention dropout. Given the expected :obj:`density` of the graph to come, the
-      attention takes :obj:`"dense"` from :func:`dense_crossover` on, where
-      that kernel runs (with the same attention dropout).
+      attention dropout. (The dense regime by expected density, from
+      :func:`dense_crossover` on, is :func:`~sbm_pyg.nn.sbm_attention`'s
+      choice per (sequence, head).)
     * :obj:`"cpp"`: the compiled extension ``sbm_pyg._C`` (CPU tensors).
     * :obj:`"triton"`: the Triton kernels (CUDA tensors, or CPU tensors
       under ``TRITON_INTERPRET=1``).
@@ -171,8 +170,6 @@ def resolve_backend(op: str, backend: Optional[str],
         backend (str, optional): one of :data:`BACKENDS` (for the
             attention :data:`ATTENTION_BACKENDS`) or :obj:`None`.
         device (torch.device or str): where the tensors are.
-        density (float, optional): the expected density of the attention
-            graph, for :obj:`"auto"`'s choice of the dense-regime kernel.
 
     Returns:
         :obj:`"cpp"`, :obj:`"triton"`, :obj:`"torch"` or :obj:`"dense"`.
@@ -193,9 +190,6 @@ def resolve_backend(op: str, backend: Optional[str],
                          f"{backend!r}")
     device = torch.device(device)
     if backend is None or backend == "auto":
-        if op == "attention" and density is not None and \
-                dense_runs(device) and density >= dense_crossover(device)[0]:
-            return "dense"
         if device.type == "cpu" and WITH_EXTENSION:
             return "cpp"
         if device.type == "cuda" and WITH_TRITON:

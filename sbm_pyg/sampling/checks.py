@@ -22,20 +22,37 @@ from sbm_pyg.validation import (
     require_tensor,
 )
 
-__all__ = ["MODES", "PtrLike", "check_sbm", "check_pointers", "as_ptr",
-           "included_pairs", "check_draws"]
+__all__ = ["MODES", "PtrLike", "check_sampler_options", "check_sbm",
+           "check_pointers", "as_ptr", "included_pairs", "check_draws"]
 
 MODES = ("poisson", "exact")
 PtrLike = Union[None, Tensor, Sequence[int]]
 
 
+def check_sampler_options(mode: str, exploration: float,
+                          max_edges: Optional[int]) -> None:
+    r"""Checks the sampler's options, naming the argument: every sampler
+    and :class:`~sbm_pyg.nn.SBMAttentionOptions` check them here."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if (not isinstance(exploration, (int, float)) or isinstance(exploration, bool)
+            or not (math.isfinite(exploration) and exploration >= 0)):
+        raise ValueError(f"exploration must be a finite number >= 0, got "
+                         f"{exploration!r}")
+    if max_edges is not None and (not isinstance(max_edges, int)
+                                  or isinstance(max_edges, bool)
+                                  or max_edges < 0):
+        raise ValueError(f"max_edges must be a non-negative int or None, got "
+                         f"{max_edges!r}")
+
+
 def check_sbm(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: PtrLike,
-              ptr_k: PtrLike, mode: str, exploration: float, self_loops: bool,
+              ptr_k: PtrLike, self_loops: bool,
               check_memberships: bool = True) -> Tuple[Tensor, Tensor, List[Check]]:
     r"""Checks an SBM and its sequences; returns the pointers as tensors and
     the deferred value checks. :obj:`check_memberships=False` leaves the
     memberships' values to the backend, which reads them in its first pass
-    anyway."""
+    anyway. The options are :func:`check_sampler_options`'s."""
     require_tensor("q_memb", q_memb, 3, floating=True)
     require_tensor("block", block, 3, floating=True)
     require_tensor("k_memb", k_memb, 3, floating=True)
@@ -50,12 +67,6 @@ def check_sbm(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: PtrLike,
                          f"{tuple(k_memb.shape)}")
     if not (q_memb.device == block.device == k_memb.device):
         raise ValueError("q_memb, block and k_memb must be on the same device")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if not isinstance(exploration, (int, float)) or not (
-            math.isfinite(exploration) and exploration >= 0):
-        raise ValueError(f"exploration must be a finite number >= 0, got "
-                         f"{exploration!r}")
     Nk, device = k_memb.size(0), q_memb.device
     if H * max(Nq, 1) * max(Nk, 1) >= 2**62:
         raise ValueError(f"H * N_q * N_k = {H} * {Nq} * {Nk} overflows the "

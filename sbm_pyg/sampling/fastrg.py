@@ -10,11 +10,17 @@ from torch import Tensor
 from sbm_pyg.ops.backend_info import BACKENDS, resolve_backend
 from sbm_pyg.ops.csr import full_precision
 from sbm_pyg.sampling import fastrg_op, fastrg_torch
-from sbm_pyg.sampling.checks import MODES, PtrLike, check_sbm, included_pairs
+from sbm_pyg.sampling.checks import (
+    MODES,
+    PtrLike,
+    check_sampler_options,
+    check_sbm,
+    included_pairs,
+)
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator
 
-__all__ = ["fastrg", "check_options", "MODES", "BACKENDS"]
+__all__ = ["fastrg", "MODES", "BACKENDS"]
 
 
 @torch.compiler.disable  # data-dependent edge count: runs eagerly
@@ -112,11 +118,11 @@ def fastrg(
         (2, torch.Size([2, 2]))
     """
     # Both backends check the memberships' values in their own first pass.
+    check_sampler_options(mode, exploration, max_edges)
     ptr_q, ptr_k, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
-                                     mode, exploration, self_loops,
-                                     check_memberships=False)
+                                     self_loops, check_memberships=False)
     backend = resolve_backend("sampler", backend, q_memb.device)
-    check_options(max_edges, generator, q_memb.device)
+    check_generator(generator, q_memb.device)
     included = None
     if include_edges is not None:
         *included, check = included_pairs(include_edges, ptr_q, ptr_k,
@@ -134,15 +140,3 @@ def fastrg(
     return SampledGraph(edges.csr, q_memb.size(0), k_memb.size(0),
                         q_memb.size(1), ptr_q, ptr_k, edges.num_draws,
                         edges.expected_draws)
-
-
-def check_options(max_edges: Optional[int],
-                  generator: Optional[torch.Generator],
-                  device: torch.device) -> None:
-    r"""Checks the sampler's :obj:`max_edges` and :obj:`generator`."""
-    check_generator(generator, device)
-    if max_edges is not None and (not isinstance(max_edges, int)
-                                  or isinstance(max_edges, bool)
-                                  or max_edges < 0):
-        raise ValueError(f"max_edges must be a non-negative int or None, got "
-                         f"{max_edges!r}")

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from sbm_pyg.sampling.checks import PtrLike, as_ptr, check_sbm
+from sbm_pyg.sampling.checks import PtrLike, as_ptr, check_sampler_options, check_sbm
 from sbm_pyg.sampling.edges import edges_from_keys
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator, check_memory, sync
@@ -48,8 +48,9 @@ def expected_adjacency(
     Returns:
         Tensor :obj:`[H, N_q, N_k]` in the dtype of :obj:`q_memb`.
     """
+    check_sampler_options(mode, exploration, None)
     ptr_q, ptr_k, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
-                                     mode, exploration, self_loops)
+                                     self_loops)
     sync(checks)
     Nq, H, _ = q_memb.shape
     Nk = k_memb.size(0)

@@ -89,7 +89,7 @@ def test_per_head_and_the_weights_are_not_differentiated():
                                       dtype=torch.float64), -1).view(H, k, k)
     res = sbm_attention(*(torch.randn(N, H, 2, generator=g,
                                       dtype=torch.float64) for _ in "qkv"),
-                        memb, block, memb, return_attention_weights=True,
+                        (memb, block, memb), return_attention_weights=True,
                         generator=g)
     alpha = res.alpha.clone().requires_grad_()
     loss = attention_distillation(alpha, memb, block, memb, res.graph)
@@ -115,7 +115,7 @@ def test_gradient_check():
                                       dtype=torch.float64), -1).view(H, k, k)
     res = sbm_attention(*(torch.randn(N, H, 2, generator=g,
                                       dtype=torch.float64) for _ in "qkv"),
-                        q, block * 2, kk, ptr_q=ptr, ptr_k=ptr,
+                        (q, block * 2, kk), ptr_q=ptr, ptr_k=ptr,
                         return_attention_weights=True, generator=g)
     assert res.graph.num_edges > 4
     leaves = [t.clone().requires_grad_() for t in (q, block, kk)]

@@ -1,9 +1,11 @@
 """sbm_attention: one function for the whole SBM attention, its regime
 chosen per (sequence, head)."""
+import dataclasses
+
 import pytest
 import torch
 
-from sbm_pyg.nn import SBMConv, sbm_attention
+from sbm_pyg.nn import SBMAttentionOptions, SBMConv, sbm_attention
 from sbm_pyg.ops import backend_info
 from tests.helpers import kernels_ran, seeded
 
@@ -28,10 +30,16 @@ def inputs(requires_grad=True):
     return ptr, leaves
 
 
+REQUESTS = ("include_edges", "return_graph", "return_attention_weights")
+
+
 def call(leaves, ptr, seed, **kwargs):
+    # kwargs: sbm_attention's requests, and the options' fields
     q, k, v, memb, block = leaves
-    return sbm_attention(q, k, v, memb, block, memb, ptr_q=ptr, ptr_k=ptr,
-                         generator=seeded(seed), **kwargs)
+    requests = {name: kwargs.pop(name) for name in REQUESTS if name in kwargs}
+    return sbm_attention(q, k, v, (memb, block, memb), ptr_q=ptr, ptr_k=ptr,
+                         options=SBMAttentionOptions(**kwargs),
+                         generator=seeded(seed), **requests)
 
 
 def test_each_sequence_runs_its_regime():
@@ -47,12 +55,13 @@ def test_each_sequence_runs_its_regime():
     # generator in that order.
     g = seeded(5)
     n0 = SIZES[0]
-    dense = sbm_attention(*[t[:n0] for t in leaves[:4]], leaves[4],
-                          leaves[3][:n0], exploration=0.01, generator=g,
-                          attention_backend="dense")
-    rest = sbm_attention(*leaves[:4], leaves[4], leaves[3], ptr_q=ptr,
-                         ptr_k=ptr, exploration=0.01, generator=g,
-                         attention_backend=sparse)
+    q, k, v, memb, block = leaves
+    dense = sbm_attention(q[:n0], k[:n0], v[:n0], (memb[:n0], block, memb[:n0]),
+                          generator=g, options=SBMAttentionOptions(
+                              exploration=0.01, attention_backend="dense"))
+    rest = sbm_attention(q, k, v, (memb, block, memb), ptr_q=ptr, ptr_k=ptr,
+                         generator=g, options=SBMAttentionOptions(
+                             exploration=0.01, attention_backend=sparse))
     assert dense.backends["attention"] == "dense"
     torch.testing.assert_close(res.out[:n0], dense.out)
     torch.testing.assert_close(res.out[n0:], rest.out[n0:])
@@ -85,10 +94,11 @@ def test_heads_of_one_sequence_run_their_own_regimes():
                                torch.ones((), dtype=res.sampled_density.dtype))
     ref = call(leaves, ptr, 3)  # the same draws without weights
     torch.testing.assert_close(res.out, ref.out)
-    dense_head = sbm_attention(*[t[:, :1] for t in leaves[:4]],
-                               leaves[4][:1], leaves[3][:, :1], ptr_q=ptr,
-                               ptr_k=ptr, generator=seeded(3),
-                               attention_backend="dense")
+    q, k, v, memb, block = leaves
+    dense_head = sbm_attention(
+        q[:, :1], k[:, :1], v[:, :1], (memb[:, :1], block[:1], memb[:, :1]),
+        ptr_q=ptr, ptr_k=ptr, generator=seeded(3),
+        options=SBMAttentionOptions(attention_backend="dense"))
     torch.testing.assert_close(res.out[:, 0], dense_head.out[:, 0])
 
 
@@ -116,7 +126,7 @@ def test_one_regime_needs_no_split():
     ptr, leaves = inputs()
     n0 = SIZES[0]
     q, k, v, memb, block = (t[:n0] if t.dim() == 3 else t for t in leaves)
-    res = sbm_attention(q, k, v, memb, block, memb,
+    res = sbm_attention(q, k, v, (memb, block, memb),
                         ptr_q=torch.tensor([0, n0, n0]),
                         ptr_k=torch.tensor([0, n0, n0]), generator=seeded(1))
     assert kernels_ran(res.backends) == {"sampler": "dense", "attention": "dense"}
@@ -131,15 +141,44 @@ def test_max_edges_counts_both_regimes():
         call(leaves, ptr, 0, max_edges=pairs, exploration=1.0)
 
 
+def test_options_default_and_are_checked_when_built():
+    ptr, leaves = inputs(requires_grad=False)
+    q, k, v, memb, block = leaves
+    # options=None is the defaults, draw for draw
+    default = sbm_attention(q, k, v, (memb, block, memb), ptr_q=ptr,
+                            ptr_k=ptr, generator=seeded(2))
+    torch.testing.assert_close(default.out, call(leaves, ptr, 2).out)
+    with pytest.raises(TypeError, match="options must be"):
+        sbm_attention(q, k, v, (memb, block, memb), options={"mode": "exact"})
+    with pytest.raises(TypeError, match="sbm must be"):
+        sbm_attention(q, k, v, memb)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(ste="clip"), "ste must be"),
     (dict(attention_backend="flash"), "attention_backend must be"),
+    (dict(sampler_backend="dense"), "sampler_backend must be"),
     (dict(max_edges=-1), "max_edges must be"),
+    (dict(max_edges=2.5), "max_edges must be"),
+    (dict(mode="bernoulli"), "mode must be"),
+    (dict(exploration=float("nan")), "exploration must be"),
+    (dict(exploration=True), "exploration must be"),
+    (dict(dropout=1.0), "dropout must be"),
 ])
 def test_bad_options_raise(kwargs, match):
-    ptr, leaves = inputs(requires_grad=False)
     with pytest.raises(ValueError, match=match):
-        call(leaves, ptr, 0, **kwargs)
+        SBMAttentionOptions(**kwargs)
+    with pytest.raises(TypeError, match="self_loops must be"):
+        SBMAttentionOptions(self_loops=1)
+
+
+def test_options_are_frozen_and_replaced_with_a_check():
+    opts = SBMAttentionOptions(mode="poisson")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.mode = "exact"
+    assert dataclasses.replace(opts, dropout=0.5).dropout == 0.5
+    with pytest.raises(ValueError, match="dropout must be"):
+        dataclasses.replace(opts, dropout=-0.1)
 
 
 def test_layer_runs_the_dense_regime_where_dense():

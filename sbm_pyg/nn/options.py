@@ -1,0 +1,86 @@
+r"""The options of :func:`~sbm_pyg.nn.sbm_attention`: how the graph is
+sampled and which kernels attend over it, in one frozen object checked
+when it is built."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from sbm_pyg.nn.functional import STE_MODES
+from sbm_pyg.ops.backend_info import ATTENTION_BACKENDS, BACKENDS
+from sbm_pyg.sampling.checks import check_sampler_options
+
+__all__ = ["SBMAttentionOptions"]
+
+
+@dataclass(frozen=True)
+class SBMAttentionOptions:
+    r"""The sampler's and the kernels' options of
+    :func:`~sbm_pyg.nn.sbm_attention`, checked once, when the object is
+    built (a :class:`ValueError` naming the field); change one with
+    :func:`dataclasses.replace`, which checks again.
+
+    Args:
+        mode (str): :obj:`"exact"` (:math:`P(i \to j) = \min(p_{ij}, 1)`)
+            or :obj:`"poisson"` (:math:`1 - e^{-p_{ij}}`), see
+            :func:`~sbm_pyg.sampling.fastrg`. (default: :obj:`"exact"`)
+        exploration (float): :math:`\delta` added to every pair's
+            probability. (default: :obj:`0.0`)
+        self_loops (bool): every query attends to its own position.
+            (default: :obj:`False`)
+        max_edges (int, optional): the most edges a call may sample, over
+            both regimes (:obj:`None`: the device's memory is the bound).
+        ste (str, optional): the straight-through estimator,
+            :obj:`"paper"` or :obj:`"published"`
+            (:func:`~sbm_pyg.nn.functional.sparse_attention`), or
+            :obj:`None`: no straight-through gradient (where the graph does
+            not follow the SBM, e.g. every pair attended by a large
+            exploration; the densities still reach it).
+            (default: :obj:`"paper"`)
+        dropout (float): attention dropout in :math:`[0, 1)`, in every
+            kernel (:mod:`sbm_pyg.ops.dropout`), applied in training.
+            (default: :obj:`0.0`)
+        sampler_backend (str): one of
+            :data:`~sbm_pyg.ops.backend_info.BACKENDS`.
+            (default: :obj:`"auto"`)
+        attention_backend (str): one of
+            :data:`~sbm_pyg.ops.backend_info.ATTENTION_BACKENDS`;
+            :obj:`"auto"` takes the dense regime per (sequence, head) where
+            the expected density reaches the device's crossover,
+            :obj:`"dense"` for every pair. (default: :obj:`"auto"`)
+
+    Example:
+        >>> from dataclasses import replace
+        >>> opts = SBMAttentionOptions(mode="poisson", dropout=0.1)
+        >>> replace(opts, exploration=0.01).exploration
+        0.01
+    """
+
+    mode: str = "exact"
+    exploration: float = 0.0
+    self_loops: bool = False
+    max_edges: Optional[int] = None
+    ste: Optional[str] = "paper"
+    dropout: float = 0.0
+    sampler_backend: str = "auto"
+    attention_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_sampler_options(self.mode, self.exploration, self.max_edges)
+        if not isinstance(self.self_loops, bool):
+            raise TypeError(f"self_loops must be a bool, got "
+                            f"{self.self_loops!r}")
+        if self.ste is not None and self.ste not in STE_MODES:
+            raise ValueError(f"ste must be one of {STE_MODES} or None, got "
+                             f"{self.ste!r}")
+        if not (isinstance(self.dropout, (int, float))
+                and 0.0 <= self.dropout < 1.0):
+            raise ValueError(f"dropout must be in [0, 1), got "
+                             f"{self.dropout!r}")
+        for name, value, choices in (
+                ("sampler_backend", self.sampler_backend, BACKENDS),
+                ("attention_backend", self.attention_backend,
+                 ATTENTION_BACKENDS)):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got "
+                                 f"{value!r}")
