@@ -4,11 +4,11 @@
 #   1. the Triton tests under the plain interpreter (make test runs them in
 #      the compiled kernels' ABI, tests/triton_abi.py);             ~5 min
 #   2. every Triton launch compiled ahead of time for sm_80 and sm_90 with
-#      the development pin's Triton (benchmarks.triton_compile): fails on a
+#      the development pin's Triton (benchmarks.checks.triton_compile): fails on a
 #      kernel that does not compile, fp32 scalars in fp64 kernels, new
 #      spills, tl.dot without input_precision;                     ~8 min
 #   3. both under the GPU image's torch 2.11 / Triton 3.6 and the newest
-#      torch the index installs (benchmarks/version_matrix.sh).   ~28 min
+#      torch the index installs (benchmarks/checks/version_matrix.sh).   ~28 min
 #
 # What they exercise is the code the Triton tests import (sbm_pyg's nn,
 # ops, sampling, validation and the compiled extension's sources), those
@@ -26,10 +26,11 @@ CACHE=${SBM_PYG_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sbm_pyg/kernel-checks}
 inputs=(sbm_pyg/__init__.py sbm_pyg/validation.py sbm_pyg/nn sbm_pyg/ops
         sbm_pyg/sampling csrc setup.py pyproject.toml tests/conftest.py
         tests/helpers.py tests/triton_abi.py tests/ops tests/sampling
-        benchmarks/triton_compile.py benchmarks/version_matrix.sh
-        benchmarks/results-triton-compile.json
-        benchmarks/results-triton-compile-3.6.0.json
-        benchmarks/results-triton-compile-3.8.0.json .ci/kernel_checks.sh)
+        benchmarks/checks/__init__.py benchmarks/checks/triton_compile.py
+        benchmarks/checks/version_matrix.sh
+        benchmarks/checks/results-triton-compile.json
+        benchmarks/checks/results-triton-compile-3.6.0.json
+        benchmarks/checks/results-triton-compile-3.8.0.json .ci/kernel_checks.sh)
 key=$({ git ls-files -s -- "${inputs[@]}"
         $PY -c 'import sys, torch, triton
 print(sys.version, torch.__version__, triton.__version__)'; } \
@@ -51,10 +52,10 @@ echo "kernel checks ($key): the Triton tests under the plain interpreter"
 SBM_PYG_TRITON_ABI=plain $PY -m pytest -q -p no:cacheprovider -n auto -k triton \
   "${TESTS[@]}" 2>&1 | tee "$logs/plain.log" | tail -n 3
 echo "kernel checks ($key): the ahead-of-time compile"
-$PY -m benchmarks.triton_compile --out "$logs/triton-compile.json" \
+$PY -m benchmarks.checks.triton_compile --out "$logs/triton-compile.json" \
   2>&1 | tee "$logs/compile.log" | tail -n 5
 echo "kernel checks ($key): the version matrix"
-OUT="$logs/matrix" bash benchmarks/version_matrix.sh
+OUT="$logs/matrix" bash benchmarks/checks/version_matrix.sh
 if [ "$clean" = 1 ]; then
   mkdir -p "$record"
   cp -r "$logs"/. "$record"/

@@ -18,7 +18,7 @@ With :data:`RECORD` set (``SBM_PYG_TRITON_SIGNATURES=DIR``), each launch
 with a specialisation not seen before is also written to ``DIR`` as its
 arguments' descriptions (a tensor's dtype and address modulo 16, a scalar's
 value, the constexprs and launch options), from which
-``benchmarks/triton_compile.py`` recompiles it for a GPU through the same
+``benchmarks/checks/triton_compile.py`` recompiles it for a GPU through the same
 binder: the ahead-of-time compile then sees the signatures the JIT builds
 for the launches the tests make.
 """

@@ -88,7 +88,7 @@ def _meta(q: Tensor, v: Tensor, K: int, precision: int) -> dict:
     fp64 = q.dtype == torch.float64
     dot = 0 if fp64 else precision  # float64: every product in float64
     # Tiles and warps chosen by the ahead-of-time compile's registers and
-    # stack (benchmarks/triton_compile.py): the products run on FMAs
+    # stack (benchmarks/checks/triton_compile.py): the products run on FMAs
     # (input_precision="ieee"), whose operands each thread holds; with 64
     # rows (32 in float64) and 4 warps every kernel spilled at D = 64,
     # k = 128. float64 tiles are half as wide: twice the registers per
@@ -109,7 +109,7 @@ def _meta(q: Tensor, v: Tensor, K: int, precision: int) -> dict:
 
 # Tiles (rows, keys, warps) of each kernel whose products run on tensor
 # cores, where registers allow wider tiles than on FMA units: none spills
-# at D <= 64, k <= 128 on sm_80 or sm_90 (benchmarks/triton_compile.py).
+# at D <= 64, k <= 128 on sm_80 or sm_90 (benchmarks/checks/triton_compile.py).
 # The key kernel's rows are the keys of its program (BLOCK_N) and the query
 # tiles it walks (BLOCK_M).
 # The key kernel without dropout: 4 warps at D <= 32 (8 left 8 stack bytes

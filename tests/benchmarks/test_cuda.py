@@ -62,7 +62,7 @@ def test_quick_run_of_the_narrowed_sections_and_the_dense_kernel(tmp_path):
 
 
 def test_profile_script_runs(tmp_path):
-    from benchmarks import cuda_profile
+    from benchmarks.gpu import cuda_profile
     rows = cuda_profile.main(["--quick", "--repeats", "1", "--out",
                               str(tmp_path / "p.json")])
     assert [r["case"].split()[0] for r in rows] == ["fastrg", "fastrg", "SBMConv", "LRA",
@@ -77,7 +77,7 @@ def test_gpu_run_skips_the_cuda_stages_on_a_cpu(tmp_path):
     import sys
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     env = dict(os.environ, OUT=str(tmp_path), PY=sys.executable)
-    done = subprocess.run(["bash", "benchmarks/gpu_run.sh", "env", "suite", "bench",
+    done = subprocess.run(["bash", "benchmarks/gpu/gpu_run.sh", "env", "suite", "bench",
                            "profile"], cwd=root, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -94,7 +94,7 @@ def test_float64_as_elementwise_sums(monkeypatch):
     from tests import triton_abi
     if triton_abi.RECORD is not None:
         pytest.skip("recorded launches are compiled with the installed "
-                    "Triton's own FP64_SUMS (benchmarks.triton_compile)")
+                    "Triton's own FP64_SUMS (benchmarks.checks.triton_compile)")
     from sbm_pyg.ops import triton_dense_kernels as kernels
     monkeypatch.setattr(kernels, "FP64_SUMS", True)
     monkeypatch.setattr(kernels, "_FP64_SUMS", kernels.tl.constexpr(True))

@@ -4,7 +4,7 @@
 # order (by default env build suite bench profile), each logged to $OUT
 # (default /tmp/gpu-out). Run from the repository root:
 #
-#   bash benchmarks/gpu_run.sh
+#   bash benchmarks/gpu/gpu_run.sh
 #
 # Stages:
 #   env      the GPU, driver and package versions
@@ -16,7 +16,7 @@
 #            section written as it ends)
 #   bench-suite  the benchmark suite, python -m benchmarks --device cuda
 #            -> $OUT/results-suite-cuda.json
-#   checks   python -m benchmarks.gpu_checks (the sampler and the dense
+#   checks   python -m benchmarks.checks.gpu_checks (the sampler and the dense
 #            mask against the CPU kernels at the model's sizes, the dense
 #            kernel's precisions against SDPA) -> $OUT/gpu-checks.json, and
 #            the sparse/dense crossover at n = 2048 and 8192 ->
@@ -35,7 +35,7 @@
 # stages that need one are skipped, each with a line saying so, and the
 # others run.
 #
-#   bash benchmarks/gpu_run.sh --tiny [stages]
+#   bash benchmarks/gpu/gpu_run.sh --tiny [stages]
 #
 # runs every stage on CPU tensors instead, the Triton kernels under their
 # interpreter (TRITON_INTERPRET=1), at toy sizes: a Triton test subset, the
@@ -59,7 +59,7 @@
 #                                             ncu-attention.log, runs.tgz
 #
 # about 37 minutes with the machine's start. With about 15 minutes:
-# benchmarks/gpu_short.sh, one call of about six minutes, or call 2 alone.
+# benchmarks/gpu/gpu_short.sh, one call of about six minutes, or call 2 alone.
 set -u
 tiny=0
 if [ "${1:-}" = "--tiny" ]; then tiny=1; shift; fi
@@ -148,7 +148,7 @@ if torch.cuda.is_available():
       # The CUDA kernels against the CPU kernels at the model's sizes, the
       # dense kernel's precisions against SDPA, and the crossover.
       sizes=(); [ $tiny = 1 ] || sizes=(--dense-sizes 4096 16384)
-      timeout "${CHECKS_SECONDS:-240}" $PY -m benchmarks.gpu_checks $QUICK \
+      timeout "${CHECKS_SECONDS:-240}" $PY -m benchmarks.checks.gpu_checks $QUICK \
         "${sizes[@]}" --out "$OUT/gpu-checks.json" 2>&1 | tee "$OUT/gpu-checks.log"
       check checks ${PIPESTATUS[0]}
       sizes=(); [ $tiny = 1 ] || sizes=(--crossover-sizes 2048 8192)
@@ -157,15 +157,15 @@ if torch.cuda.is_available():
         | tee "$OUT/crossover.log"
       check crossover ${PIPESTATUS[0]} ;;
     profile)
-      timeout 300 $PY -m benchmarks.cuda_profile $QUICK --out "$OUT/profile-cuda.json" \
+      timeout 300 $PY -m benchmarks.gpu.cuda_profile $QUICK --out "$OUT/profile-cuda.json" \
         > "$OUT/profile-cuda.log" 2>&1
       check "kernel profile" $?
       if [ $tiny = 1 ]; then  # the entry point ncu runs, without ncu
-        $PY -m benchmarks.ncu_attention 64 2 32 0.05 float32 > "$OUT/ncu-attention.log" 2>&1
+        $PY -m benchmarks.gpu.ncu_attention 64 2 32 0.05 float32 > "$OUT/ncu-attention.log" 2>&1
         check "profile entry point" $?
       elif command -v ncu > /dev/null; then
         timeout 300 ncu -k regex:_kernel --section SpeedOfLight --section MemoryWorkloadAnalysis \
-          $PY -m benchmarks.ncu_attention > "$OUT/ncu-attention.log" 2>&1
+          $PY -m benchmarks.gpu.ncu_attention > "$OUT/ncu-attention.log" 2>&1
         check profile $?
       else
         log "stage profile: skipped, ncu (Nsight Compute) not on PATH"

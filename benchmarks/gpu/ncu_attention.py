@@ -1,5 +1,5 @@
 r"""One sparse attention case, forward+backward, for a profiler: run as
-``ncu -k regex:_kernel python -m benchmarks.ncu_attention`` to read each
+``ncu -k regex:_kernel python -m benchmarks.gpu.ncu_attention`` to read each
 Triton kernel's time, L2 and HBM traffic (``docs/performance.md``).
 
 Arguments: n, heads, dim, density, dtype (defaults 16384 2 32 0.01

@@ -1,8 +1,8 @@
-"""The ahead-of-time check's rules (benchmarks/triton_compile.py), on made-up
+"""The ahead-of-time check's rules (benchmarks/checks/triton_compile.py), on made-up
 PTX, sources and compile rows; CI runs the check on the real kernels."""
 import pytest
 
-from benchmarks.triton_compile import (
+from benchmarks.checks.triton_compile import (
     dots_without_precision,
     f32_params,
     local_memory,

@@ -1,6 +1,6 @@
 r"""Every Triton kernel compiled ahead of time for NVIDIA GPUs, on a machine
 without one, with the signatures the JIT builds: ``python -m
-benchmarks.triton_compile``.
+benchmarks.checks.triton_compile``.
 
 Triton's interpreter checks what a kernel computes, not what the compiled
 kernel is given. So the launches are first recorded (a subprocess runs the
@@ -27,7 +27,7 @@ The check fails (exit 1) if
 
 ``--baseline-only`` judges the sampler's and the dense kernels' spills by
 the baseline too: for other Triton versions, each with a baseline of its
-own (``benchmarks/version_matrix.sh``), where a new spill fails and the
+own (``benchmarks/checks/version_matrix.sh``), where a new spill fails and the
 spills that version has are recorded, not fixed.
 
 * a dense-regime kernel asked for tensor-core products (its ``DOT``
@@ -38,7 +38,7 @@ Each row says whether the kernel's PTX issues tensor-core instructions
 (``tensor_cores``: ``mma`` or ``wgmma``).
 
 Registers and stack bytes per kernel, signature and architecture land in
-``benchmarks/results-triton-compile.json``, the baseline (``--update``
+``benchmarks/checks/results-triton-compile.json``, the baseline (``--update``
 rewrites it). CI runs the check.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ from typing import Dict, Iterable, List
 
 ARCHS = (80, 90)
 OUT = Path(__file__).with_name("results-triton-compile.json")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The tests that launch Triton kernels (selected by "triton" in their names
 # or parameters).
 TESTS = ["tests/ops/test_triton_attention.py", "tests/ops/test_triton_dense.py",
@@ -75,7 +75,7 @@ def record(directory: Path) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1",
                SBM_PYG_TRITON_SIGNATURES=str(directory), SBM_PYG_TEST_DEVICE="cpu")
     env.pop("SBM_PYG_TRITON_ABI", None)
-    subprocess.run([sys.executable, "-m", "benchmarks.triton_compile", "--record",
+    subprocess.run([sys.executable, "-m", "benchmarks.checks.triton_compile", "--record",
                     str(directory)], cwd=ROOT, env=env, check=True)
 
 

@@ -2,7 +2,7 @@ r"""Where the GPU time of the sampler, the layer and a training step goes:
 the top kernels by device time (torch.profiler's CUDA activity) beside the
 wall time, so that a ratio that misses its target comes with its profile.
 
-    python -m benchmarks.cuda_profile --out profile-cuda.json
+    python -m benchmarks.gpu.cuda_profile --out profile-cuda.json
 
 ``--quick`` runs tiny sizes (on the CPU it times the calls and lists no
 kernels: the script is exercised, not measured).

@@ -2,7 +2,7 @@ r"""The checks a GPU machine runs that the CPU cannot: the CUDA kernels
 against the CPU kernels at the model's sizes, and the dense-regime kernel's
 precisions against SDPA.
 
-    python -m benchmarks.gpu_checks --out gpu-checks.json
+    python -m benchmarks.checks.gpu_checks --out gpu-checks.json
 
 Sections (each writes the JSON as it ends, so that a cut run keeps what it
 measured):

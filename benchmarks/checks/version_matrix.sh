@@ -6,13 +6,13 @@
 # the Triton it requires (3.8). For each, on a copy of the tree with the
 # extension built against that torch:
 #
-#   * the ahead-of-time compile (python -m benchmarks.triton_compile): the
+#   * the ahead-of-time compile (python -m benchmarks.checks.triton_compile): the
 #     Triton tests under the interpreter with the compiled kernels' scalar
 #     types (tests/triton_abi.py), then every launch compiled for sm_80
 #     and sm_90 with that Triton; a kernel that does not compile, a dense
 #     kernel asked for tensor cores without mma, an fp32 scalar in an fp64
 #     kernel or a spill that this Triton's baseline
-#     (benchmarks/results-triton-compile-<triton>.json, written with
+#     (benchmarks/checks/results-triton-compile-<triton>.json, written with
 #     UPDATE=1) did not have fails; rows to $OUT/triton-compile-torchX.json;
 #   * the Triton tests under the plain interpreter.
 #
@@ -22,7 +22,7 @@
 # 1, the compile with its tests 7-9, the plain interpreter 4-5). Exits 1 if
 # any step of any version failed.
 #
-#   OUT=/tmp/matrix bash benchmarks/version_matrix.sh [torch==T,triton==R ...]
+#   OUT=/tmp/matrix bash benchmarks/checks/version_matrix.sh [torch==T,triton==R ...]
 set -u
 OUT=${OUT:-/tmp/version-matrix}
 MATRIX=${SBM_PYG_MATRIX:-$HOME/.cache/sbm_pyg/matrix}
@@ -61,14 +61,14 @@ for spec in "${specs[@]}"; do
   # Judged by this Triton's own baseline (where it spills), which
   # UPDATE=1 writes into the checkout.
   triton=$($PY -c 'import triton; print(triton.__version__)')
-  base="$ROOT/benchmarks/results-triton-compile-$triton.json"
+  base="$ROOT/benchmarks/checks/results-triton-compile-$triton.json"
   if [ "${UPDATE:-0}" = 1 ]; then
     opts=(--update --out "$base")
   else
     opts=(--baseline "$base" --baseline-only --out "$OUT/triton-compile-torch$name.json")
     [ -f "$base" ] || { log "no baseline $base (UPDATE=1 writes it)"; failed=1; }
   fi
-  (cd "$work" && $PY -m benchmarks.triton_compile "${opts[@]}" \
+  (cd "$work" && $PY -m benchmarks.checks.triton_compile "${opts[@]}" \
      > "$OUT/compile-torch$name.log" 2>&1)
   check "torch $name compile" $?
   tail -n 5 "$OUT/compile-torch$name.log" | tee -a "$OUT/matrix.log"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One call of at most ten minutes on a freshly started GPU machine that has
 # its own Python, torch, triton, torch_geometric and pytest-xdist (for a
-# machine held about a quarter of an hour; benchmarks/gpu_run.sh has the
+# machine held about a quarter of an hour; benchmarks/gpu/gpu_run.sh has the
 # long stages):
 # first the extension's build, the CUDA suite and the repeat task's three
 # seeds side by side (correctness and training: nothing there is timed),
 # then the benchmarks alone on the GPU. Run from the repository root:
 #
-#   OUT=/tmp/gpu-out bash benchmarks/gpu_short.sh
+#   OUT=/tmp/gpu-out bash benchmarks/gpu/gpu_short.sh
 #
 # Seconds from the start (each stage is cut at its limit, and what it wrote
 # stays in $OUT, at most 8 files):
