@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1024, 4096, 16384, 65536)
 MEMORY_LIMIT_GIB = 20.0
 TIMEOUT_S = 600.0
-WEIGHTS = ROOT / "docs" / "runs" / "gps-scaling" / "sbm-1pct.pt"
+WEIGHTS = ROOT / "docs" / "runs" / "gps" / "gps-scaling" / "sbm-1pct.pt"
 
 
 def scaled_pattern_graph(n: int, generator: torch.Generator) -> Data:

@@ -197,9 +197,23 @@ def test_ring_example_table_is_its_runs():
               ("gps-sbm-lam0.01", "sbm"): "sbm, λ = 0.01",
               ("gps-sbm-lam0.1", "sbm"): "sbm, λ = 0.1"}
     for (run, attention), label in labels.items():
-        path = ROOT / "docs/runs" / f"{run}.json"
+        path = ROOT / "docs/runs/gps" / f"{run}.json"
         result = next(r for r in json.loads(path.read_text())["results"]
                       if r["attention"] == attention)
         cells = [c.strip() for c in rows[label].split("|")]
         assert cells[2].strip("*") == f"{100 * result['accuracy']:.2f}%", label
         assert cells[3] == f"{result['seconds_per_epoch']:.2f}", label
+
+
+def test_runs_are_grouped_by_study_with_an_index():
+    # docs/runs/: one folder per study, each with its README, all listed on
+    # the index page; nothing loose beside them.
+    runs = ROOT / "docs/runs"
+    index = (runs / "README.md").read_text()
+    studies = sorted(p.name for p in runs.iterdir() if p.is_dir())
+    loose = sorted(p.name for p in runs.iterdir()
+                   if p.is_file() and p.name != "README.md")
+    assert not loose, loose
+    for study in studies:
+        assert (runs / study / "README.md").is_file(), study
+        assert f"({study}/README.md)" in index, study

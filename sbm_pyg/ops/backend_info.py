@@ -77,7 +77,7 @@ OPS = ("sampler", "attention")
 DENSE_CROSSOVER = 0.3
 # The crossover measured on each GPU, by torch.cuda.get_device_name():
 # python -m benchmarks --device cuda --sections crossover (docs/performance.md).
-# NVIDIA H200 (torch 2.11, Triton 3.6; docs/runs/gpu-h200-tensor-cores/):
+# NVIDIA H200 (torch 2.11, Triton 3.6; docs/runs/gpu/gpu-h200-tensor-cores/):
 # float32 layer, the dense kernel's products in IEEE float32, dense /
 # sparse at n = 8192: 1.56 at 10%, 1.10 at 20%, 0.86 at 30% (0.24 between,
 # linearly); at n = 2048 both are launch-bound and the dense kernel was the

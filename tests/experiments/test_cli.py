@@ -271,8 +271,8 @@ def test_preset_sets_defaults_and_arguments_override_them(tmp_path):
     assert args["preset"] == "repeat-paper" and args["mode"] == "exact"
     # ...one learning rate for every parameter, and the heads start dense:
     # from the paper's sparse start most seeds at N = 32 and 128 stall below
-    # 99% (docs/runs/repeat{32,128}-s*), from this one they learn the task
-    # (docs/runs/repeat*-dense-s*). Losing it loses those seeds.
+    # 99% (docs/runs/repeat/repeat{32,128}-s*), from this one they learn the task
+    # (docs/runs/repeat/repeat*-dense-s*). Losing it loses those seeds.
     assert (args["ste"], args["sbm_init"], args["sbm_lr"]) == ("paper", "dense", None)
     from sbm_pyg.experiments.arguments import PRESETS
     assert PRESETS["repeat-paper"]["seq_len"] == 256

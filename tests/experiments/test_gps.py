@@ -164,11 +164,11 @@ def test_resume_refuses_other_settings(tmp_path, small_recipes, capsys):
 
 
 def test_parameter_counts_in_the_docs_artifact_are_the_models():
-    # docs/gps.md quotes docs/runs/gps-benchmarks/stats.json; the counts
+    # docs/gps.md quotes docs/runs/gps/gps-benchmarks/stats.json; the counts
     # must be those of the models the presets build now.
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).parents[2] / "docs/runs/gps-benchmarks/stats.py"
+    path = Path(__file__).parents[2] / "docs/runs/gps/gps-benchmarks/stats.py"
     spec = importlib.util.spec_from_file_location("gps_stats", path)
     stats_script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stats_script)

@@ -2,7 +2,7 @@
 training splits' sizes (seed 0) and the models' parameter counts per preset
 and attention. Writes stats.json beside this file and prints it.
 
-    python docs/runs/gps-benchmarks/stats.py
+    python docs/runs/gps/gps-benchmarks/stats.py
 """
 import argparse
 import json

@@ -9,7 +9,7 @@ and three sparse-regime densities, then fitted as
 by least squares (edges summed over layers and heads). Run from the
 repository root, with nothing else running:
 
-    PYTHONPATH=. python docs/runs/layer-cost/memory_fit.py
+    PYTHONPATH=. python docs/runs/cpu/layer-cost/memory_fit.py
 """
 import json
 import sys

@@ -1,7 +1,7 @@
 """The accuracy-against-budget figure of docs/experiments.md: ``python
-docs/runs/budget_figure.py`` reads the runs ``docs/runs/{repeat64,listops}-
+docs/runs/budget/budget_figure.py`` reads the runs ``docs/runs/budget/{repeat64,listops}-
 {budget-RHO,lam-LAMBDA}`` and writes ``docs/figures/budget.png`` and
-``docs/runs/budget.json`` (per run: test accuracy, test density, and the mean
+``docs/runs/budget/budget.json`` (per run: test accuracy, test density, and the mean
 expected training density over the last 20% of steps with its ratio to the
 budget)."""
 import json
@@ -83,7 +83,7 @@ def main() -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    out = RUNS.parent / "figures" / "budget.png"
+    out = RUNS.parents[1] / "figures" / "budget.png"
     fig.savefig(out, dpi=110)
     print(json.dumps(rows, indent=1))
 

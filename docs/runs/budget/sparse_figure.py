@@ -3,7 +3,7 @@ accuracy against the test density and against the step time, every model,
 on the repeated-token task (N = 64) and MQAR (N = 256), from the runs'
 final.json and metrics.jsonl.
 
-    python docs/runs/sparse_figure.py   # writes docs/figures/sparse.png and docs/runs/sparse.json
+    python docs/runs/budget/sparse_figure.py   # writes docs/figures/sparse.png and docs/runs/budget/sparse.json
 """
 import json
 import statistics
@@ -13,7 +13,7 @@ HERE = Path(__file__).resolve().parent
 TASKS = {
     "repeat, N = 64": sorted(HERE.glob("repeat64-budget-0.05")) + sorted(
         HERE.glob("repeat64-*distill-*")) + sorted(HERE.glob("repeat64-lam-0")),
-    "MQAR, N = 256": sorted(p for p in (HERE / "mqar256").iterdir() if p.is_dir()),
+    "MQAR, N = 256": sorted(p for p in (HERE.parent / "mqar256").iterdir() if p.is_dir()),
 }
 
 
@@ -25,7 +25,10 @@ def summary(run: Path) -> dict:
     # cores with others, so this is a rough figure, not a benchmark).
     steps = [(b["seconds"] - a["seconds"]) / (b["step"] - a["step"])
              for a, b in zip(train, train[1:]) if b["step"] > a["step"]]
-    return dict(run=str(run.relative_to(HERE)), accuracy=final["accuracy"],
+    # named as before the runs moved into study folders: the budget runs by
+    # their names, the MQAR runs under mqar256/
+    name = run.relative_to(HERE if run.is_relative_to(HERE) else HERE.parent)
+    return dict(run=str(name), accuracy=final["accuracy"],
                 density=final.get("density", 1.0),
                 seconds_per_step=statistics.median(steps) if steps else None,
                 steps=final["steps"])
@@ -52,7 +55,7 @@ def main() -> None:
             ax.set_ylabel("test accuracy (%)")
             ax.set_title(task)
     fig.tight_layout()
-    out = HERE.parent / "figures" / "sparse.png"
+    out = HERE.parents[1] / "figures" / "sparse.png"
     fig.savefig(out, dpi=110)
     print(out)
 

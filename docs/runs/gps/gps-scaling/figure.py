@@ -1,6 +1,6 @@
 """The GPS scaling figure and table of docs/gps.md: ``python
-docs/runs/gps-scaling/figure.py`` reads ``results.json`` (written by
-``python -m benchmarks.gps_scaling --json docs/runs/gps-scaling/results.json``)
+docs/runs/gps/gps-scaling/figure.py`` reads ``results.json`` (written by
+``python -m benchmarks.gps_scaling --json docs/runs/gps/gps-scaling/results.json``)
 and writes ``docs/figures/gps-scaling.png`` (step time and peak memory
 against nodes per graph, log-log) and prints a Markdown table. For the SBM
 variants the table adds the sampled attention edges (the sampled density
@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from sbm_pyg.experiments.gps import GPS_PRESETS
 
 HERE = Path(__file__).resolve().parent
-FIGURE = HERE.parents[1] / "figures" / "gps-scaling.png"
+FIGURE = HERE.parents[2] / "figures" / "gps-scaling.png"
 PRESET = GPS_PRESETS["graphgps-cpu"]
 STYLE = {"multihead": ("tab:blue", "o"), "multihead-nodrop": ("tab:cyan", "s"),
          "performer": ("tab:green", "^"), "sbm": ("tab:orange", "v"),

@@ -1,5 +1,5 @@
 """One change at a time to the repeat-task run (docs/experiments.md, "What
-stalls a run"): ``python docs/runs/repeat_variant.py VARIANTS N SEED OUT
+stalls a run"): ``python docs/runs/repeat/repeat_variant.py VARIANTS N SEED OUT
 [name=value ...]`` trains ``--preset repeat-paper --seq-len N --seed SEED``
 on one thread with the model changed by VARIANTS (comma-separated, or
 ``none``) and any preset argument overridden by ``name=value``:

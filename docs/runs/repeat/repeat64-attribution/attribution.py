@@ -11,8 +11,8 @@ other parameters together (``non_sbm``: embeddings, query/key projections,
 ...). ``sgd_<group>`` is the change from a plain gradient step of the same
 length as that group's Adam step. One JSON line per measured step::
 
-    python docs/runs/repeat64-attribution/attribution.py --seq-len 64 \
-        > docs/runs/repeat64-attribution/attribution.jsonl
+    python docs/runs/repeat/repeat64-attribution/attribution.py --seq-len 64 \
+        > docs/runs/repeat/repeat64-attribution/attribution.jsonl
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 """Prints the before/after table of docs/performance.md ("The whole layer,
 part by part") from before-layer.json and bench-cpu.json:
-``python docs/runs/layer-cost/table.py``."""
+``python docs/runs/cpu/layer-cost/table.py``."""
 import json
 from pathlib import Path
 
