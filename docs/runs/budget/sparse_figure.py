@@ -3,7 +3,9 @@ accuracy against the test density and against the step time, every model,
 on the repeated-token task (N = 64) and MQAR (N = 256), from the runs'
 final.json and metrics.jsonl.
 
-    python docs/runs/budget/sparse_figure.py   # writes docs/figures/sparse.png and docs/runs/budget/sparse.json
+    python docs/runs/budget/sparse_figure.py
+
+writes docs/figures/sparse.png and docs/runs/budget/sparse.json.
 """
 import json
 import statistics

@@ -1,7 +1,8 @@
 """Replays a training run from one of its kept checkpoints, as it ran and
 with one optimizer setting changed at a time, and records every step.
 
-    python docs/runs/repeat/repeat64-legacy-s0/replay.py RUN/checkpoint-1250.pt 50 OUT.json [VARIANT...]
+    python docs/runs/repeat/repeat64-legacy-s0/replay.py \
+        RUN/checkpoint-1250.pt 50 OUT.json [VARIANT...]
 
 The run must have been trained on one thread (as this script replays it),
 so that the unchanged replay repeats its logged losses exactly."""
