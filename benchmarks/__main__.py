@@ -12,7 +12,9 @@ resident set; on CUDA ``max_memory_allocated``.
 Sections (one module each): ``attention``, ``sampler``, ``published``,
 ``exact``, ``memory`` (in :mod:`benchmarks.sampler`), ``scaling``,
 ``layer`` (and ``crossover``, in :mod:`benchmarks.layer`), ``training``,
-``ext``, ``budget``, ``gps`` (:mod:`benchmarks.gps_scaling`, CPU only).
+``ext``, ``budget``, ``gps`` (:mod:`benchmarks.gps_scaling`, CPU only),
+``cuda`` (the CUDA suite, :mod:`benchmarks.cuda`, on a GPU only; also run
+alone as ``python -m benchmarks.cuda``).
 
 ``--quick`` runs tiny sizes in seconds (the test suite runs it so that the
 script cannot rot; timings are never pass/fail in tests).
@@ -144,7 +146,22 @@ def bench_memory(z: SimpleNamespace, device: torch.device, threads: int,
 
 
 SECTIONS = ["attention", "sampler", "published", "exact", "memory", "scaling",
-            "layer", "crossover", "training", "ext", "budget", "gps"]
+            "layer", "crossover", "training", "ext", "budget", "gps", "cuda"]
+# The sections of one device only: the rest run on either.
+CPU_ONLY, CUDA_ONLY = ("gps",), ("cuda",)
+
+
+def run_cuda_suite(out: Path, repeats: int, quick: bool,
+                   log: Callable[[str], None]) -> dict:
+    """The CUDA suite (:mod:`benchmarks.cuda`) as a section: its results,
+    also written beside ``out`` as ``*-suite.json`` while it runs."""
+    from benchmarks import cuda
+    log("\n[cuda] the CUDA suite: the kernels against SDPA, FlexAttention "
+        "and PyG's message passing, the sampler, the dense kernel, the layer "
+        "and a training step")
+    suite = out.with_name(f"{out.stem}-suite.json")
+    return cuda.main(["--out", str(suite), "--repeats", str(repeats),
+                      *(["--quick"] if quick else [])])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,10 +191,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """Refuses what cannot run; the default sections for the device."""
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available")
+    other = CUDA_ONLY if device.type == "cpu" else CPU_ONLY
     if args.sections is None:
-        args.sections = [s for s in SECTIONS if s != "gps" or device.type == "cpu"]
+        args.sections = [s for s in SECTIONS if s not in other]
     elif "gps" in args.sections and device.type != "cpu":
         parser.error("--sections gps: the GPS scaling benchmark runs on the CPU")
+    elif "cuda" in args.sections and device.type != "cuda":
+        parser.error("--sections cuda: the CUDA suite runs on a GPU (--device cuda)")
     if args.repeats < 1 or args.threads < 1:
         parser.error("--repeats and --threads must be >= 1")
 
@@ -279,6 +299,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             z.gps_sizes, z.gps_variants, args.repeats, args.threads,
             int(gps_scaling.MEMORY_LIMIT_GIB * 2**30), gps_scaling.TIMEOUT_S,
             gps_scaling.WEIGHTS, log)
+    if "cuda" in args.sections:
+        results["cuda"] = run_cuda_suite(out, args.repeats, args.quick, log)
     out.write_text(json.dumps(results, indent=1))
     log(f"\nwritten to {out}")
     return results

@@ -56,3 +56,18 @@ def test_quick_benchmark_runs(tmp_path, capsys):
 def test_gps_section_is_cpu_only():
     with pytest.raises(SystemExit):
         main(["--device", "meta", "--sections", "gps"])
+
+
+def test_cuda_suite_is_a_section_on_a_gpu_only(tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        main(["--sections", "cuda", "--out", str(tmp_path / "r.json")])
+    assert "the CUDA suite runs on a GPU" in capsys.readouterr().err
+    # On a GPU the section is the suite's own main, its results embedded.
+    from benchmarks import __main__ as bench
+    from benchmarks import cuda
+    calls = []
+    monkeypatch.setattr(cuda, "main", lambda argv: calls.append(argv) or {"ok": 1})
+    out = tmp_path / "r.json"
+    assert bench.run_cuda_suite(out, 3, True, print) == {"ok": 1}
+    assert calls == [["--out", str(tmp_path / "r-suite.json"), "--repeats", "3",
+                      "--quick"]]
