@@ -360,18 +360,24 @@ class GPSNodeClassifier(Module):
         self.node_encoder = Linear(in_channels, channels - pe_channels)
         self.pe_encoder = LapPEEncoder(pe_channels) if pe_channels else None
         self.edge_embedding = Embedding(1, channels)  # GraphGPS's DummyEdge
-        attn_kwargs = {"sbm": dict(sbm_kwargs, dropout=attn_dropout),
-                       "none": None, "multihead": dict(dropout=attn_dropout),
-                       "performer": dict(dropout=attn_dropout,
-                                         head_channels=channels // heads)}[attention]
-        self.layers = ModuleList(
-            SBMGPSConv(channels, GatedGCNConv(channels, dropout=dropout), heads,
-                       dropout=dropout, attn_kwargs=attn_kwargs)
-            if attention == "sbm" else
-            EdgeGPSConv(channels, GatedGCNConv(channels, dropout=dropout), heads,
-                        dropout=dropout, attn_kwargs=attn_kwargs,
-                        attn_type=None if attention == "none" else attention)
-            for _ in range(num_layers))
+        layers = []
+        for _ in range(num_layers):
+            local = GatedGCNConv(channels, dropout=dropout)
+            if attention == "sbm":
+                layers.append(SBMGPSConv(
+                    channels, local, heads, dropout=dropout,
+                    attn_kwargs=dict(sbm_kwargs, dropout=attn_dropout)))
+            elif attention == "none":
+                layers.append(EdgeGPSConv(channels, local, heads,
+                                          dropout=dropout, attn_type=None))
+            else:
+                attn_kwargs: Dict[str, Any] = dict(dropout=attn_dropout)
+                if attention == "performer":
+                    attn_kwargs["head_channels"] = channels // heads
+                layers.append(EdgeGPSConv(
+                    channels, local, heads, dropout=dropout,
+                    attn_type=attention, attn_kwargs=attn_kwargs))
+        self.layers = ModuleList(layers)
         self.head = Sequential(Linear(channels, channels), ReLU(),
                                Linear(channels, channels), ReLU(),
                                Linear(channels, num_classes))

@@ -377,7 +377,10 @@ class EdgeGPSConv(_GPSLayer):
                                            **attn_kwargs)
         else:  # no attention branch to normalize
             self.norm2 = None
-        self._reset_attention()  # redrawn as always: the runs' initial weights
+        # Drawn once more, as this layer always has: the committed runs of
+        # the GPS model start from these weights (GPSConv does not redraw;
+        # the distribution is the same).
+        self._reset_attention()
 
     def _reset_attention(self) -> None:
         if isinstance(self.attn, (MultiheadAttention, PerformerAttention)):
