@@ -27,6 +27,7 @@
 #            LISTOPS_ATTENTION), each for
 #            LISTOPS_SECONDS (default 120), into runs/
 #   pack     runs/ -> $OUT/runs.tgz
+#   short    benchmarks/gpu/gpu_short.sh (the eight-minute plan) -> $OUT/short/
 #
 # SUITE_ARGS adds pytest arguments (e.g. a test selection); BENCH_ARGS adds
 # benchmark arguments. Every stage runs under a time limit, so that the
@@ -58,8 +59,10 @@
 #   call 5  profile listops pack       ~7 min: profile-cuda.json,
 #                                             ncu-attention.log, runs.tgz
 #
-# about 37 minutes with the machine's start. With about 15 minutes:
-# benchmarks/gpu/gpu_short.sh, one call of about six minutes, or call 2 alone.
+# about 37 minutes with the machine's start. With about 15 minutes (a start
+# costs minutes of them): benchmarks/gpu/gpu_short.sh, one call of at most
+# eight minutes with the most valuable results first, then, if time is
+# left, call 1 or call 2 of this plan.
 set -u
 tiny=0
 if [ "${1:-}" = "--tiny" ]; then tiny=1; shift; fi
@@ -90,7 +93,7 @@ check() {  # check NAME STATUS: log a stage's exit status, remember a failure
 repeat_pids=()
 for stage in "${stages[@]}"; do
   case $stage in
-    suite|repeat|wait-repeat|bench|bench-suite|checks|profile|listops)
+    suite|repeat|wait-repeat|bench|bench-suite|checks|profile|listops|short)
       if [ "$gpu" != 1 ]; then
         log "stage $stage: skipped, no CUDA device (torch.cuda.is_available() is False)"
         continue
@@ -183,6 +186,10 @@ if torch.cuda.is_available():
         check "listops $att" $status
         tail -n 2 "runs/listops-$att.log" | tee -a "$OUT/gpu_run.log"
       done ;;
+    short)
+      t=(); [ $tiny = 1 ] && t=(--tiny)
+      OUT="$OUT/short" PY=$PY bash benchmarks/gpu/gpu_short.sh "${t[@]}"
+      check short $? ;;
     pack)
       tar czf "$OUT/runs.tgz" runs; ls -la "$OUT" ;;
     *) log "unknown stage $stage"; exit 2 ;;

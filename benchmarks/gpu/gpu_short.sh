@@ -1,68 +1,119 @@
 #!/usr/bin/env bash
-# One call of at most ten minutes on a freshly started GPU machine that has
-# its own Python, torch, triton, torch_geometric and pytest-xdist (for a
-# machine held about a quarter of an hour; benchmarks/gpu/gpu_run.sh has the
-# long stages):
-# first the extension's build, the CUDA suite and the repeat task's three
-# seeds side by side (correctness and training: nothing there is timed),
-# then the benchmarks alone on the GPU. Run from the repository root:
+# One call of at most eight minutes on a freshly started GPU machine that has
+# its own Python, torch, triton, torch_geometric and pytest-xdist: the most
+# valuable results first, each stage writing its files under $OUT as it
+# ends, so that a call cut short keeps what it made. For a machine lent for
+# about a quarter of an hour (its start costs minutes of that). The full
+# suite, the long benchmarks and the training runs are a second, optional
+# call: benchmarks/gpu/gpu_run.sh. Run from the repository root:
 #
 #   OUT=/tmp/gpu-out bash benchmarks/gpu/gpu_short.sh
 #
-# Seconds from the start (each stage is cut at its limit, and what it wrote
-# stays in $OUT, at most 8 files):
-#   0    env.log: GPU, driver, package versions
-#   0    build (background, ~90 s), repeat runs N = 256, seeds 0 1 2 (to 250 s)
-#   ~90  suite.log: SBM_PYG_TEST_DEVICE=cuda pytest -m "not host" -n 8 (to 250 s)
-#   250  bench.log, cuda-a.json: sampler (1% and 5%, both modes), the
-#        dense-regime kernel vs SDPA, SBMConv vs MultiheadAttention, a
-#        training step (150 s)
-#   400  cuda-b.json: sparse attention vs SDPA, FlexAttention, PyG (90 s)
-#   490  crossover.json: SBMConv on the sparse and the dense kernels (60 s)
-#   550  runs.tgz: the repeat runs, their logs and the build log
+# Seconds from the start, the mark by which each stage is cut:
+#   0    env.log: GPU, driver, package versions; the build of the CPU
+#        kernels starts beside (the test subset compares with them)
+#   150  profile.json: where the time of SBMConv (n = 16384, 1%) and of an
+#        LRA training step (n = 4096) goes, kernel by kernel
+#   270  cuda-a.json: SBMConv vs MultiheadAttention (n = 16384), the
+#        training step (n = 4096), the sampler (n = 65536, 1%)
+#   330  cuda-dense.json: the dense-regime kernel vs SDPA at n = 16384
+#        (float32 and bfloat16)
+#   400  crossover.json: SBMConv on the sparse and the dense kernels at
+#        n = 8192 and 16384
+#   470  suite.log: the CUDA tests of the attention function and the
+#        kernels (SBM_PYG_TEST_DEVICE=cuda)
+#
+# A stage with less than MIN_SECONDS (default 20) left before its mark is
+# skipped with a line saying so, never run for a second; a stage cut at its
+# mark says that too (exit 124). short.log has every stage's line.
+#
+#   bash benchmarks/gpu/gpu_short.sh --tiny
+#
+# runs the same stages on CPU tensors, the Triton kernels under their
+# interpreter, at the benchmarks' --quick sizes, with marks far apart: what
+# CI runs (through gpu_run.sh's `short` stage) so that no stage meets a GPU
+# with a missing argument.
 set -u
+tiny=0
+if [ "${1:-}" = "--tiny" ]; then tiny=1; shift; fi
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" runs
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
+MIN_SECONDS=${MIN_SECONDS:-20}
+if [ $tiny = 1 ]; then
+  export TRITON_INTERPRET=1
+  DEV=cpu QUICK=(--quick --repeats 1) SCALE=10
+else
+  DEV=cuda QUICK=() SCALE=1
+fi
 start=$SECONDS
-left() { local s=$(( $1 - (SECONDS - start) )); echo $(( s > 1 ? s : 1 )); }  # seconds until mark $1 (at least 1)
-log() { echo "[gpu_short $((SECONDS - start))s] $*" | tee -a "$OUT/bench.log"; }
+log() { echo "[gpu_short $((SECONDS - start))s] $*" | tee -a "$OUT/short.log"; }
+failed=0
 
-{ nvidia-smi; $PY -c 'import torch, triton, torch_geometric, sys
+# stage NAME MARK COMMAND...: runs COMMAND until MARK seconds from the start
+# (times SCALE in --tiny), its output appended to $OUT/NAME.log.
+stage() {
+  local name=$1 mark=$(( $2 * SCALE )); shift 2
+  local s=$(( mark - (SECONDS - start) ))
+  if [ "$s" -lt "$MIN_SECONDS" ]; then
+    log "$name: skipped, ${s}s left before its mark at ${mark}s"
+    failed=1
+    return
+  fi
+  timeout "$s" "$@" >> "$OUT/$name.log" 2>&1
+  local rc=$?
+  if [ $rc = 124 ]; then
+    log "$name: cut at its mark (${s}s)"
+  else
+    log "$name: exit $rc"
+  fi
+  [ $rc = 0 ] || failed=1
+}
+
+{ command -v nvidia-smi > /dev/null && nvidia-smi
+  $PY -c 'import torch, triton, torch_geometric, sys
 print(sys.version); print("torch", torch.__version__, "triton", triton.__version__,
 "pyg", torch_geometric.__version__, "cuda", torch.version.cuda)
-print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))'; } \
-  > "$OUT/env.log" 2>&1
+if torch.cuda.is_available():
+    print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))'
+} > "$OUT/env.log" 2>&1
+if [ $tiny = 0 ] && ! $PY -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
+  log "no CUDA device (torch.cuda.is_available() is False): nothing to measure"
+  exit 1
+fi
 
-MAX_JOBS=16 $PY setup.py build_ext --inplace > runs/build.log 2>&1 &
-build=$!
-repeats=()
-for s in 0 1 2; do
-  OMP_NUM_THREADS=1 timeout -s INT "$(left 250)" $PY -m sbm_pyg train \
-    --preset repeat-paper --device cuda --seed $s --out runs/repeat256-cuda-s$s \
-    --no-progress > runs/repeat-s$s.log 2>&1 &
-  repeats+=($!)
-done
-wait $build; log "build exit $?"
-SBM_PYG_TEST_DEVICE=cuda timeout "$(left 250)" $PY -m pytest -q -m "not host" \
-  -n 8 -p no:cacheprovider --timeout 120 -rfE > "$OUT/suite.log" 2>&1
-log "suite exit $? ($(tail -1 "$OUT/suite.log"))"
-for p in "${repeats[@]}"; do wait "$p"; log "repeat run exit $?"; done
+build=
+if [ $tiny = 0 ]; then  # --tiny: the CPU kernels are built where CI runs it
+  MAX_JOBS=16 timeout 300 $PY setup.py build_ext --inplace > runs/build.log 2>&1 &
+  build=$!
+fi
 
-timeout "$(left 400)" $PY -m benchmarks.cuda --out "$OUT/cuda-a.json" \
-  --sections sampler dense layer training --sampler-sizes 4096 16384 65536 \
-  --sampler-densities 0.01 0.05 --dense-sizes 4096 16384 --layer-sizes 16384 \
-  --training-sizes 4096 >> "$OUT/bench.log" 2>&1
-log "bench a exit $?"
-timeout "$(left 490)" $PY -m benchmarks.cuda --out "$OUT/cuda-b.json" \
-  --sections attention --cases 16384:2:32:bfloat16 16384:2:32:float32 \
-  65536:2:32:bfloat16 --densities 0.01 0.05 0.2 0.5 1.0 --flex-max-n 16384 \
-  >> "$OUT/bench.log" 2>&1
-log "bench b exit $?"
-timeout "$(left 550)" $PY -m benchmarks --device cuda --sections crossover \
-  --out "$OUT/crossover.json" >> "$OUT/bench.log" 2>&1
-log "crossover exit $?"
-tar czf "$OUT/runs.tgz" runs
+# The sizes of the targets (--tiny: the benchmarks' --quick sizes).
+sizes_a=(--layer-sizes 16384 --training-sizes 4096 --sampler-sizes 65536
+         --sampler-densities 0.01)
+sizes_dense=(--dense-sizes 16384) crossover=(--crossover-sizes 8192 16384)
+[ $tiny = 1 ] && sizes_a=() sizes_dense=() crossover=()
+stage profile 150 $PY -m benchmarks.gpu.cuda_profile "${QUICK[@]}" \
+  --sections layer training --out "$OUT/profile.json"
+stage bench-a 270 $PY -m benchmarks.cuda "${QUICK[@]}" --out "$OUT/cuda-a.json" \
+  --sections layer training sampler "${sizes_a[@]}"
+stage bench-dense 330 $PY -m benchmarks.cuda "${QUICK[@]}" \
+  --out "$OUT/cuda-dense.json" --sections dense "${sizes_dense[@]}"
+stage crossover 400 $PY -m benchmarks --device $DEV "${QUICK[@]}" \
+  --sections crossover "${crossover[@]}" --out "$OUT/crossover.json"
+if [ -n "$build" ]; then
+  wait $build
+  rc=$?
+  log "build: exit $rc ($(tail -n 1 runs/build.log | cut -c1-120))"
+  [ $rc = 0 ] || failed=1
+fi
+suite=(tests/nn/test_sbm_attention.py tests/ops/test_triton_attention.py
+       tests/ops/test_triton_dense.py tests/sampling/test_fastrg_op.py)
+workers=(-n 8)
+[ $tiny = 1 ] && suite=(-k triton tests/ops/test_triton_dense.py) workers=()
+stage suite 470 env SBM_PYG_TEST_DEVICE=$DEV $PY -m pytest -q -m "not host" \
+  -p no:cacheprovider -rfE "${workers[@]}" "${suite[@]}"
 log "done"
+exit $failed
