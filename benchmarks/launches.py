@@ -1,0 +1,155 @@
+r"""How many operators a training step dispatches, and where
+``torch.compile`` breaks its graphs: the CPU's proxy for the launches a GPU
+pays per step (each dispatched aten or sbm_pyg operator is at least one
+kernel launch there), and the host reads among them
+(``aten._local_scalar_dense``: ``int()``, ``float()``, ``.item()``,
+``bool()`` of a tensor).
+
+    python -m benchmarks.launches --out launches.json [--quick]
+
+Counted for one training step (forward, backward, Adam) of the LRA model
+(``benchmarks.training``: 2 layers, 2 heads of 32, k = 128, batch 1) at
+n = 4096 with SBM attention at about 1% and with full attention, and for
+one forward and backward of an ``SBMGPSConv`` layer on a random graph;
+graph breaks from ``torch._dynamo.explain`` over ``SBMConv``'s forward.
+Counts, not timings: they do not depend on the machine's load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.training import training_step
+
+# What reads a tensor's values to the host, at the Python level (tolist
+# reads without dispatching an operator).
+READS = (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__,
+         torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.__index__)
+
+
+def _reader() -> str:
+    # Where a read comes from: the innermost frame of sbm_pyg (file and
+    # function), of torch.optim (the optimizers' step counters, which live
+    # on the host: no device read on a GPU), or else the caller's.
+    stack = traceback.extract_stack()[:-2]  # less this and the mode
+    for frame in reversed(stack):
+        path = frame.filename.replace("\\", "/")
+        if "torch/optim/" in path:
+            return "torch.optim"
+        if "/sbm_pyg/" in path:
+            return f"{path.split('/sbm_pyg/')[-1]}:{frame.name}"
+    return "other"
+
+
+class _Count(TorchDispatchMode):
+    # Every operator call that reaches the dispatcher, by name; the views
+    # among them (no kernel: a new shape over the same memory) apart.
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter = Counter()
+        self.views = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        self.views += bool(getattr(func, "is_view", False))
+        return func(*args, **(kwargs or {}))
+
+
+class _Reads(TorchFunctionMode):
+    # Every read of a tensor's values to the host, by where it comes from.
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: Counter = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in READS:
+            self.reads[_reader()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], object]) -> Dict[str, object]:
+    """The operators one call of ``fn`` dispatches (after a warm-up call):
+    their total, the views among them (which launch nothing), the sbm_pyg
+    operators and the ten most frequent; and its
+    reads of tensor values to the host, by where they come from
+    (``host_reads`` counts all but the optimizers')."""
+    fn()
+    with _Reads() as reads, _Count() as count:
+        fn()
+    ops = count.ops
+    return dict(ops=sum(ops.values()), views=count.views,
+                host_reads=sum(v for k, v in reads.reads.items()
+                               if k != "torch.optim"),
+                reads=dict(reads.reads),
+                sbm_pyg_ops=sum(v for k, v in ops.items()
+                                if k.startswith("sbm_pyg.")),
+                top=dict(ops.most_common(10)))
+
+
+def gps_step(nodes: int, channels: int = 64) -> Callable[[], None]:
+    """One forward and backward of an ``SBMGPSConv`` (GatedGCN local, SBM
+    global attention, 2 heads) on a random graph of ``nodes`` nodes."""
+    from sbm_pyg.nn import GatedGCNConv, SBMGPSConv
+    torch.manual_seed(0)
+    layer = SBMGPSConv(channels, GatedGCNConv(channels), heads=2,
+                       attn_kwargs=dict(num_clusters=32, eval_seed=0))
+    x = torch.randn(nodes, channels, requires_grad=True)
+    edge_index = torch.randint(nodes, (2, 4 * nodes))
+    edge_attr = torch.randn(edge_index.size(1), channels)
+    batch = torch.zeros(nodes, dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        out = layer(x, edge_index, batch, edge_attr=edge_attr, generator=g)
+        out.square().sum().backward()
+    return step
+
+
+def graph_breaks(n: int) -> Dict[str, object]:
+    """``torch._dynamo.explain`` over one ``SBMConv`` forward (n tokens, one
+    sequence): the graphs, the breaks and their reasons."""
+    from sbm_pyg.nn import SBMConv
+    torch.manual_seed(0)
+    conv = SBMConv(64, 32, heads=2, num_clusters=128)
+    x = torch.randn(n, 64)
+    g = torch.Generator().manual_seed(0)
+    torch._dynamo.reset()
+    out = torch._dynamo.explain(lambda x: conv(x, generator=g))(x)
+    return dict(graphs=out.graph_count, breaks=out.graph_break_count,
+                reasons=sorted({str(r.reason).split("\n")[0][:160]
+                                for r in out.break_reasons}))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, seconds")
+    args = parser.parse_args(argv)
+    n, nodes = (64, 64) if args.quick else (4096, 1024)
+    cpu = torch.device("cpu")
+    results: dict = dict(n=n, gps_nodes=nodes, torch=torch.__version__)
+    results["training_sbm"] = count_ops(training_step("sbm", n, 0.01, cpu))
+    results["training_full"] = count_ops(training_step("full", n, 1.0, cpu))
+    results["gps_layer"] = count_ops(gps_step(nodes))
+    results["graph_breaks"] = graph_breaks(n)
+    for name in ("training_sbm", "training_full", "gps_layer"):
+        r = results[name]
+        print(f"{name}: {r['ops']} operators ({r['views']} views), "
+              f"{r['sbm_pyg_ops']} of sbm_pyg; "
+              f"{r['host_reads']} host reads: {r['reads']}", flush=True)
+    print(f"SBMConv under torch.compile: {results['graph_breaks']}", flush=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()

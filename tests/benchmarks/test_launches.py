@@ -1,0 +1,48 @@
+"""benchmarks.launches: operators and host reads per step, graph breaks."""
+import pytest
+import torch
+
+from benchmarks.launches import count_ops, main
+
+
+def test_counts_each_dispatched_operator_and_host_read():
+    x = torch.ones(3)
+    w = torch.zeros(1, requires_grad=True)
+    w.grad = torch.ones(1)
+    opt = torch.optim.Adam([w], lr=0.1, foreach=False)
+
+    def fn():
+        y = x.add(1).mul(2)  # two operators
+        int(y.sum())  # one more, and a host read
+
+    res = count_ops(fn)
+    assert res["ops"] == 4 and res["views"] == 0 and res["host_reads"] == 1
+    assert count_ops(lambda: x.view(3, 1).t())["views"] == 2
+    assert res["reads"] == {"other": 1}
+    assert res["top"]["aten.add.Tensor"] == 1
+    assert res["sbm_pyg_ops"] == 0
+    # tolist reads without an operator; the optimizers' reads are apart
+    assert count_ops(lambda: x.tolist())["host_reads"] == 1
+    steps = count_ops(lambda: opt.step())
+    assert steps["host_reads"] == 0 and steps["reads"]["torch.optim"] >= 1
+
+
+def test_reads_are_named_by_their_place_in_sbm_pyg():
+    from sbm_pyg.nn import SBMConv
+    torch.manual_seed(0)
+    conv = SBMConv(8, 4, heads=2, num_clusters=3, attention_backend="cpp"
+                   if torch.get_default_device().type == "cpu" else "auto")
+    x = torch.randn(20, 8)
+    g = torch.Generator(x.device).manual_seed(0)
+    res = count_ops(lambda: conv(x, ptr=torch.tensor([0, 8, 20]), generator=g))
+    assert res["host_reads"] == sum(res["reads"].values()) >= 1
+    assert all(k.endswith(".py:" + k.split(":")[-1]) and ".py:" in k
+               for k in res["reads"]), res["reads"]
+
+
+@pytest.mark.slow
+def test_quick_run(tmp_path):
+    res = main(["--quick", "--out", str(tmp_path / "l.json")])
+    assert res["training_sbm"]["sbm_pyg_ops"] > 0
+    assert res["training_full"]["sbm_pyg_ops"] == 0
+    assert res["graph_breaks"]["graphs"] >= 1
