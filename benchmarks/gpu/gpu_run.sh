@@ -64,13 +64,8 @@
 # eight minutes with the most valuable results first, then, if time is
 # left, call 1 or call 2 of this plan.
 set -u
-tiny=0
-if [ "${1:-}" = "--tiny" ]; then tiny=1; shift; fi
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT" runs
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
+. "$(dirname "$0")/common.sh" "$@"
+[ $tiny = 1 ] && shift
 log() { echo "[gpu_run $(date +%T)] $*" | tee -a "$OUT/gpu_run.log"; }
 
 stages=("$@")
@@ -102,13 +97,7 @@ for stage in "${stages[@]}"; do
   log "stage $stage"
   case $stage in
     env)
-      { command -v nvidia-smi > /dev/null && nvidia-smi
-        $PY -c 'import torch, triton, torch_geometric, sys
-print(sys.version); print("torch", torch.__version__, "triton", triton.__version__,
-"pyg", torch_geometric.__version__, "cuda", torch.version.cuda)
-if torch.cuda.is_available():
-    print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))'
-        command -v ncu; } 2>&1 | tee -a "$OUT/gpu_run.log" ;;
+      { machine_report; command -v ncu; } 2>&1 | tee -a "$OUT/gpu_run.log" ;;
     build)
       MAX_JOBS=16 timeout 300 $PY setup.py build_ext --inplace > runs/build.log 2>&1
       check build $?; tail -3 runs/build.log | tee -a "$OUT/gpu_run.log" ;;

@@ -34,13 +34,8 @@
 # CI runs (through gpu_run.sh's `short` stage) so that no stage meets a GPU
 # with a missing argument.
 set -u
-tiny=0
-if [ "${1:-}" = "--tiny" ]; then tiny=1; shift; fi
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT" runs
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
+. "$(dirname "$0")/common.sh" "$@"
+[ $tiny = 1 ] && shift
 MIN_SECONDS=${MIN_SECONDS:-20}
 if [ $tiny = 1 ]; then
   export TRITON_INTERPRET=1
@@ -72,13 +67,7 @@ stage() {
   [ $rc = 0 ] || failed=1
 }
 
-{ command -v nvidia-smi > /dev/null && nvidia-smi
-  $PY -c 'import torch, triton, torch_geometric, sys
-print(sys.version); print("torch", torch.__version__, "triton", triton.__version__,
-"pyg", torch_geometric.__version__, "cuda", torch.version.cuda)
-if torch.cuda.is_available():
-    print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))'
-} > "$OUT/env.log" 2>&1
+machine_report > "$OUT/env.log" 2>&1
 if [ $tiny = 0 ] && ! $PY -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
   log "no CUDA device (torch.cuda.is_available() is False): nothing to measure"
   exit 1
