@@ -75,6 +75,14 @@ class _Reads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def count_reads(fn: Callable[[], object]) -> Dict[str, int]:
+    """The host reads of one call of ``fn``, by where they come from (the
+    file under sbm_pyg and its function, ``torch.optim`` or ``other``)."""
+    with _Reads() as reads:
+        fn()
+    return dict(reads.reads)
+
+
 def count_ops(fn: Callable[[], object]) -> Dict[str, object]:
     """The operators one call of ``fn`` dispatches (after a warm-up call):
     their total, the views among them (which launch nothing), the sbm_pyg

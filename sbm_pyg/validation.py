@@ -60,11 +60,16 @@ def sync(checks: Sequence[Check], *scalars: Tensor) -> List[float]:
 
     Raises the :class:`ValueError` of the first failing check.
     """
-    parts = [flag.reshape(1).double() for flag, _ in checks]
-    parts += [s.reshape(1).double() for s in scalars]
+    # One kernel for the whole read where it can be (a view per scalar, the
+    # concatenation, its conversion): cat promotes integers and flags
+    # exactly, a float below float64 is widened alone (with an integer it
+    # would promote to its own precision).
+    parts = [x.reshape(1) if x.dtype == torch.float64 or not x.is_floating_point()
+             else x.reshape(1).double()
+             for x in [flag for flag, _ in checks] + list(scalars)]
     if not parts:
         return []
-    values = torch.cat(parts).tolist()
+    values = torch.cat(parts).double().tolist()
     for (_, message), failed in zip(checks, values):
         if failed:
             raise ValueError(message)

@@ -5,7 +5,7 @@ computed."""
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -30,10 +30,10 @@ from sbm_pyg.sampling.checks import (
     check_sbm,
     included_pairs,
 )
-from sbm_pyg.sampling.fastrg import fastrg
+from sbm_pyg.sampling.fastrg import PlannedGraph, plan_fastrg
 from sbm_pyg.sampling.fastrg_op import included_csr, stream_seed
 from sbm_pyg.sampling.graph import SampledGraph
-from sbm_pyg.validation import check_generator, sync
+from sbm_pyg.validation import Check, check_generator, sync
 
 __all__ = ["sbm_attention", "SBMAttention"]
 
@@ -100,6 +100,14 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,
     regime on its own pairs. :obj:`"dense"` runs it for all, any other
     backend the sparse path with that kernel.
 
+    A call of one regime reads the device once: the inputs' checks, the
+    choice and the sizes of what is allocated next (the sampler's draws or
+    the dense regime's mask) in one host sync (the sampler's plan is made
+    before the choice, its first seed the dense kernel's where every pair
+    is dense). A CUDA kernel then reads the size of its output (the
+    sampled graph's edges, the mask's bytes); the backward reads nothing.
+    A batch of both regimes reads more.
+
     Args:
         query (Tensor): :obj:`[N_q, H, D]`.
         key (Tensor): :obj:`[N_k, H, D]`.
@@ -155,36 +163,38 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,
     q_memb, block, k_memb = sbm
     device = query.device
     check_generator(generator, device)
-    seq_q, seq_k, dense, per = _regimes(query, sbm, ptr_q, ptr_k, key.size(0),
-                                        opts, attend is not None)
+    seq_q, seq_k, checks, dense, per = _regimes(
+        query, sbm, ptr_q, ptr_k, key.size(0), opts, attend is not None)
     need_graph = return_graph or return_attention_weights
     call = _Call(query, key, value, q_memb, block, k_memb, seq_q, seq_k,
                  include_edges, opts, training, need_graph,
-                 return_attention_weights, attend, generator)
-    pairs = dense.numel() if dense is not None else 0
-    num_dense = 0 if dense is None else int(dense.sum())
+                 return_attention_weights, attend, generator, checks, None)
     sampler = resolve_backend("sampler", opts.sampler_backend, device)
     # The sparse kernel: the one asked for, or where the dense regime runs
     # (asked for or chosen) the one "auto" takes, for weights or graphs.
     attention = ("message_passing" if attend is not None else resolve_backend(
         "attention", "auto" if opts.attention_backend == "dense"
         else opts.attention_backend, device))
-    if attend is None and (opts.attention_backend == "dense"
-                           or (pairs > 0 and num_dense == pairs)):
-        part = _dense(call)
-        backends = dict(sampler="dense",
-                        attention=attention if need_graph else "dense")
-    elif num_dense == 0:
-        part = _sparse(call, sampler, attention)
+    dense_backends = dict(sampler="dense",
+                          attention=attention if need_graph else "dense")
+    if attend is None and opts.attention_backend == "dense":
+        part, backends = _dense(call), dense_backends
+    elif dense is None:
+        graph = _sample(call, q_memb, opts.max_edges, sampler)
+        part = _sparse(call, graph, attention)
         backends = dict(sampler=sampler, attention=attention)
     else:
-        assert dense is not None  # some sequences are dense
-        part = _mixed(call, dense, sampler, attention)
-        # Counted over the non-empty sequences: the empty ones join either.
-        busy = (seq_q.diff() * seq_k.diff() > 0)[:, None].expand_as(dense)
-        backends = dict(sampler=sampler, attention=attention,
-                        dense_pairs=f"{int((dense & busy).sum())}/"
-                                    f"{int(busy.sum())}")
+        choice = _choose(call, dense, sampler)
+        if isinstance(choice, SampledGraph):  # every pair sparse
+            part = _sparse(call, choice, attention)
+            backends = dict(sampler=sampler, attention=attention)
+        elif isinstance(choice, _Dense):  # every pair dense
+            part, backends = _dense(call, choice), dense_backends
+        else:  # some of each: (dense pairs, non-empty pairs)
+            part = _mixed(call._replace(seed=choice.seed), dense, sampler,
+                          attention)
+            backends = dict(sampler=sampler, attention=attention,
+                            dense_pairs=f"{choice.dense}/{choice.busy}")
     if dense is not None and device.type != "cpu":
         crossover, source = backend_info.dense_crossover(device)  # GPU's or CPU's
         backends["crossover"] = f"{crossover:g} ({source})"
@@ -213,17 +223,41 @@ class _Call(NamedTuple):
     need_alpha: bool
     attend: Optional[Attend]
     generator: Optional[torch.Generator]
+    # Checks of the inputs not raised yet (they raise at the regime's one
+    # host sync) and the first seed, where it was drawn before the regime
+    # was chosen.
+    checks: List[Check]
+    seed: Optional[int]
+
+
+class _Dense(NamedTuple):
+    # What the dense regime's guard needs, read at the one sync: the pairs
+    # and the mask's bytes; the first seed.
+    num_pairs: float
+    num_bytes: float
+    seed: Optional[int]
+
+
+class _Mixed(NamedTuple):
+    # A batch of both regimes: the dense and the non-empty (sequence, head)
+    # pairs, counted at the one sync; the first seed (the dense part's).
+    dense: int
+    busy: int
+    seed: Optional[int]
 
 
 @torch.compiler.disable  # data-dependent: the pointers' checks and the choice
 def _regimes(query: Tensor, sbm: Tuple[Tensor, Tensor, Tensor],
              ptr_q: PtrLike, ptr_k: PtrLike, Nk: int,
              opts: SBMAttentionOptions, custom: bool
-             ) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
-    # The pointers, which (sequence, head) pairs take the dense regime
-    # ([G, H] bool), or None where the choice is not the expected density's,
-    # and the expected densities [G, H] where they made the choice (with
-    # their gradient: the layer reports them too).
+             ) -> Tuple[Tensor, Tensor, List[Check], Optional[Tensor],
+                        Optional[Tensor]]:
+    # The pointers and their checks (raised at the regime's one sync; until
+    # then the pointers are made valid), which (sequence, head) pairs take
+    # the dense regime ([G, H] bool), or None where the choice is not the
+    # expected density's, and the expected densities [G, H] where they made
+    # the choice (with their gradient: the layer reports them too). Nothing
+    # is read to the host here.
     Nq, device = query.size(0), query.device
     ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, Nk, device)
     backend = opts.attention_backend
@@ -231,21 +265,61 @@ def _regimes(query: Tensor, sbm: Tuple[Tensor, Tensor, Tensor],
     if not auto:
         if backend == "dense":
             resolve_backend("attention", "dense", device)
-        return ptr_q, ptr_k, None, None
-    # Checked here (one sync): the expected density reads the pointers.
-    sync(checks)
+        return ptr_q, ptr_k, checks, None, None
     per = expected_densities(ptr_q, ptr_k, *sbm)
     dense = (per.detach().double() + opts.exploration
              >= backend_info.dense_crossover(device)[0])
     pairs = ptr_q.diff() * ptr_k.diff()
     # Empty sequences join the other regime: no split for them.
-    return ptr_q, ptr_k, dense | ((pairs == 0)[:, None] & dense.any()), per
+    return (ptr_q, ptr_k, checks,
+            dense | ((pairs == 0)[:, None] & dense.any()), per)
 
 
-def _sparse(call: _Call, sampler: str, attention: str) -> _Part:
-    graph = _sample(call, call.q_memb, call.options.max_edges, sampler)
+@torch.compiler.disable  # data-dependent: the choice read at the sync
+def _choose(call: _Call, dense: Tensor, sampler: str
+            ) -> Union[SampledGraph, _Dense, _Mixed]:
+    # The regime of a batch whose pairs chose by their expected density,
+    # with one host read: the sampler's plan is made first (its first seed
+    # serves the dense kernel where every pair is dense, as it would have
+    # drawn it), and its values, the inputs' checks, the dense pairs' count
+    # and the dense regime's sizes are read together. A batch of both
+    # regimes reads more (its parts are planned and checked each on its
+    # own).
+    planned = _plan(call, call.q_memb, call.options.max_edges, sampler)
+    H = call.query.size(1)
+    values = sync([*call.checks, *planned.checks], *planned.scalars,
+                  dense.sum(), H * (call.ptr_q.diff() * call.ptr_k.diff()).sum(),
+                  mask_bytes(call.ptr_q, call.ptr_k, H).sum())
+    num_dense, num_pairs, num_bytes = values[len(planned.scalars):]
+    if num_dense == 0:
+        return planned.finish(values[:len(planned.scalars)])
+    if num_dense == dense.numel():
+        return _Dense(num_pairs, num_bytes, planned.seed)
+    # Counted over the non-empty sequences: the empty ones join either.
+    busy = ((call.ptr_q.diff() * call.ptr_k.diff() > 0)[:, None]
+            .expand_as(dense))
+    dense_busy, num_busy = sync([], (dense & busy).sum(), busy.sum())
+    return _Mixed(int(dense_busy), int(num_busy), planned.seed)
+
+
+def _sparse(call: _Call, graph: SampledGraph, attention: str) -> _Part:
     out, alpha = _attend(call, graph, attention)
     return _Part(out, graph, alpha, graph.edge_counts())
+
+
+def _plan(call: _Call, q_memb: Tensor, max_edges: Optional[int],
+          sampler: str) -> PlannedGraph:
+    # The plan of the call's SBM with the query memberships q_memb (a mixed
+    # batch zeroes its dense pairs'), from the call's first seed if drawn.
+    opts = call.options
+    return plan_fastrg(q_memb.detach(), call.block.detach(),
+                       call.k_memb.detach(), ptr_q=call.ptr_q,
+                       ptr_k=call.ptr_k, mode=opts.mode,
+                       exploration=opts.exploration,
+                       self_loops=opts.self_loops,
+                       include_edges=call.include_edges, max_edges=max_edges,
+                       generator=call.generator, backend=sampler,
+                       seed=call.seed)
 
 
 # Data-dependent edge count: the sampler runs eagerly under torch.compile,
@@ -253,14 +327,9 @@ def _sparse(call: _Call, sampler: str, attention: str) -> _Part:
 @torch.compiler.disable
 def _sample(call: _Call, q_memb: Tensor, max_edges: Optional[int],
             sampler: str) -> SampledGraph:
-    # The graph of the call's SBM with the query memberships q_memb (a mixed
-    # batch zeroes its dense pairs').
-    opts = call.options
-    return fastrg(q_memb.detach(), call.block.detach(), call.k_memb.detach(),
-                  ptr_q=call.ptr_q, ptr_k=call.ptr_k, mode=opts.mode,
-                  exploration=opts.exploration, self_loops=opts.self_loops,
-                  include_edges=call.include_edges, max_edges=max_edges,
-                  generator=call.generator, backend=sampler)
+    # The graph, with the call's checks raised at the sampler's one sync.
+    planned = _plan(call, q_memb, max_edges, sampler)
+    return planned.finish(sync([*call.checks, *planned.checks], *planned.scalars))
 
 
 def _attend(call: _Call, graph: SampledGraph, attention: str
@@ -285,7 +354,7 @@ def _attend(call: _Call, graph: SampledGraph, attention: str
 
 
 @torch.compiler.disable  # data-dependent mask size: runs eagerly
-def _dense(call: _Call) -> _Part:
+def _dense(call: _Call, sized: Optional[_Dense] = None) -> _Part:
     # The dense-regime kernel samples the mask and attends over it, after
     # the sampler's argument checks and memory guard. Where the graph is
     # asked for, only the mask is wanted of it (no autograd graph): the
@@ -300,10 +369,13 @@ def _dense(call: _Call) -> _Part:
     if call.include_edges is not None:
         i, j, check = included_pairs(call.include_edges, ptr_q, ptr_k, Nq, Nk)
         checks.append(check)
-    num_pairs, num_bytes = sync(checks, H * (ptr_q.diff() * ptr_k.diff()).sum(),
-                                mask_bytes(ptr_q, ptr_k, H).sum())
-    check_draws(num_pairs, num_pairs, num_bytes, opts.max_edges, query.device,
-                ptr_q.numel() - 1, H, Nq, Nk)
+    if sized is None:  # not read with the regime's choice: read here
+        num_pairs, num_bytes = sync(
+            call.checks + checks, H * (ptr_q.diff() * ptr_k.diff()).sum(),
+            mask_bytes(ptr_q, ptr_k, H).sum())
+        sized = _Dense(num_pairs, num_bytes, call.seed)
+    check_draws(sized.num_pairs, sized.num_pairs, sized.num_bytes,
+                opts.max_edges, query.device, ptr_q.numel() - 1, H, Nq, Nk)
     included = (None if call.include_edges is None
                 else included_csr(i, j, Nq, Nk))
     grad = torch.is_grad_enabled() and not call.need_graph
@@ -311,7 +383,8 @@ def _dense(call: _Call) -> _Part:
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
     # As PyTorch's matmuls would take it (before full_precision sets it).
     precision = matmul_precision(query.dtype)
-    seed = stream_seed(call.generator, query.device)
+    seed = (stream_seed(call.generator, query.device) if sized.seed is None
+            else sized.seed)
     # The dropout's own seed, drawn after the mask's (none without dropout).
     drop = opts.dropout if call.training and not call.need_graph else 0.0
     drop_seed = stream_seed(call.generator, query.device) if drop > 0 else 0
@@ -368,7 +441,7 @@ def _mixed(call: _Call, dense: Tensor, sampler: str, attention: str) -> _Part:
         query=gather(query, split.rows_q), key=gather(key, split.rows_k),
         value=gather(value, split.rows_k), q_memb=gather(q_block, split.rows_q),
         block=eye, k_memb=gather(k_memb, split.rows_k), ptr_q=split.ptr_q,
-        ptr_k=split.ptr_k, include_edges=inc))
+        ptr_k=split.ptr_k, include_edges=inc, checks=[]))
     max_edges = call.options.max_edges
     pairs_left = (None if max_edges is None
                   else max(max_edges - int(dense_part.edges.sum()), 0))
@@ -376,7 +449,8 @@ def _mixed(call: _Call, dense: Tensor, sampler: str, attention: str) -> _Part:
                                                device=query.device),
                                   ptr_q.diff(), output_size=Nq)
     sparse_memb = q_memb * (~dense)[seq][:, :, None]
-    graph = _sample(call, sparse_memb, pairs_left, sampler)
+    graph = _sample(call._replace(seed=None, checks=[]), sparse_memb,
+                    pairs_left, sampler)
     keys = graph_keys(graph)
     row = keys // max(Nk, 1)
     keys = keys[~dense[seq[row % max(Nq, 1)], row // max(Nq, 1)]]

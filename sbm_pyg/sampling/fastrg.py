@@ -2,7 +2,7 @@ r"""fastRG (the paper's Algorithm 1) over a ragged batch, all heads at
 once: the arguments checked, a backend chosen, the graph built."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -17,10 +17,11 @@ from sbm_pyg.sampling.checks import (
     check_sbm,
     included_pairs,
 )
+from sbm_pyg.sampling.edges import SampledEdges
 from sbm_pyg.sampling.graph import SampledGraph
-from sbm_pyg.validation import check_generator
+from sbm_pyg.validation import Check, check_generator, nonnegative_finite, sync
 
-__all__ = ["fastrg", "MODES", "BACKENDS"]
+__all__ = ["fastrg", "plan_fastrg", "PlannedGraph", "MODES", "BACKENDS"]
 
 
 @torch.compiler.disable  # data-dependent edge count: runs eagerly
@@ -117,6 +118,58 @@ def fastrg(
         >>> graph.edge_index.size(0), graph.density().shape  # [G, H]
         (2, torch.Size([2, 2]))
     """
+    planned = plan_fastrg(q_memb, block, k_memb, ptr_q=ptr_q, ptr_k=ptr_k,
+                          mode=mode, exploration=exploration,
+                          self_loops=self_loops, include_edges=include_edges,
+                          max_edges=max_edges, generator=generator,
+                          backend=backend)
+    return planned.finish(sync(planned.checks, *planned.scalars))
+
+
+class PlannedGraph:
+    r"""A graph of :func:`fastrg` planned but not drawn yet (see
+    :func:`plan_fastrg`): its :obj:`checks` and :obj:`scalars` are for the
+    caller's one host sync (:func:`~sbm_pyg.validation.sync`), which may
+    read other values too, and :meth:`finish` takes the scalars' values and
+    draws the graph."""
+
+    def __init__(self, shape: Tuple[int, int, int], ptr: Tuple[Tensor, Tensor],
+                 checks: List[Check], plan: Optional[fastrg_op.Plan],
+                 torch_sample: Optional[Callable[[], SampledEdges]]) -> None:
+        self._shape, self._ptr = shape, ptr
+        self._plan, self._torch_sample = plan, torch_sample
+        self.checks: List[Check] = checks if plan is None else plan.checks
+        self.scalars: Tuple[Tensor, ...] = () if plan is None else plan.scalars
+        # The row streams' seed (None for the "torch" backend, which draws
+        # from the generator as it samples).
+        self.seed: Optional[int] = None if plan is None else plan.seed
+
+    def finish(self, values: Sequence[float]) -> SampledGraph:
+        if self._plan is not None:
+            edges = fastrg_op.draw(self._plan, values)
+        else:
+            assert self._torch_sample is not None
+            edges = self._torch_sample()
+        Nq, Nk, H = self._shape
+        return SampledGraph(edges.csr, Nq, Nk, H, *self._ptr, edges.num_draws,
+                            edges.expected_draws)
+
+
+def plan_fastrg(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
+                ptr_q: PtrLike = None, ptr_k: PtrLike = None,
+                mode: str = "poisson", exploration: float = 0.0,
+                self_loops: bool = False,
+                include_edges: Optional[Tensor] = None,
+                max_edges: Optional[int] = None,
+                generator: Optional[torch.Generator] = None,
+                backend: Optional[str] = "auto",
+                seed: Optional[int] = None) -> PlannedGraph:
+    r""":func:`fastrg` up to its host sync, which the caller makes (with
+    values of its own: a layer reads everything it needs in one sync):
+    the arguments checked (raising at once where no device value is
+    needed), the operators' plan run (each row's degree, drawn from
+    :obj:`seed`, or from :obj:`generator` if :obj:`None`). Arguments as
+    :func:`fastrg`'s."""
     # Both backends check the memberships' values in their own first pass.
     check_sampler_options(mode, exploration, max_edges)
     ptr_q, ptr_k, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
@@ -128,15 +181,24 @@ def fastrg(
         *included, check = included_pairs(include_edges, ptr_q, ptr_k,
                                           q_memb.size(0), k_memb.size(0))
         checks.append(check)
-    args = (q_memb, block, k_memb, ptr_q, ptr_k, checks, mode, exploration,
-            self_loops, included, max_edges, generator)
-    # The sampler computes in the memberships' precision (float64 or
-    # float32) whatever autocast is on around it.
+    shape, ptr = (q_memb.size(0), k_memb.size(0), q_memb.size(1)), (ptr_q, ptr_k)
+    if backend == "torch":
+        # Its memberships are checked as it samples: checked here too, so
+        # that a caller that takes the dense regime instead has them.
+        checks += [nonnegative_finite("q_memb", q_memb),
+                   nonnegative_finite("k_memb", k_memb)]
+
+        def torch_sample() -> SampledEdges:
+            # The checks are the caller's to raise: none passed on. The
+            # sampler computes in the memberships' precision (float64 or
+            # float32) whatever autocast is on around it.
+            with full_precision(q_memb.device):
+                return fastrg_torch.sample(
+                    q_memb, block, k_memb, ptr_q, ptr_k, [], mode,
+                    exploration, self_loops, included, max_edges, generator)
+        return PlannedGraph(shape, ptr, checks, None, torch_sample)
     with full_precision(q_memb.device):
-        if backend == "torch":
-            edges = fastrg_torch.sample(*args)
-        else:  # the operators sbm_pyg::fastrg_plan and fastrg_sample
-            edges = fastrg_op.sample(*args, backend=backend)
-    return SampledGraph(edges.csr, q_memb.size(0), k_memb.size(0),
-                        q_memb.size(1), ptr_q, ptr_k, edges.num_draws,
-                        edges.expected_draws)
+        plan = fastrg_op.plan(q_memb, block, k_memb, ptr_q, ptr_k, checks,
+                              mode, exploration, self_loops, included,
+                              max_edges, generator, backend=backend, seed=seed)
+    return PlannedGraph(shape, ptr, checks, plan, None)

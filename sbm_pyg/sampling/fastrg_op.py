@@ -54,7 +54,7 @@ also registered for CPU tensors as the twin operators
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -64,9 +64,10 @@ from sbm_pyg.ops.library import TWIN, OpSpec, define_ops
 from sbm_pyg.sampling import fastrg_triton
 from sbm_pyg.sampling.checks import check_draws
 from sbm_pyg.sampling.edges import SampledEdges, keys_to_csr, sorted_unique
-from sbm_pyg.validation import Check, invalid_values, sync
+from sbm_pyg.validation import Check, invalid_values
 
-__all__ = ["sample", "stream_seed", "included_csr", "DENSE_ROW_THRESHOLD"]
+__all__ = ["Plan", "plan", "draw", "stream_seed", "included_csr",
+           "DENSE_ROW_THRESHOLD"]
 
 # A row is sampled densely (one Bernoulli per key) when its expected number
 # of draws, inflation included, is at least this fraction of its keys.
@@ -137,37 +138,65 @@ def included_csr(i: Tensor, j: Tensor, Nq: int, Nk: int
     return ptr, col
 
 
-def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
-           ptr_k: Tensor, checks: List[Check], mode: str, exploration: float,
-           self_loops: bool, included: Optional[Sequence[Tensor]],
-           max_edges: Optional[int], generator: Optional[torch.Generator],
-           backend: str) -> SampledEdges:
-    r"""Samples the graph with the operators (arguments validated by
+class Plan(NamedTuple):
+    r"""The first operator's result, waiting for the caller's host sync:
+    :obj:`checks` to raise there and :obj:`scalars` to read with them (the
+    rate check's flag, then the draws, expected draws, expected distinct
+    edges and the draw buffer's capacity), which :func:`draw` takes."""
+
+    checks: List[Check]
+    scalars: Tuple[Tensor, ...]
+    W: Tensor
+    Z: Tensor
+    mass: Tensor
+    degree: Tensor
+    inflation: Tensor
+    seed: int
+    inc_ptr: Tensor
+    inc_col: Tensor
+    ptr_q: Tensor
+    ptr_k: Tensor
+    num_queries: int
+    options: Tuple[float, bool, bool, Optional[int], str]
+
+
+# Raised at draw(), not at the sync: a rate too large to sample is an error
+# only where the graph is drawn (the dense regime takes such an SBM).
+_OVERFLOW = "the SBM's edge rates overflow (q_memb, block or k_memb too large)"
+
+
+def plan(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
+         ptr_k: Tensor, checks: List[Check], mode: str, exploration: float,
+         self_loops: bool, included: Optional[Sequence[Tensor]],
+         max_edges: Optional[int], generator: Optional[torch.Generator],
+         backend: str, seed: Optional[int] = None) -> Plan:
+    r"""Runs ``fastrg_plan`` (arguments validated by
     :func:`~sbm_pyg.sampling.fastrg`; :obj:`included` is :obj:`None` or the
     clamped :obj:`(i, j)` pairs; :obj:`backend` is :obj:`"cpp"` or
-    :obj:`"triton"`); raises :obj:`checks` at its one sync."""
+    :obj:`"triton"`; :obj:`seed` the row streams' seed, drawn from
+    :obj:`generator` if :obj:`None`). Reads nothing to the host: the
+    caller resolves :obj:`checks` (its own and the plan's) and reads the
+    plan's :obj:`scalars` in its one sync, then calls :func:`draw`."""
     Nq, H, k = q_memb.shape
     Nk = k_memb.size(0)
     exact = mode == "exact"
     ops = torch.ops.sbm_pyg
-    plan, draw = ops.fastrg_plan, ops.fastrg_sample
+    plan_op = ops.fastrg_plan
     if backend == "triton" and q_memb.device.type == "cpu":
-        plan, draw = ops.triton_fastrg_plan, ops.triton_fastrg_sample
+        plan_op = ops.triton_fastrg_plan
     dtype = torch.float64 if q_memb.dtype == torch.float64 else torch.float32
     Y = q_memb.detach().to(dtype).contiguous()
     Z = k_memb.detach().to(dtype).contiguous()
     W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
-    seed = stream_seed(generator, q_memb.device)
-    degree, inflation, mass, stats = plan(Y, W, Z, ptr_q, ptr_k,
-                                          float(exploration), exact, seed,
-                                          DENSE_ROW_THRESHOLD)
+    if seed is None:
+        seed = stream_seed(generator, q_memb.device)
+    degree, inflation, mass, stats = plan_op(Y, W, Z, ptr_q, ptr_k,
+                                             float(exploration), exact, seed,
+                                             DENSE_ROW_THRESHOLD)
     del Y
     draws, expected, edges, overflow, bad_q, bad_k = stats.unbind()
-    checks = checks + [
-        (bad_q > 0, invalid_values("q_memb")),
-        (bad_k > 0, invalid_values("k_memb")),
-        ((overflow > 0) | ~torch.isfinite(expected),
-         "the SBM's edge rates overflow (q_memb, block or k_memb too large)")]
+    checks = checks + [(bad_q > 0, invalid_values("q_memb")),
+                       (bad_k > 0, invalid_values("k_memb"))]
     inc_ptr = inc_col = ptr_q.new_empty(0)
     if included is not None:
         i, j = included
@@ -176,18 +205,37 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     if backend == "triton":
         capacity = fastrg_triton.buffer_slots(degree, ptr_q, ptr_k, H, inc_ptr,
                                               self_loops).sum()
-    # Invalid input raises here, before anything of the graph's size exists.
-    num_draws, expected_draws, num_edges, capacity = sync(
-        checks, draws, expected, edges, capacity)
+    overflowed = (overflow > 0) | ~torch.isfinite(expected)
+    return Plan(checks, (overflowed, draws, expected, edges, capacity), W, Z,
+                mass, degree, inflation, seed, inc_ptr, inc_col, ptr_q, ptr_k,
+                Nq, (float(exploration), exact, self_loops, max_edges,
+                     backend))
+
+
+def draw(plan: Plan, values: Sequence[float]) -> SampledEdges:
+    r"""Runs ``fastrg_sample`` for :obj:`plan`, with :obj:`values` its
+    :obj:`scalars` as the caller's sync read them; raises if the rates
+    overflow, more than :obj:`max_edges` were drawn or the graph would not
+    fit into memory, before anything of its size exists."""
+    exploration, exact, self_loops, max_edges, backend = plan.options
+    overflowed, num_draws, expected_draws, num_edges, capacity = values
+    if overflowed:
+        raise ValueError(_OVERFLOW)
+    H, Nq, k = plan.W.shape
+    Nk = plan.Z.size(0)
+    draw_op = torch.ops.sbm_pyg.fastrg_sample
+    if backend == "triton" and plan.W.device.type == "cpu":
+        draw_op = torch.ops.sbm_pyg.triton_fastrg_sample
     per_slot, per_edge = PEAK_BYTES[backend]
     check_draws(num_draws, expected_draws,
                 capacity * per_slot + num_edges * per_edge
                 + H * k * Nk * BYTES_PER_TABLE_ENTRY,
-                max_edges, q_memb.device, ptr_q.numel() - 1, H, Nq, Nk)
+                max_edges, plan.W.device, plan.ptr_q.numel() - 1, H, Nq, Nk)
     check_index_range(int(num_edges), H * Nq, H * Nk)
-    rowptr, col, perm, colptr, row_t = draw(
-        W, Z, mass, ptr_q, ptr_k, float(exploration), exact, seed, degree,
-        inflation, self_loops, inc_ptr, inc_col, int(capacity))
+    rowptr, col, perm, colptr, row_t = draw_op(
+        plan.W, plan.Z, plan.mass, plan.ptr_q, plan.ptr_k, exploration, exact,
+        plan.seed, plan.degree, plan.inflation, self_loops, plan.inc_ptr,
+        plan.inc_col, int(capacity))
     csr = CSRGraph(rowptr, col, colptr, perm)
     csr.set_row_t(row_t)
     return SampledEdges(csr, int(num_draws), expected_draws)

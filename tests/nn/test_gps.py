@@ -1,3 +1,5 @@
+from typing import NamedTuple
+
 import pytest
 import torch
 from torch_geometric.data import Data
@@ -77,6 +79,18 @@ def test_no_attention_edge_crosses_graphs():
     assert set(data.batch[i].tolist()) == {0, 1, 2}
 
 
+class Replayed(NamedTuple):
+    # A planned graph (sbm_pyg.sampling.fastrg.PlannedGraph) that draws a
+    # given one.
+    graph: SampledGraph
+    checks: tuple = ()
+    scalars: tuple = ()
+    seed: None = None
+
+    def finish(self, values):
+        return self.graph
+
+
 @pytest.mark.parametrize("include_input_edges", [False, True])
 def test_batched_equals_per_graph(include_input_edges, monkeypatch):
     # The sampler's graphs are replayed: the sparse kernels at any density.
@@ -90,8 +104,8 @@ def test_batched_equals_per_graph(include_input_edges, monkeypatch):
     sampled = iter([restrict(graph, int(a), int(b))
                     for a, b in zip(data.ptr[:-1], data.ptr[1:])])
     # Each graph alone, given the edges the batched forward sampled for it.
-    monkeypatch.setattr(attention_module, "fastrg",
-                        lambda *args, **kw: next(sampled))
+    monkeypatch.setattr(attention_module, "plan_fastrg",
+                        lambda *args, **kw: Replayed(next(sampled)))
     for g, item in enumerate(data.to_data_list()):
         alone = layer(item.x, item.edge_index)
         assert torch.allclose(batched[data.batch == g], alone, atol=1e-6)

@@ -206,3 +206,47 @@ def test_self_loops_and_included_pairs_reach_both_regimes():
         res.sampled_density,
         (res.graph.edge_counts().double() / (torch.tensor(SIZES) ** 2)
          .clamp(min=1)[:, None])[[0, 2]].mean(0).to(res.sampled_density.dtype))
+
+
+# One forward reads to the host once: the sync that raises the inputs'
+# checks and reads the sizes of what is allocated next (the sampler's draws,
+# the dense regime's mask) with the regime's choice. Reads of the CPU
+# generator's stream seed are host memory (on CUDA the seed is mixed from
+# the generator's seed and offset, no read); a CUDA kernel that sizes its
+# output (the sampler's edge count, the dense mask) is the one more read
+# there. A batch of both regimes reads more and is not counted here.
+@pytest.mark.parametrize("crossover,options,regime", [
+    (float("inf"), {}, "sparse"),
+    (0.0, {}, "dense"),
+    (float("inf"), dict(attention_backend="dense"), "dense"),
+    (0.0, dict(sampler_backend="cpp", attention_backend="cpp"), "sparse"),
+    (float("inf"), dict(mode="exact", include_input_edges=True), "sparse"),
+])
+def test_one_host_read_per_forward_none_in_backward(crossover, options,
+                                                     regime, monkeypatch):
+    from benchmarks.launches import count_reads
+    from tests.helpers import pin_crossover
+    pin_crossover(monkeypatch, crossover)
+    device = torch.get_default_device()
+    if device.type != "cpu" and options.get("sampler_backend") == "cpp":
+        pytest.skip("the C++ kernels are the CPU's")
+    torch.manual_seed(0)
+    include = options.pop("include_input_edges", False)
+    conv = SBMConv(8, 4, heads=2, num_clusters=3, dropout=0.1,
+                   **options).train()
+    x = torch.randn(20, 8, requires_grad=True)
+    ptr = torch.tensor([0, 8, 20])
+    edges = torch.tensor([[0, 1, 9], [1, 2, 10]]) if include else None
+    g = seeded(0)
+    out = []
+    forward = count_reads(lambda: out.append(
+        conv(x, ptr=ptr, include_edges=edges, generator=g)))
+    assert (conv.last_backends["sampler"] == "dense") == (regime == "dense")
+    sizing = {"sampling/fastrg_triton.py", "ops/triton_dense.py"}
+    reads = {k: v for k, v in forward.items()
+             if not k.endswith(":stream_seed")}
+    assert reads.pop("validation.py:sync") == 1, forward
+    assert sum(reads.values()) <= (device.type == "cuda"), forward
+    assert all(k.split(":")[0] in sizing for k in reads), forward
+    assert count_reads(lambda: out[0].square().sum().backward()) == {}
+    assert x.grad is not None and any(p.grad is not None for p in conv.sbm.parameters())
