@@ -85,7 +85,14 @@ def _launch_all() -> int:
 
     from tests import triton_abi
     triton_abi.install()
-    code = pytest.main(["-q", "-p", "no:cacheprovider", "-k", "triton", *TESTS])
+    # On every core where pytest-xdist is there: each worker records its
+    # own launches (launches-<pid>.json, merged by load()).
+    try:
+        import xdist  # noqa: F401
+        workers = ["-n", "auto"]
+    except ImportError:
+        workers = []
+    code = pytest.main(["-q", "-p", "no:cacheprovider", *workers, "-k", "triton", *TESTS])
     _model_sizes()
     return int(code)
 

@@ -41,11 +41,12 @@ for spec in "${specs[@]}"; do
   IFS=, read -r -a pins <<< "$spec"
   name=${pins[0]#torch==}
   venv="$MATRIX/torch$name"
-  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, triton, torch_geometric' 2>/dev/null; then
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, triton, torch_geometric, xdist' 2>/dev/null; then
     log "torch $name: installing ${pins[*]}"
     # Triton 3.6's interpreter needs numpy < 2.4 (np.uint64 shifts).
     python3 -m venv "$venv" && "$venv/bin/python" -m pip install -q "${pins[@]}" \
-      "numpy<2.4" "setuptools>=77" wheel pytest hypothesis networkx "torch_geometric>=2.5" \
+      "numpy<2.4" "setuptools>=77" wheel pytest pytest-xdist hypothesis networkx \
+      "torch_geometric>=2.5" \
       > "$OUT/install-torch$name.log" 2>&1
     check "torch $name install" $?
   fi
@@ -72,7 +73,8 @@ for spec in "${specs[@]}"; do
      > "$OUT/compile-torch$name.log" 2>&1)
   check "torch $name compile" $?
   tail -n 5 "$OUT/compile-torch$name.log" | tee -a "$OUT/matrix.log"
-  (cd "$work" && TRITON_INTERPRET=1 SBM_PYG_TRITON_ABI=plain $PY -m pytest -q \
+  # On every core: each test interprets its kernels alone.
+  (cd "$work" && TRITON_INTERPRET=1 SBM_PYG_TRITON_ABI=plain $PY -m pytest -q -n auto \
      -p no:cacheprovider -k triton "${TESTS[@]}" > "$OUT/plain-torch$name.log" 2>&1)
   check "torch $name plain interpreter" $?
   tail -n 1 "$OUT/plain-torch$name.log" | tee -a "$OUT/matrix.log"
