@@ -13,9 +13,10 @@
 #
 # What they exercise is the code the Triton tests import (sbm_pyg's nn,
 # ops, sampling, validation and the compiled extension's sources), those
-# tests and their helpers, the compile check, its baselines, this script,
-# and the versions of Python, torch and Triton: the key below hashes
-# exactly that (git's blob ids of the committed files and the versions).
+# tests (and the layer's, whose launches the compile records) and their
+# helpers, the compile check, its baselines, this script, and the
+# versions of Python, torch and Triton: the key below hashes exactly that
+# (git's blob ids of the committed files and the versions).
 # The checks are deterministic in their inputs, so a pass for a key holds
 # for every run with that key.
 #
@@ -43,6 +44,7 @@ RECORD=.ci/kernel-checks.record
 inputs=(sbm_pyg/__init__.py sbm_pyg/validation.py sbm_pyg/nn sbm_pyg/ops
         sbm_pyg/sampling csrc setup.py pyproject.toml tests/conftest.py
         tests/helpers.py tests/triton_abi.py tests/ops tests/sampling
+        tests/nn/test_conv.py
         benchmarks/checks/__init__.py benchmarks/checks/triton_compile.py
         benchmarks/checks/version_matrix.sh
         benchmarks/checks/results-triton-compile.json
@@ -53,6 +55,7 @@ print("python", platform.python_version(), "torch", torch.__version__,
       "triton", triton.__version__)')
 key=$({ git ls-files -s -- "${inputs[@]}"; echo "$versions"; } | sha256sum | cut -c1-16)
 record="$CACHE/$key"
+commit=$(git rev-parse HEAD)
 clean=1
 git diff --quiet HEAD -- "${inputs[@]}" || clean=0
 if [ "$clean" = 1 ] && [ "${KERNEL_CHECKS:-recorded}" != always ]; then
@@ -84,7 +87,6 @@ echo "kernel checks ($key): the version matrix"
 OUT="$logs/matrix" bash benchmarks/checks/version_matrix.sh
 minutes=$(( (SECONDS - start + 30) / 60 ))
 if [ "$clean" = 1 ]; then
-  commit=$(git rev-parse HEAD)
   mkdir -p "$record"
   cp -r "$logs"/. "$record"/
   date -u +"%F %T UTC, commit $(git rev-parse --short HEAD)" > "$record/passed"
