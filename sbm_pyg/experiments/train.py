@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
@@ -21,6 +22,7 @@ from sbm_pyg.experiments.optim import (
     parameters_before,
     update_statistics,
 )
+from sbm_pyg.experiments.recall import RecallMeter
 from sbm_pyg.experiments.runs import (
     build_model,
     jsonable,
@@ -35,6 +37,9 @@ from sbm_pyg.nn.losses import DensityBudget
 __all__ = ["train", "train_step", "evaluate_model"]
 
 Task = Union[RepeatTask, ListOpsTask, MQARTask]
+# The longest sequences whose evaluation measures the selector's recall
+# (dense attention rows: O(N^2) a sequence and head).
+RECALL_MAX_LEN = 1024
 
 
 def train(args) -> dict:
@@ -196,24 +201,34 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
 def evaluate_model(model: SBMTransformer, task: Task, device: torch.device,
                    generator: torch.Generator, split: str,
                    num_batches: int) -> dict:
-    """Loss, accuracy and per-layer/head sampled density on :obj:`split`
+    """Loss, accuracy, per-layer/head sampled density and, for an SBM model
+    of at most :data:`RECALL_MAX_LEN` tokens, the selector's recall
+    (:class:`~sbm_pyg.experiments.recall.RecallMeter`) on :obj:`split`
     (eval mode: no exploration, no dropout): :obj:`num_batches` batches, or
     the whole ListOps test split."""
     model.eval()
     correct = count = 0
     loss_sum, densities = 0.0, []
-    for tokens, mask, labels in task.eval_batches(split, num_batches):
-        out = model(tokens.to(device), mask.to(device), generator=generator,
-                    output=task.output)
-        loss, c, n = task.loss_and_correct(out, mask, labels)
-        correct, count, loss_sum = correct + float(c), count + n, loss_sum + float(loss) * n
-        if out.sampled_density is not None:
-            densities.append(out.sampled_density)
+    # The selector's recall beside the accuracy (an O(N^2) diagnostic, so
+    # only up to RECALL_MAX_LEN tokens; the same graphs and outputs).
+    meter = (RecallMeter(model) if model.attention_kind == "sbm"
+             and model.max_len <= RECALL_MAX_LEN else nullcontext())
+    with meter:
+        for tokens, mask, labels in task.eval_batches(split, num_batches):
+            out = model(tokens.to(device), mask.to(device), generator=generator,
+                        output=task.output)
+            loss, c, n = task.loss_and_correct(out, mask, labels)
+            correct, count = correct + float(c), count + n
+            loss_sum += float(loss) * n
+            if out.sampled_density is not None:
+                densities.append(out.sampled_density)
     result = dict(split=split, loss=loss_sum / count, accuracy=correct / count)
     if densities:
         per_head = torch.stack(densities).mean(0)  # [L, H]
         result.update(density=float(per_head.mean()),
                       density_per_layer_head=per_head.tolist())
+    if isinstance(meter, RecallMeter):
+        result.update(meter.summary())
     return result
 
 

@@ -368,6 +368,12 @@ def test_plot(tmp_path):
     held = run(tmp_path, "held", "--steps", "3", "--target-density", "0.1")
     main(["plot", str(held), "--out", str(png)])
     assert int.from_bytes(png.read_bytes()[16:20], "big") == round(5 * 4.3 * 120)
+    # A run that validates gets the selector's recall too.
+    validated = run(tmp_path, "validated", "--steps", "2", "--eval-every", "1",
+                    "--eval-batches", "1")
+    assert all("recall" in r for r in metrics(validated) if r["split"] == "val")
+    main(["plot", str(validated), "--out", str(png)])
+    assert int.from_bytes(png.read_bytes()[16:20], "big") == round(5 * 4.3 * 120)
 
 
 def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch,
