@@ -10,6 +10,7 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from sbm_pyg.experiments.optim import OPTIMIZERS, SCHEDULES
+from sbm_pyg.experiments.recipe import RECIPES
 from sbm_pyg.nn.block_model import INITS, PARAMETRIZATIONS
 
 __all__ = ["PRESETS", "BUDGET_PRESETS", "preset_defaults", "RESUMABLE",
@@ -55,6 +56,25 @@ PRESETS: Dict[str, dict] = {
                           schedule="linear", warmup_steps=1000,
                           clip_grad_norm=0.0, listops_min_length=500),
 }
+# The sparse heads' recipe (docs/experiments.md, "Sparse and right, take
+# three"): the cap-free parametrization from the published start, a budget
+# of 5%, and the teacher recipe: the model learns the task on every pair,
+# then the SBMs alone learn its attention, frozen, under the budget until
+# their recall is ready, then everything trains on sampled graphs.
+# --seq-len, --target-density and --seed override.
+_SPARSE = dict(attention="sbm", sbm_parametrization="mmsb", sbm_init="paper",
+               recipe="teacher", target_density=0.05, distill=1.0, sbm_lr=1e-2,
+               selector_steps=400, selector_recall=0.9, selector_check=25)
+PRESETS["repeat-sparse"] = dict(PRESETS["repeat-paper"], **_SPARSE, seq_len=64,
+                                dense_steps=800, budget_warmup=200)
+# MQAR at N = 256 with the settings of docs/runs/mqar256 (Zoology's: a short
+# convolution, 2 layers of 2 heads, 16 pairs of a 256-token vocabulary).
+PRESETS["mqar-sparse"] = dict(
+    _SPARSE, task="mqar", seq_len=256, num_pairs=16, vocab_size=256, short_conv=3,
+    num_layers=2, heads=2, channels=64, num_clusters=128, batch_size=64, lr=3e-3,
+    warmup_steps=100, steps=1000, eval_batches=8, dense_steps=500, budget_warmup=150,
+    mode="exact", ste="paper", optimizer="adamw", adam_eps=1e-8, weight_decay=0.0,
+    schedule="linear", clip_grad_norm=0.0)
 
 
 #: What a preset adds when a run holds its heads to a budget
@@ -161,6 +181,19 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dense-steps", type=int, default=0,
         help="a dense warm-up: for the first steps every SBM head attends "
              "every pair (its SBM still learns, e.g. from --distill)")
+    add("--recipe", choices=RECIPES, default="end-to-end",
+        help="end-to-end: sampled graphs from --dense-steps on; teacher: "
+             "after --dense-steps the model is frozen and the SBMs alone "
+             "learn from its attention (--distill) under the budget until "
+             "their recall is ready, then sampled graphs "
+             "(sbm_pyg.experiments.recipe)")
+    add("--selector-steps", type=int, default=400,
+        help="teacher recipe: the most steps of the selector phase")
+    add("--selector-recall", type=float, default=0.9,
+        help="teacher recipe: switch to sampled graphs once the selector's "
+             "recall reaches this share of the oracle's at the same edge count")
+    add("--selector-check", type=int, default=25,
+        help="teacher recipe: measure the recall every K selector steps")
     add("--steps", type=int, default=1000)
     add("--batch-size", type=int, default=32)
     add("--lr", type=float, default=1e-3)
@@ -303,6 +336,7 @@ def validate_train_arguments(args) -> None:
         raise ValueError("--lam-start must be >= 0")
     if getattr(args, "dense_steps", 0) and args.attention != "sbm":
         raise ValueError("--dense-steps needs --attention sbm")
+    _validate_recipe(args)
     target = getattr(args, "target_density", None)
     if target is None and (getattr(args, "budget_warmup", None) is not None
                            or getattr(args, "budget_ceiling", False)
@@ -332,6 +366,20 @@ def validate_train_arguments(args) -> None:
             and args.out.is_dir() and any(args.out.iterdir())):
         raise ValueError(f"--out {args.out} is not empty: pass --resume to "
                          f"continue the run in it, or choose another directory")
+
+
+def _validate_recipe(args) -> None:
+    if getattr(args, "recipe", "end-to-end") != "teacher":
+        return
+    if args.attention != "sbm" or not getattr(args, "distill", 0.0) > 0 \
+            or getattr(args, "dense_steps", 0) < 1:
+        raise ValueError("--recipe teacher needs --attention sbm, --distill > 0 "
+                         "(what the selector learns from) and --dense-steps >= 1 "
+                         "(the phase in which the teacher learns the task)")
+    if args.selector_steps < 1 or args.selector_check < 1:
+        raise ValueError("--selector-steps and --selector-check must be >= 1")
+    if not 0 < args.selector_recall <= 1:
+        raise ValueError(f"--selector-recall must lie in (0, 1], got {args.selector_recall}")
 
 
 #: The optimizer settings of a run checkpointed before they were options.

@@ -9,7 +9,7 @@ import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Set, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -23,6 +23,7 @@ from sbm_pyg.experiments.optim import (
     update_statistics,
 )
 from sbm_pyg.experiments.recall import RecallMeter
+from sbm_pyg.experiments.recipe import Recipe
 from sbm_pyg.experiments.runs import (
     build_model,
     jsonable,
@@ -55,14 +56,19 @@ def train(args) -> dict:
     model = build_model(args).to(device)
     optimizer = build_optimizer(model, args)
     schedule = build_schedule(optimizer, args)
+    recipe = Recipe(args, args.out if args.resume else None)
+    if recipe.name == "teacher" and world > 1:
+        raise ValueError("--recipe teacher runs in one process: its switch is "
+                         "decided by one rank's validation")
     budget = None
     if getattr(args, "target_density", None) is not None:
         warmup = getattr(args, "budget_warmup", None)
         budget = DensityBudget(model, args.target_density,
                                warmup=args.steps // 10 if warmup is None else warmup,
                                floor=not getattr(args, "budget_ceiling", False),
-                               delay=getattr(args, "budget_delay", 0))
+                               delay=recipe.budget_delay(getattr(args, "budget_delay", 0)))
     args.out.mkdir(parents=True, exist_ok=True)
+    recipe.path = args.out / "recipe.json"
     checkpoint_path = args.out / "checkpoint.pt"
     step = 0
     if args.resume:
@@ -77,13 +83,18 @@ def train(args) -> dict:
     progress = _progress(args, step) if rank == 0 else None
     start_time = time.perf_counter()
     while step < args.steps:
-        _schedule_layers(model, args, step)
+        _schedule_layers(model, args, step, recipe)
         # The density penalty from --lam-start on (e.g. after a dense
         # warm-up, in which it would only pull the SBM sparse).
         lam = args.lam if step >= getattr(args, "lam_start", 0) else 0.0
         record = train_step(net, model, optimizer, schedule, task, args,
-                            device, graph_generator, budget, lam=lam)
+                            device, graph_generator, budget, lam=lam,
+                            trainable=recipe.trainable(model, step))
         step += 1
+        switch = recipe.after_step(step, lambda: evaluate_model(
+            model, task, device, graph_generator, "val", 1))
+        if switch is not None and rank == 0:
+            _log(metrics_path, switch)
         if rank == 0:
             record = dict(step=step, **record,
                           seconds=time.perf_counter() - start_time)
@@ -114,6 +125,8 @@ def train(args) -> dict:
                                 args.eval_batches),
                  steps=step, seconds=time.perf_counter() - start_time,
                  world_size=world, args=jsonable(args))
+    if recipe.name == "teacher":
+        final["recipe"] = recipe.state
     if world > 1:
         final["ranks_identical"] = _ranks_identical(model)
     if rank == 0:
@@ -126,7 +139,8 @@ def train(args) -> dict:
 def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
                args, device: torch.device, generator: torch.Generator,
                budget: Optional[DensityBudget] = None,
-               lam: Optional[float] = None) -> dict:
+               lam: Optional[float] = None,
+               trainable: Optional[Set[int]] = None) -> dict:
     r"""One optimizer step on a fresh batch of :obj:`task`, as :func:`train`
     takes it.
 
@@ -145,6 +159,9 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
             its penalty replaces :obj:`args.lam`'s.
         lam (float, optional): this step's density penalty (default:
             :obj:`args.lam`).
+        trainable (set, optional): the ids of the parameters this step
+            updates (the others' gradients are dropped, so that neither
+            the optimizer nor its momentum moves them); :obj:`None`: all.
 
     Returns:
         The step's training record: loss, accuracy, density and what shows
@@ -166,6 +183,11 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
     else:
         lam = args.lam if lam is None else lam
         (total + lam * out.density_loss).backward()
+    if trainable is not None:  # a frozen teacher (the selector phase)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in trainable:
+                    p.grad = None
     stats = clip_and_measure(optimizer, args.clip_grad_norm)
     before = parameters_before(optimizer)
     lr = optimizer.param_groups[0]["lr"]
@@ -232,13 +254,13 @@ def evaluate_model(model: SBMTransformer, task: Task, device: torch.device,
     return result
 
 
-def _schedule_layers(model: SBMTransformer, args, step: int) -> None:
-    # The SBM layers' settings of this step: every pair attended during the
-    # first --dense-steps (a dense warm-up), the distillation from
-    # --distill-start on.
+def _schedule_layers(model: SBMTransformer, args, step: int, recipe: Recipe) -> None:
+    # The SBM layers' settings of this step: every pair attended while the
+    # recipe says so (a dense warm-up, and the teacher recipe's selector
+    # phase), the distillation from --distill-start on.
     beta = getattr(args, "distill", 0.0) if step >= getattr(
         args, "distill_start", 0) else 0.0
-    dense = step < getattr(args, "dense_steps", 0)
+    dense = recipe.attend_all(step)
     for module in model.modules():
         if isinstance(module, SBMConv):
             module.distill, module.attend_all = beta, dense

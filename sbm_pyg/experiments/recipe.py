@@ -1,0 +1,129 @@
+r"""The phases of a training run of SBM heads: when every pair is attended,
+what learns, and when the heads switch to their sampled graphs.
+
+Two recipes (``--recipe``):
+
+- :obj:`"end-to-end"` (the paper's, the presets' default): a dense warm-up
+  of ``--dense-steps`` in which every pair is attended and everything
+  learns (the SBM too, from ``--distill``), then sampled graphs, at a fixed
+  step.
+- :obj:`"teacher"`: the selector learns from a teacher that is present and
+  frozen, as the field's working selectors do (DeepSeek's sparse
+  attention trains its indexer by a KL to the frozen model's attention,
+  SeerAttention its gate). Three phases:
+
+  1. **dense** (``--dense-steps``): every pair attended, the model learns
+     the task;
+  2. **selector**: every pair still attended, the model frozen (its
+     gradients dropped before the optimizer sees them), the SBMs alone
+     learning by the distillation under the density budget (which acts
+     from here on), until the selector's recall on a validation batch
+     (:mod:`~sbm_pyg.experiments.recall`) reaches ``--selector-recall``
+     times the oracle's at the same edge count, checked every
+     ``--selector-check`` steps, or ``--selector-steps`` have passed;
+  3. **sparse**: sampled graphs, everything learning, the SBMs still
+     distilled on their sampled edges.
+
+The switch's step and reason are written to ``OUT/recipe.json`` (read back
+on ``--resume``) and logged to ``metrics.jsonl`` (``"split": "recipe"``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Set
+
+import torch
+
+from sbm_pyg.nn.conv import SBMConv
+
+__all__ = ["RECIPES", "Recipe"]
+
+RECIPES = ("end-to-end", "teacher")
+
+
+class Recipe:
+    r"""The phase of each step of a run with arguments :obj:`args`
+    (:obj:`recipe`, :obj:`dense_steps`, :obj:`selector_steps`,
+    :obj:`selector_recall`, :obj:`selector_check`) in directory
+    :obj:`out`.
+
+    Example:
+        >>> import argparse
+        >>> args = argparse.Namespace(recipe="teacher", dense_steps=10,
+        ...                           selector_steps=5, selector_recall=0.9,
+        ...                           selector_check=5)
+        >>> recipe = Recipe(args)
+        >>> [recipe.phase(s) for s in (0, 10, 15)]
+        ['dense', 'selector', 'selector']
+    """
+
+    def __init__(self, args, out: Optional[Path] = None):
+        self.name = getattr(args, "recipe", "end-to-end")
+        if self.name not in RECIPES:
+            raise ValueError(f"recipe must be one of {RECIPES}, got {self.name!r}")
+        self.dense_steps = getattr(args, "dense_steps", 0)
+        self.selector_steps = getattr(args, "selector_steps", 0)
+        self.threshold = getattr(args, "selector_recall", 0.9)
+        self.check = getattr(args, "selector_check", 25)
+        self.path = None if out is None else Path(out) / "recipe.json"
+        self.state: dict = {}
+        if self.path is not None and self.path.exists():
+            self.state = json.loads(self.path.read_text())
+
+    @property
+    def sparse_start(self) -> Optional[int]:
+        """The first sampled step once the teacher recipe switched
+        (:obj:`None` before)."""
+        return self.state.get("sparse_start")
+
+    def phase(self, step: int) -> str:
+        """:obj:`"dense"`, :obj:`"selector"` or :obj:`"sparse"`."""
+        if step < self.dense_steps:
+            return "dense"
+        if self.name == "end-to-end":
+            return "sparse"
+        start = self.sparse_start
+        return "sparse" if start is not None and step >= start else "selector"
+
+    def attend_all(self, step: int) -> bool:
+        """Whether the SBM heads attend every pair at :obj:`step`."""
+        return self.phase(step) != "sparse"
+
+    def budget_delay(self, delay: int) -> int:
+        """The budget's delay: under the teacher recipe it acts from the
+        selector phase on, not while the model learns the task."""
+        return max(delay, self.dense_steps) if self.name == "teacher" else delay
+
+    def trainable(self, model: torch.nn.Module, step: int) -> Optional[Set[int]]:
+        """The ids of the parameters that learn at :obj:`step`: the SBMs'
+        alone in the selector phase, all (:obj:`None`) otherwise."""
+        if self.phase(step) != "selector":
+            return None
+        return {id(p) for m in model.modules() if isinstance(m, SBMConv)
+                for p in m.sbm.parameters()}
+
+    def after_step(self, step: int, measure) -> Optional[dict]:
+        r"""After :obj:`step` steps: in the selector phase, every
+        :obj:`selector_check` steps, :obj:`measure()` (a validation's
+        result, with :obj:`recall` and :obj:`oracle_recall`) decides the
+        switch; returns the record of a switch, else :obj:`None`."""
+        if self.name != "teacher" or self.phase(step) != "selector" \
+                or step == self.dense_steps:
+            return None
+        done = step - self.dense_steps
+        capped = done >= self.selector_steps
+        if not capped and done % self.check:
+            return None
+        result = measure()
+        recall, oracle = result.get("recall"), result.get("oracle_recall")
+        ready = recall is not None and recall >= self.threshold * oracle
+        if not (ready or capped):
+            return None
+        self.state = dict(sparse_start=step, reason="recall" if ready else "cap",
+                          recall=recall, oracle_recall=oracle,
+                          selector_steps=done)
+        if self.path is not None:
+            self.path.write_text(json.dumps(self.state, indent=1) + "\n")
+        return dict(step=step, split="recipe", phase="sparse", **{
+            k: v for k, v in self.state.items() if k != "sparse_start"})

@@ -1,0 +1,123 @@
+import argparse
+import json
+
+import pytest
+import torch
+
+from sbm_pyg import SBMConv
+from sbm_pyg.experiments.arguments import train_arguments
+from sbm_pyg.experiments.optim import build_optimizer, build_schedule
+from sbm_pyg.experiments.recipe import Recipe
+from sbm_pyg.experiments.runs import build_model
+from sbm_pyg.experiments.tasks import make_task
+from sbm_pyg.experiments.train import train, train_step
+from tests.helpers import seeded
+
+
+def _recipe(name="teacher", **kw):
+    args = dict(recipe=name, dense_steps=4, selector_steps=6, selector_recall=0.9,
+                selector_check=2)
+    args.update(kw)
+    return Recipe(argparse.Namespace(**args))
+
+
+def test_phases():
+    assert [_recipe("end-to-end").phase(s) for s in (0, 3, 4, 9)] == \
+        ["dense", "dense", "sparse", "sparse"]
+    recipe = _recipe()
+    assert [recipe.phase(s) for s in (0, 3, 4, 100)] == \
+        ["dense", "dense", "selector", "selector"]
+    assert recipe.attend_all(100) and recipe.budget_delay(0) == 4
+    assert _recipe("end-to-end").budget_delay(0) == 0
+    with pytest.raises(ValueError, match="recipe"):
+        _recipe("nope")
+
+
+def test_switch_when_the_recall_is_ready():
+    recipe, calls = _recipe(), []
+
+    def measure(recall):
+        def f():
+            calls.append(recall)
+            return dict(recall=recall, oracle_recall=0.8)
+        return f
+
+    # Steps done: the first selector step's end is 5; checks at 6 and 8.
+    assert recipe.after_step(4, measure(1.0)) is None  # none trained yet
+    assert recipe.after_step(5, measure(1.0)) is None  # not a check step
+    assert recipe.after_step(6, measure(0.71)) is None  # 0.71 < 0.9 * 0.8
+    record = recipe.after_step(8, measure(0.73))
+    assert calls == [0.71, 0.73]
+    assert record["reason"] == "recall" and record["step"] == 8
+    assert recipe.sparse_start == 8 and recipe.phase(7) == "selector"
+    assert recipe.phase(8) == "sparse" and not recipe.attend_all(8)
+    assert recipe.after_step(10, measure(0.0)) is None  # switched once
+
+
+def test_switch_at_the_cap():
+    recipe = _recipe(selector_steps=5, selector_check=100)
+    assert recipe.after_step(8, lambda: dict(recall=0.0, oracle_recall=1.0)) is None
+    record = recipe.after_step(9, lambda: dict(recall=0.1, oracle_recall=1.0))
+    assert record["reason"] == "cap" and record["selector_steps"] == 5
+
+
+def test_the_selector_phase_trains_the_sbms_alone(tmp_path):
+    torch.manual_seed(0)
+    args = train_arguments(task="repeat", out=tmp_path, seq_len=8, batch_size=4,
+                           distill=1.0, dense_steps=1, recipe="teacher",
+                           num_clusters=4)
+    model = build_model(args)
+    recipe = Recipe(args)
+    optimizer = build_optimizer(model, args)
+    schedule = build_schedule(optimizer, args)
+    conv = next(m for m in model.modules() if isinstance(m, SBMConv))
+    conv.distill, conv.attend_all = 1.0, True
+    sbm = {id(p) for p in conv.sbm.parameters()}
+    assert recipe.trainable(model, 0) is None and recipe.trainable(model, 1) == sbm
+    before = {id(p): p.detach().clone() for p in model.parameters()}
+    train_step(model, model, optimizer, schedule, make_task(args, seeded(0)), args,
+               torch.device("cpu"), seeded(1), trainable=recipe.trainable(model, 1))
+    moved = {id(p) for p in model.parameters() if not torch.equal(p, before[id(p)])}
+    assert moved and moved <= sbm
+
+
+def test_a_teacher_run_switches_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    args = dict(task="repeat", out=out, seq_len=8, batch_size=4, num_clusters=4,
+                distill=1.0, dense_steps=2, recipe="teacher", selector_steps=2,
+                selector_check=100, target_density=0.2, log_every=1, no_progress=True,
+                checkpoint_every=1)
+    final = train(train_arguments(steps=3, **args))
+    # One selector step (no check: only the cap of 2 switches, at step 4).
+    assert "recipe" not in final or final["recipe"] == {}
+    final = train(train_arguments(steps=6, resume=True, **args))
+    assert final["recipe"]["sparse_start"] == 4
+    assert json.loads((out / "recipe.json").read_text()) == final["recipe"]
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    switch = [r for r in records if r["split"] == "recipe"]
+    assert len(switch) == 1 and switch[0]["step"] == 4
+    # Sampled graphs from the switch: densities below 1 after it.
+    train_density = {r["step"]: r["density"] for r in records if r["split"] == "train"}
+    assert train_density[4] == 1.0 and train_density[5] < 1.0
+
+
+def test_recipe_arguments_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="--recipe teacher needs"):
+        train_arguments(task="repeat", out=tmp_path, recipe="teacher", dense_steps=10)
+    with pytest.raises(ValueError, match="--selector-recall"):
+        train_arguments(task="repeat", out=tmp_path, recipe="teacher", dense_steps=10,
+                        distill=1.0, selector_recall=1.5)
+    with pytest.raises(ValueError, match="--selector-steps"):
+        train_arguments(task="repeat", out=tmp_path, recipe="teacher", dense_steps=10,
+                        distill=1.0, selector_steps=0)
+
+
+@pytest.mark.parametrize("preset,task,seq_len", [("repeat-sparse", "repeat", 64),
+                                                 ("mqar-sparse", "mqar", 256)])
+def test_sparse_presets(tmp_path, preset, task, seq_len):
+    args = train_arguments(preset, out=tmp_path)
+    assert (args.task, args.seq_len, args.recipe, args.sbm_parametrization) == \
+        (task, seq_len, "teacher", "mmsb")
+    assert args.target_density == 0.05 and args.exploration == pytest.approx(0.005)
+    over = train_arguments(preset, out=tmp_path, target_density=0.02, seed=2)
+    assert (over.target_density, over.seed) == (0.02, 2)
