@@ -1,0 +1,112 @@
+r"""The named experiments of ``python -m sbm_pyg train --preset``: the
+argument defaults each sets (the command line overrides them), what a
+budgeted run of a preset adds, and the exploration rate a budget implies."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+__all__ = ["PRESETS", "BUDGET_PRESETS", "EXPLORATION", "EXPLORATION_SHARE",
+           "default_exploration", "preset_defaults"]
+
+#: Named experiments for ``--preset``: argument defaults that the command line
+#: can still override (e.g. ``--preset repeat-paper --seq-len 64``).
+PRESETS: Dict[str, dict] = {
+    # The paper's "finding repeated tokens" (Sec. 5.1): N = 256, one layer,
+    # one head, width 32, k = 128, batch 256, lr 1e-3, 2000 steps, with the
+    # published experiments' exploration 0.01 and no density penalty. The
+    # heads start dense (--sbm-init dense): from the published code's start
+    # (about 25% of the pairs, --sbm-init paper) the head drives itself to
+    # full attention as the paper's Figure 4 shows, but the model first
+    # trains for hundreds of steps on a sparse random graph, and on most
+    # seeds at N = 32 and 128 (one of three at N = 64) it then stalls below
+    # 99% with the head dense; from the dense start the same seeds learn
+    # the task (docs/experiments.md).
+    # The optimizer is the published code's (the paper does not name one):
+    # AdamW, no weight decay, linear decay to 0; but eps 1e-8 (torch's), as
+    # its 1e-6 froze the SBM here (docs/experiments.md). The warm-up of 100
+    # steps (5%) is ours, in the range of the published LRA runs' (0.5-40%).
+    "repeat-paper": dict(task="repeat", attention="sbm", seq_len=256,
+                         num_layers=1, heads=1, channels=32, num_clusters=128,
+                         batch_size=256, lr=1e-3, steps=2000, lam=0.0,
+                         mode="exact", ste="paper", sbm_init="dense",
+                         optimizer="adamw",
+                         adam_eps=1e-8, weight_decay=0.0, schedule="linear",
+                         warmup_steps=100, clip_grad_norm=0.0),
+    # LRA ListOps (Appendix C, Table 5, and the published code's LRA
+    # configuration): 2 layers, 2 heads of 32 channels, width 64, MLP 128,
+    # dropout 0.1, sequences up to 2000 tokens, batch 128, lr 5e-4, 5000
+    # steps with 1000 of warm-up then linear decay, AdamW without weight
+    # decay (eps as repeat-paper's), k = 128, no density penalty. The data are generated
+    # here (LRA's lengths: 500 to 2000 tokens), fewer than LRA's 96,000
+    # training sequences unless --listops-sizes asks for them.
+    "listops-paper": dict(task="listops", attention="sbm", seq_len=2000,
+                          num_layers=2, heads=2, channels=64, num_clusters=128,
+                          dropout=0.1, batch_size=128, lr=5e-4, steps=5000,
+                          lam=0.0, mode="exact", ste="paper",
+                          optimizer="adamw", adam_eps=1e-8, weight_decay=0.0,
+                          schedule="linear", warmup_steps=1000,
+                          clip_grad_norm=0.0, listops_min_length=500),
+}
+# The sparse heads' recipe (docs/experiments.md, "Sparse and right, take
+# three"): the cap-free parametrization from the published start, a budget
+# of 5%, and the teacher recipe: the model learns the task on every pair,
+# then the SBMs alone learn its attention, frozen, under the budget until
+# their recall is ready, then everything trains on sampled graphs.
+# --seq-len, --target-density and --seed override.
+_SPARSE = dict(attention="sbm", sbm_parametrization="mmsb", sbm_init="paper",
+               recipe="teacher", target_density=0.05, distill=1.0, sbm_lr=1e-2,
+               selector_steps=400, selector_recall=0.9, selector_check=25)
+PRESETS["repeat-sparse"] = dict(PRESETS["repeat-paper"], **_SPARSE, seq_len=64,
+                                dense_steps=800, budget_warmup=200)
+# MQAR at N = 256 with the settings of docs/runs/mqar256 (Zoology's: a short
+# convolution, 2 layers of 2 heads, 16 pairs of a 256-token vocabulary).
+PRESETS["mqar-sparse"] = dict(
+    _SPARSE, task="mqar", seq_len=256, num_pairs=16, vocab_size=256, short_conv=3,
+    num_layers=2, heads=2, channels=64, num_clusters=128, batch_size=64, lr=3e-3,
+    warmup_steps=100, steps=1000, eval_batches=8, dense_steps=500, budget_warmup=150,
+    mode="exact", ste="paper", optimizer="adamw", adam_eps=1e-8, weight_decay=0.0,
+    schedule="linear", clip_grad_norm=0.0)
+
+
+#: What a preset adds when a run holds its heads to a budget
+#: (``--target-density``): defaults again, which the command line overrides.
+#: A head held sparse from the start learns nothing of the repeat task (its
+#: accuracy stays at the majority class); a dense warm-up with the attention
+#: distillation lets the attention learn the task on every pair while the
+#: SBM learns where it goes, and only then does the budget take the pairs
+#: away (docs/experiments.md, "Sparse and right").
+BUDGET_PRESETS: Dict[str, dict] = {
+    "repeat-paper": dict(distill=1.0, dense_steps=800, budget_warmup=400,
+                         sbm_lr=1e-2),
+}
+
+
+#: The random exploration rate :math:`\delta` of the published experiments.
+EXPLORATION = 0.01
+#: Under a density budget :math:`\rho`, the exploration is at most this
+#: share of it: :math:`\delta = \min(0.01, \rho / 10)`. At :math:`\rho =
+#: 0.02` a fixed 0.01 made a third of the pairs sampled in training random
+#: ones; on the
+#: repeat task (N = 64, seed 0) :math:`\rho / 10` gave 69.94% at 5% and
+#: 66.14% at 2% against 69.82% and 65.99% with 0.01
+#: (docs/experiments.md, "Exploration under a budget").
+EXPLORATION_SHARE = 0.1
+
+
+def default_exploration(target_density: Optional[float]) -> float:
+    r"""The exploration rate where none is given: :data:`EXPLORATION`, or
+    :data:`EXPLORATION_SHARE` of :obj:`target_density` where that is less."""
+    if target_density is None or not target_density > 0:  # checked apart
+        return EXPLORATION
+    return min(EXPLORATION, EXPLORATION_SHARE * target_density)
+
+
+def preset_defaults(preset: Optional[str], target_density: Optional[float]) -> dict:
+    """The defaults of :obj:`preset` (none for :obj:`None`), with its
+    :data:`BUDGET_PRESETS` entry where a :obj:`target_density` is given."""
+    if preset is None:
+        return {}
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    extra = BUDGET_PRESETS.get(preset, {}) if target_density is not None else {}
+    return {**PRESETS[preset], **extra}
