@@ -27,8 +27,9 @@ The candidates (:data:`CANDIDATES`) are the library's two parametrizations
 and variants of the mixed-membership one that the sparse-heads work asks
 about: more clusters, a learned membership temperature, sparse
 memberships (each token in its top :math:`r = 2` clusters), separate query
-and key cluster embeddings with an asymmetric block, and a bounded block
-logit (so that the budget keeps a gradient).
+and key cluster embeddings with an asymmetric block, a bounded block
+logit (so that the budget keeps a gradient), and :obj:`"mmsb-sharp"`, the
+first three together.
 
 ``python -m sbm_pyg.experiments.capacity TEACHER_RUN --out FILE.json``
 writes the curves (every candidate and layer at
@@ -58,7 +59,7 @@ __all__ = ["CANDIDATES", "CandidateSBM", "teacher_batches", "fit_selector",
 
 #: The SBM forms fitted, by name.
 CANDIDATES = ("paper", "mmsb", "mmsb-k256", "mmsb-temperature", "mmsb-top2",
-              "mmsb-asymmetric", "mmsb-bounded")
+              "mmsb-asymmetric", "mmsb-bounded", "mmsb-sharp")
 _BOUND = 6.0  # the bounded block's logits lie in (-6, 6) before its bias
 
 
@@ -72,6 +73,11 @@ class CandidateSBM(torch.nn.Module):
         heads (int): :math:`H`.
         channels (int): :math:`d`.
         num_clusters (int): :math:`k` (doubled by :obj:`"mmsb-k256"`).
+        init_std (float): the cluster embeddings' start,
+            :math:`\mathcal{N}(0, \sigma^2)`. (default: :obj:`0.3`: from the
+            library's kaiming-normal start, about 0.02 at :math:`k = 128`,
+            the memberships begin near uniform and the fits on the repeat
+            teacher stayed at a constant :math:`p`)
 
     Example:
         >>> sbm = CandidateSBM("mmsb-top2", heads=2, channels=4, num_clusters=8)
@@ -80,21 +86,17 @@ class CandidateSBM(torch.nn.Module):
     """
 
     def __init__(self, candidate: str, heads: int, channels: int,
-                 num_clusters: int = 128):
+                 num_clusters: int = 128, init_std: float = 0.3):
         super().__init__()
         if candidate not in CANDIDATES:
             raise ValueError(f"candidate must be one of {CANDIDATES}, got {candidate!r}")
         self.candidate = candidate
-        k = 2 * num_clusters if candidate == "mmsb-k256" else num_clusters
-        # The library's start (kaiming-normal cluster embeddings; for the
-        # mixed-membership forms a block bias at the published start's
-        # density, about 25%).
-        self.clusters = torch.nn.Parameter(torch.empty(heads, k, channels))
-        torch.nn.init.kaiming_normal_(self.clusters)
+        k = 2 * num_clusters if candidate in ("mmsb-k256", "mmsb-sharp") else num_clusters
+        self.clusters = torch.nn.Parameter(init_std * torch.randn(heads, k, channels))
         self.key_clusters = None
         if candidate == "mmsb-asymmetric":
-            self.key_clusters = torch.nn.Parameter(torch.empty(heads, k, channels))
-            torch.nn.init.kaiming_normal_(self.key_clusters)
+            self.key_clusters = torch.nn.Parameter(
+                init_std * torch.randn(heads, k, channels))
         self.bias = torch.nn.Parameter(torch.full((heads, 1, 1), -1.0))
         self.log_temperature = torch.nn.Parameter(torch.zeros(heads, 1, 1))
 
@@ -102,10 +104,10 @@ class CandidateSBM(torch.nn.Module):
         logits = torch.einsum("bhnd,hkd->bhnk", x, clusters)
         if self.candidate == "paper":
             return logits.sigmoid()
-        if self.candidate == "mmsb-temperature":
+        if self.candidate in ("mmsb-temperature", "mmsb-sharp"):
             logits = logits * self.log_temperature.exp()
         memb = logits.softmax(-1)
-        if self.candidate == "mmsb-top2":
+        if self.candidate in ("mmsb-top2", "mmsb-sharp"):
             top = memb.topk(2, dim=-1)
             memb = torch.zeros_like(memb).scatter(-1, top.indices, top.values)
             memb = memb / memb.sum(-1, keepdim=True)
@@ -202,7 +204,8 @@ def _statistics(sbm: CandidateSBM, batches: Sequence[Batch]) -> Dict[str, float]
 def fit_selector(batches: Sequence[Batch], held_out: Sequence[Batch],
                  candidate: str, rho: float, *, num_clusters: int = 128,
                  steps: int = 600, lr: float = 1e-2, mu: float = 100.0,
-                 seed: int = 0) -> Tuple[CandidateSBM, Dict[str, float]]:
+                 init_std: float = 0.3, seed: int = 0
+                 ) -> Tuple[CandidateSBM, Dict[str, float]]:
     r"""Fits a :class:`CandidateSBM` to one layer's :obj:`batches` (from
     :func:`teacher_batches`) at expected density at most :obj:`rho`, and
     returns it with its :obj:`held_out` statistics and its last loss."""
@@ -215,7 +218,7 @@ def fit_selector(batches: Sequence[Batch], held_out: Sequence[Batch],
     torch.manual_seed(seed)
     first = batches[0]
     sbm = CandidateSBM(candidate, first["query"].size(1), first["query"].size(-1),
-                       num_clusters)
+                       num_clusters, init_std)
     optimizer = torch.optim.Adam(sbm.parameters(), lr=lr)
     for step in range(steps):
         b = batches[step % len(batches)]
@@ -295,6 +298,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                         help="training batches of the teacher's rows")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--eval-batches", type=int, default=4)
+    parser.add_argument("--init-std", type=float, default=0.3,
+                        help="the cluster embeddings' start N(0, std^2)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     model, run_args = load_run(args.teacher)
@@ -307,6 +312,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     rows = []
     result = dict(teacher=str(args.teacher), task=run_args["task"],
                   seq_len=run_args["seq_len"], steps=args.steps, seed=args.seed,
+                  init_std=args.init_std,
                   batches=args.batches, batch_size=args.batch_size,
                   num_clusters=run_args["num_clusters"], rows=rows)
     for candidate in args.candidates:
@@ -317,7 +323,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 sbm, stats = fit_selector([b[layer] for b in train],
                                           [b[layer] for b in held_out], candidate, rho,
                                           num_clusters=run_args["num_clusters"],
-                                          steps=args.steps, seed=args.seed)
+                                          steps=args.steps, init_std=args.init_std,
+                                          seed=args.seed)
                 sbms.append(sbm)
                 rows.append(dict(candidate=candidate, rho=rho, layer=layer, **stats))
             accuracy = sampled_accuracy(model, task, sbms, args.eval_batches, args.seed)
