@@ -19,6 +19,7 @@ import pytest
 
 from sbm_pyg.experiments.arguments import train_arguments
 from sbm_pyg.experiments.train import train
+from sbm_pyg.ops import backends
 
 DATA = Path(__file__).with_name("data") / "paper-steps.json"
 CONFIG = dict(seq_len=16, batch_size=8, steps=6, log_every=1, seed=0,
@@ -40,6 +41,9 @@ def paper_steps(out: Path, sbm_init: str) -> list:
     return rows + [{k: final[k] for k in ("loss", "accuracy", "density")}]
 
 
+@pytest.mark.skipif(backends("cpu") != {"sampler": "cpp", "attention": "cpp"},
+                    reason="pinned with the compiled CPU kernels (the pure-PyTorch "
+                           "path draws its own graphs; its twin tests compare it)")
 @pytest.mark.parametrize("sbm_init", STARTS)
 def test_the_paper_parametrization_trains_as_pinned(tmp_path, sbm_init):
     pinned = json.loads(DATA.read_text())
