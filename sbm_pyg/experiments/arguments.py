@@ -96,6 +96,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "recall reaches this share of the oracle's at the same edge count")
     add("--selector-check", type=int, default=25,
         help="teacher recipe: measure the recall every K selector steps")
+    add("--switch-steps", type=int, default=0,
+        help="a gradual switch: over the first M sampled steps the "
+             "exploration falls geometrically from 1 (every pair) to "
+             "--exploration (0: the budget's graphs at once)")
     add("--steps", type=int, default=1000)
     add("--batch-size", type=int, default=32)
     add("--lr", type=float, default=1e-3)
@@ -271,6 +275,8 @@ def validate_train_arguments(args) -> None:
 
 
 def _validate_recipe(args) -> None:
+    if getattr(args, "switch_steps", 0) < 0:
+        raise ValueError(f"--switch-steps must be >= 0, got {args.switch_steps}")
     if getattr(args, "recipe", "end-to-end") != "teacher":
         return
     if args.attention != "sbm" or not getattr(args, "distill", 0.0) > 0 \

@@ -26,6 +26,12 @@ Two recipes (``--recipe``):
 
 The switch's step and reason are written to ``OUT/recipe.json`` (read back
 on ``--resume``) and logged to ``metrics.jsonl`` (``"split": "recipe"``).
+
+Under either recipe the switch can be gradual (``--switch-steps`` M > 0):
+for the first M sampled steps the heads' exploration rate falls
+geometrically from 1 (every pair) to its own :math:`\delta`,
+:math:`\delta_t = \max(\delta, 10^{-3})^{t / M}`, so that the model meets
+ever sparser graphs instead of the budget's at once.
 """
 from __future__ import annotations
 
@@ -40,13 +46,17 @@ from sbm_pyg.nn.conv import SBMConv
 __all__ = ["RECIPES", "Recipe"]
 
 RECIPES = ("end-to-end", "teacher")
+#: The least exploration a gradual switch anneals through: the geometric
+#: path from 1 needs a positive end (an exploration of 0 is reached at the
+#: switch's last step).
+SWITCH_FLOOR = 1e-3
 
 
 class Recipe:
     r"""The phase of each step of a run with arguments :obj:`args`
     (:obj:`recipe`, :obj:`dense_steps`, :obj:`selector_steps`,
-    :obj:`selector_recall`, :obj:`selector_check`) in directory
-    :obj:`out`.
+    :obj:`selector_recall`, :obj:`selector_check`, :obj:`switch_steps`)
+    in directory :obj:`out`.
 
     Example:
         >>> import argparse
@@ -66,6 +76,7 @@ class Recipe:
         self.selector_steps = getattr(args, "selector_steps", 0)
         self.threshold = getattr(args, "selector_recall", 0.9)
         self.check = getattr(args, "selector_check", 25)
+        self.switch_steps = getattr(args, "switch_steps", 0)
         self.path = None if out is None else Path(out) / "recipe.json"
         self.state: dict = {}
         if self.path is not None and self.path.exists():
@@ -89,6 +100,16 @@ class Recipe:
     def attend_all(self, step: int) -> bool:
         """Whether the SBM heads attend every pair at :obj:`step`."""
         return self.phase(step) != "sparse"
+
+    def exploration(self, step: int, base: float) -> float:
+        r"""The heads' exploration rate at :obj:`step` for a run whose rate
+        is :obj:`base`: annealed from 1 over the first
+        :obj:`switch_steps` sampled steps, :obj:`base` otherwise."""
+        start = self.dense_steps if self.name == "end-to-end" else self.sparse_start
+        if self.phase(step) != "sparse" or start is None \
+                or step - start >= self.switch_steps:
+            return base
+        return max(base, SWITCH_FLOOR) ** ((step - start) / self.switch_steps)
 
     def budget_delay(self, delay: int) -> int:
         """The budget's delay: under the teacher recipe it acts from the

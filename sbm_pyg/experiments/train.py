@@ -257,13 +257,17 @@ def evaluate_model(model: SBMTransformer, task: Task, device: torch.device,
 def _schedule_layers(model: SBMTransformer, args, step: int, recipe: Recipe) -> None:
     # The SBM layers' settings of this step: every pair attended while the
     # recipe says so (a dense warm-up, and the teacher recipe's selector
-    # phase), the distillation from --distill-start on.
+    # phase), the exploration a gradual switch anneals, the distillation
+    # from --distill-start on.
     beta = getattr(args, "distill", 0.0) if step >= getattr(
         args, "distill_start", 0) else 0.0
     dense = recipe.attend_all(step)
+    base = getattr(args, "exploration", None)
     for module in model.modules():
         if isinstance(module, SBMConv):
             module.distill, module.attend_all = beta, dense
+            if base is not None:
+                module.exploration = recipe.exploration(step, base)
 
 
 def _distributed(device_name: str) -> Tuple[int, int, torch.device]:

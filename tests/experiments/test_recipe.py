@@ -61,6 +61,25 @@ def test_switch_at_the_cap():
     assert record["reason"] == "cap" and record["selector_steps"] == 5
 
 
+def test_a_gradual_switch_anneals_the_exploration():
+    # End-to-end: sampled from step 4; over 4 steps 1, 0.1^(1/4), ... then 0.1.
+    recipe = _recipe("end-to-end", switch_steps=4)
+    rates = [recipe.exploration(s, 0.1) for s in range(10)]
+    assert rates[:4] == [0.1] * 4  # dense: the layer attends every pair anyway
+    assert rates[4:9] == pytest.approx([1.0, 0.1 ** 0.25, 0.1 ** 0.5, 0.1 ** 0.75, 0.1])
+    assert rates[9] == 0.1
+    # An exploration of 0 anneals to the floor, then is 0.
+    assert recipe.exploration(7, 0.0) == pytest.approx(1e-3 ** 0.75)
+    assert recipe.exploration(8, 0.0) == 0.0
+    # Teacher: from the switch the recall decided, none before it.
+    recipe = _recipe(switch_steps=2)
+    assert recipe.exploration(50, 0.01) == 0.01  # still the selector phase
+    recipe.after_step(10, lambda: dict(recall=0.0, oracle_recall=1.0))  # the cap
+    assert [recipe.exploration(s, 0.01) for s in (10, 11, 12)] == \
+        pytest.approx([1.0, 0.1, 0.01])
+    assert _recipe(switch_steps=0).exploration(100, 0.01) == 0.01
+
+
 def test_the_selector_phase_trains_the_sbms_alone(tmp_path):
     torch.manual_seed(0)
     args = train_arguments(task="repeat", out=tmp_path, seq_len=8, batch_size=4,
@@ -101,7 +120,24 @@ def test_a_teacher_run_switches_and_resumes(tmp_path):
     assert train_density[4] == 1.0 and train_density[5] < 1.0
 
 
+def test_a_gradual_switch_in_a_run(tmp_path):
+    # Sampled from step 2; the exploration falls 1 -> 0.22 -> 0.046 -> 0.01
+    # -> 0.01, and with it the sampled graphs' density.
+    final = train(train_arguments(
+        task="repeat", out=tmp_path, seq_len=16, batch_size=4, num_clusters=4,
+        dense_steps=2, switch_steps=3, exploration=0.01, steps=7, log_every=1,
+        no_progress=True, sbm_init="paper"))
+    assert final["args"]["switch_steps"] == 3
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    density = [r["density"] for r in records if r["split"] == "train"]
+    # Step 3 (the first sampled) samples every pair: exploration 1 in exact mode.
+    assert density[:3] == [1.0, 1.0, 1.0]
+    assert density[3] > density[5] and density[4] > density[6]
+
+
 def test_recipe_arguments_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="--switch-steps"):
+        train_arguments(task="repeat", out=tmp_path, switch_steps=-1)
     with pytest.raises(ValueError, match="--recipe teacher needs"):
         train_arguments(task="repeat", out=tmp_path, recipe="teacher", dense_steps=10)
     with pytest.raises(ValueError, match="--selector-recall"):
