@@ -129,9 +129,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "where that is less)")
     add("--mode", choices=["exact", "poisson"], default="exact",
         help="sampler merge mode; poisson caps the density at 1 - 1/e")
-    add("--ste", choices=["paper", "published"], default="paper",
+    add("--ste", choices=["paper", "published", "none"], default="paper",
         help="straight-through estimator: the paper's equation or the "
-             "published code's clipped logit gradient")
+             "published code's clipped logit gradient; none: the sampled "
+             "graphs pass the SBM no gradient (it learns from --distill "
+             "and the budget alone)")
     add("--sbm-init", choices=INITS, default="paper",
         help="SBM initialization: the paper's kaiming-normal clusters at the "
              "published code's scale (about 25%% of pairs sampled) or dense "

@@ -40,7 +40,7 @@ def build_model(args) -> SBMTransformer:
         short_conv=getattr(args, "short_conv", 0),
         bigbird_density=getattr(args, "bigbird_density", 0.05),
         **(dict(exploration=args.exploration, mode=args.mode,
-                ste=args.ste, sbm_init=args.sbm_init,
+                ste=None if args.ste == "none" else args.ste, sbm_init=args.sbm_init,
                 sbm_parametrization=getattr(args, "sbm_parametrization",
                                             "paper"),
                 distill=getattr(args, "distill", 0.0),

@@ -16,3 +16,21 @@ def test_peak_memory_counts_what_a_stretch_adds():
     if got is None:
         pytest.skip("no /proc/self/status here")
     assert got >= 48 * 2**20
+
+
+@pytest.mark.parametrize("ste,reaches", [("paper", True), ("none", False)])
+def test_ste_none_builds_heads_without_the_estimator(tmp_path, ste, reaches):
+    # --ste none: the sampled graphs' loss reaches the SBM only through the
+    # straight-through estimator, so without it the SBM gets no gradient.
+    from sbm_pyg import SBMConv
+    from sbm_pyg.experiments.arguments import train_arguments
+    from sbm_pyg.experiments.runs import build_model
+    args = train_arguments(task="repeat", out=tmp_path, seq_len=16, num_clusters=4,
+                           ste=ste, sbm_init="dense")
+    model = build_model(args)
+    convs = [m for m in model.modules() if isinstance(m, SBMConv)]
+    assert convs and all(c.ste == (None if ste == "none" else ste) for c in convs)
+    tokens = torch.randint(0, 16, (2, 16), generator=torch.Generator().manual_seed(0))
+    model(tokens).token_logits.square().sum().backward()
+    grads = [p.grad for c in convs for p in c.sbm.parameters()]
+    assert any(g is not None and g.abs().sum() > 0 for g in grads) == reaches
