@@ -155,5 +155,8 @@ def test_sparse_presets(tmp_path, preset, task, seq_len):
     assert (args.task, args.seq_len, args.recipe, args.sbm_parametrization) == \
         (task, seq_len, "teacher", "mmsb")
     assert args.target_density == 0.05 and args.exploration == pytest.approx(0.005)
+    # The gradual switch where the runs favoured it (repeat); MQAR's keeps
+    # the step switch (its sampled phase can be as short as 100 steps).
+    assert args.switch_steps == (400 if task == "repeat" else 0)
     over = train_arguments(preset, out=tmp_path, target_density=0.02, seed=2)
     assert (over.target_density, over.seed) == (0.02, 2)
