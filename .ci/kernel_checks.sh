@@ -11,21 +11,25 @@
 #   3. both under the GPU image's torch 2.11 / Triton 3.6 and the newest
 #      torch the index installs (benchmarks/checks/version_matrix.sh).   ~30 min
 #
-# What they exercise is the code the Triton tests import (sbm_pyg's nn,
-# ops, sampling, validation and the compiled extension's sources), those
+# They run per family of kernels (benchmarks/checks/families.py): the
+# sampler's, and the attention's (sparse, dense regime, dropout). What a
+# family's checks exercise is the code its Triton tests import (sbm_pyg's
+# nn, ops, sampling, validation and the compiled extension's sources), those
 # tests (and the layer's, whose launches the compile records) and their
-# helpers, the compile check, its baselines, this script, and the
-# versions of Python, torch and Triton: the key below hashes exactly that
-# (git's blob ids of the committed files and the versions).
-# The checks are deterministic in their inputs, so a pass for a key holds
-# for every run with that key.
+# helpers, the compile check, its baselines, this script, and the versions
+# of Python, torch and Triton; the sampler's leave out the attention's own
+# files, which its tests do not run. A family's key hashes exactly that
+# (git's blob ids of the committed files and the versions). The checks are
+# deterministic in their inputs, so a pass for a key holds for every run
+# with that key, and a change to the attention's own files re-runs the
+# attention's checks alone.
 #
-# Where a pass is on record:
+# Where a family's pass is on record:
 #   * .ci/kernel-checks.record, committed: written by this script (never by
-#     hand) after a pass on a clean tree, to be committed with the inputs it
-#     names, so that every clone sees it; trusted only if its key is this
-#     tree's key and its commit is an ancestor of HEAD (the commit whose
-#     files were checked);
+#     hand) after its checks passed on a clean tree, to be committed with the
+#     inputs it names, so that every clone sees it; a family's lines are
+#     trusted only if their key is this tree's key for that family and their
+#     commit is an ancestor of HEAD (the commit whose files were checked);
 #   * $SBM_PYG_CI_CACHE (default ~/.cache/sbm_pyg/kernel-checks): the same
 #     pass with its logs, on the machine that ran it.
 # What the record proves: that these checks, run by this script on these
@@ -34,76 +38,84 @@
 # machine's CPU or Python build, or with the matrix's newest torch if the
 # index has moved on since (the matrix's versions are in the record, not in
 # the key); nor can a file in the tree prove who wrote it: review it as
-# code. Uncommitted changes to the inputs, or KERNEL_CHECKS=always, run the
-# checks whatever is recorded.
+# code. Uncommitted changes to a family's inputs, or KERNEL_CHECKS=always,
+# run its checks whatever is recorded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 CACHE=${SBM_PYG_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sbm_pyg/kernel-checks}
 RECORD=.ci/kernel-checks.record
-inputs=(sbm_pyg/__init__.py sbm_pyg/validation.py sbm_pyg/nn sbm_pyg/ops
-        sbm_pyg/sampling csrc setup.py pyproject.toml tests/conftest.py
-        tests/helpers.py tests/triton_abi.py tests/ops tests/sampling
-        tests/nn/test_conv.py
-        benchmarks/checks/__init__.py benchmarks/checks/triton_compile.py
-        benchmarks/checks/version_matrix.sh
-        benchmarks/checks/results-triton-compile.json
-        benchmarks/checks/results-triton-compile-3.6.0.json
-        benchmarks/checks/results-triton-compile-3.8.0.json .ci/kernel_checks.sh)
 versions=$($PY -c 'import platform, torch, triton
 print("python", platform.python_version(), "torch", torch.__version__,
       "triton", triton.__version__)')
-key=$({ git ls-files -s -- "${inputs[@]}"; echo "$versions"; } | sha256sum | cut -c1-16)
-record="$CACHE/$key"
 commit=$(git rev-parse HEAD)
-clean=1
-git diff --quiet HEAD -- "${inputs[@]}" || clean=0
-if [ "$clean" = 1 ] && [ "${KERNEL_CHECKS:-recorded}" != always ]; then
-  if [ -f "$RECORD" ] && [ "$(sed -n 's/^key //p' "$RECORD")" = "$key" ] \
-     && git merge-base --is-ancestor "$(sed -n 's/^commit //p' "$RECORD")" HEAD 2>/dev/null; then
-    echo "kernel checks: passed for these inputs ($key, $versions) as" \
-         "$RECORD records; not rerun:"
-    sed 's/^/  /' "$RECORD"
-    exit 0
+new=$(mktemp)
+for family in sampler attention; do
+  mapfile -t inputs < <($PY -m benchmarks.checks.families inputs $family)
+  key=$({ echo "$family"; git ls-files -s -- "${inputs[@]}"; echo "$versions"; } \
+        | sha256sum | cut -c1-16)
+  clean=1
+  git diff --quiet HEAD -- "${inputs[@]}" || clean=0
+  if [ "$clean" = 1 ] && [ "${KERNEL_CHECKS:-recorded}" != always ]; then
+    if [ -f "$RECORD" ] && [ "$(sed -n "s/^$family key //p" "$RECORD")" = "$key" ] \
+       && git merge-base --is-ancestor "$(sed -n "s/^$family commit //p" "$RECORD")" \
+            HEAD 2>/dev/null; then
+      echo "kernel checks, $family: passed for these inputs ($key, $versions) as" \
+           "$RECORD records; not rerun:"
+      grep "^$family " "$RECORD" | tee -a "$new" | sed 's/^/  /'
+      continue
+    fi
+    if [ -f "$CACHE/$key/passed" ] && git merge-base --is-ancestor \
+         "$(sed -n "s/^$family commit //p" "$CACHE/$key/record")" HEAD 2>/dev/null; then
+      echo "kernel checks, $family: passed for these inputs ($key) on" \
+           "$(cat "$CACHE/$key/passed"); not rerun (logs in $CACHE/$key)"
+      cat "$CACHE/$key/record" >> "$new"
+      continue
+    fi
   fi
-  if [ -f "$record/passed" ]; then
-    echo "kernel checks: passed for these inputs ($key) on" \
-         "$(cat "$record/passed"); not rerun (logs in $record)"
-    exit 0
-  fi
-fi
-logs=$(mktemp -d)
-TESTS=(tests/ops/test_triton_attention.py tests/ops/test_triton_dense.py
-       tests/ops/test_dropout.py tests/sampling/test_fastrg_op.py
-       tests/sampling/test_backends.py tests/sampling/test_fastrg.py)
-start=$SECONDS
-echo "kernel checks ($key): the Triton tests under the plain interpreter"
-SBM_PYG_TRITON_ABI=plain $PY -m pytest -q -p no:cacheprovider -n auto -k triton \
-  "${TESTS[@]}" 2>&1 | tee "$logs/plain.log" | tail -n 3
-echo "kernel checks ($key): the ahead-of-time compile"
-$PY -m benchmarks.checks.triton_compile --out "$logs/triton-compile.json" \
-  2>&1 | tee "$logs/compile.log" | tail -n 5
-echo "kernel checks ($key): the version matrix"
-OUT="$logs/matrix" bash benchmarks/checks/version_matrix.sh
-minutes=$(( (SECONDS - start + 30) / 60 ))
-if [ "$clean" = 1 ]; then
-  mkdir -p "$record"
-  cp -r "$logs"/. "$record"/
-  date -u +"%F %T UTC, commit $(git rev-parse --short HEAD)" > "$record/passed"
-  # The committed record: what ran, on which versions, and each check's
-  # last line. Commit it (alone, or with changes outside the inputs).
+  logs=$(mktemp -d)
+  mapfile -t tests < <($PY -m benchmarks.checks.families tests $family)
+  start=$SECONDS
+  echo "kernel checks, $family ($key): the Triton tests under the plain interpreter"
+  SBM_PYG_TRITON_ABI=plain $PY -m pytest -q -p no:cacheprovider -n auto -k triton \
+    "${tests[@]}" 2>&1 | tee "$logs/plain.log" | tail -n 3
+  echo "kernel checks, $family ($key): the ahead-of-time compile"
+  $PY -m benchmarks.checks.triton_compile --family $family \
+    --out "$logs/triton-compile.json" 2>&1 | tee "$logs/compile.log" | tail -n 5
+  echo "kernel checks, $family ($key): the version matrix"
+  OUT="$logs/matrix" FAMILY=$family bash benchmarks/checks/version_matrix.sh
+  minutes=$(( (SECONDS - start + 30) / 60 ))
   {
-    echo "# Written by .ci/kernel_checks.sh after its checks passed on a clean tree;"
-    echo "# commit it as it is (see that script for what it proves)."
-    echo "key $key"
-    echo "commit $commit"
-    echo "date $(date -u +'%F %T UTC')"
-    echo "versions $versions"
-    echo "minutes $minutes on $(nproc) cores"
-    echo "plain-interpreter $(tail -n 1 "$logs/plain.log")"
-    echo "aot-compile $(grep -v '^\s*$' "$logs/compile.log" | tail -n 1)"
+    echo "$family key $key"
+    echo "$family commit $commit"
+    echo "$family date $(date -u +'%F %T UTC')"
+    echo "$family versions $versions"
+    echo "$family minutes $minutes on $(nproc) cores"
+    echo "$family plain-interpreter $(tail -n 1 "$logs/plain.log")"
+    echo "$family aot-compile $(grep -v '^\s*$' "$logs/compile.log" | tail -n 1)"
     grep -E 'torch [0-9.]+: torch|exit|passed|failed' "$logs/matrix/matrix.log" \
-      | sed 's/^\[version_matrix [0-9:]*\] /matrix /'
-  } > "$RECORD"
-  echo "kernel checks: passed; $RECORD written (commit it)"
+      | sed "s/^\[version_matrix [0-9:]*\] //; s/^/$family matrix /"
+  } > "$logs/record"
+  cat "$logs/record" >> "$new"
+  if [ "$clean" = 1 ]; then
+    mkdir -p "$CACHE/$key"
+    cp -r "$logs"/. "$CACHE/$key"/
+    date -u +"%F %T UTC, commit $(git rev-parse --short HEAD)" > "$CACHE/$key/passed"
+  fi
+  echo "kernel checks, $family: passed in $minutes minutes"
+done
+# The committed record: each family's pass, what ran, on which versions, and
+# each check's last line. Written when the whole tree's inputs are
+# committed; commit it (alone, or with changes outside the inputs).
+mapfile -t all < <($PY -m benchmarks.checks.families inputs attention)
+if git diff --quiet HEAD -- "${all[@]}"; then
+  if ! cmp -s <(grep -v '^#' "$RECORD" 2>/dev/null) "$new"; then
+    {
+      echo "# Written by .ci/kernel_checks.sh after its checks passed on a clean tree;"
+      echo "# commit it as it is (see that script for what it proves)."
+      cat "$new"
+    } > "$RECORD"
+    echo "kernel checks: passed; $RECORD written (commit it)"
+  fi
 fi
+rm -f "$new"

@@ -57,30 +57,29 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List
 
+from benchmarks.checks.families import FAMILIES, recorded
+
 ARCHS = (80, 90)
 OUT = Path(__file__).with_name("results-triton-compile.json")
 ROOT = Path(__file__).resolve().parents[2]
 # The tests that launch Triton kernels (selected by "triton" in their names
-# or parameters).
-TESTS = ["tests/ops/test_triton_attention.py", "tests/ops/test_triton_dense.py",
-         "tests/ops/test_dropout.py",
-         "tests/sampling/test_fastrg_op.py",
-         "tests/sampling/test_backends.py", "tests/sampling/test_fastrg.py",
-         "tests/nn/test_conv.py"]
+# or parameters) are those of benchmarks.checks.families: a family's
+# launches are checked alone when only its own files changed.
 
 
-def record(directory: Path) -> None:
-    """Runs the launches under the interpreter in a subprocess, which writes
-    them to :obj:`directory`."""
+def record(directory: Path, family: str = "all") -> None:
+    """Runs :obj:`family`'s launches under the interpreter in a subprocess,
+    which writes them to :obj:`directory`."""
     env = dict(os.environ, TRITON_INTERPRET="1",
                SBM_PYG_TRITON_SIGNATURES=str(directory), SBM_PYG_TEST_DEVICE="cpu")
     env.pop("SBM_PYG_TRITON_ABI", None)
     subprocess.run([sys.executable, "-m", "benchmarks.checks.triton_compile", "--record",
-                    str(directory)], cwd=ROOT, env=env, check=True)
+                    str(directory), "--family", family], cwd=ROOT, env=env, check=True)
 
 
-def _launch_all() -> int:
-    # In the recording subprocess: the tests, then the model's sizes.
+def _launch_all(family: str) -> int:
+    # In the recording subprocess: the family's tests, then its launches at
+    # the model's sizes.
     import pytest
 
     from tests import triton_abi
@@ -92,22 +91,26 @@ def _launch_all() -> int:
         workers = ["-n", "auto"]
     except ImportError:
         workers = []
-    code = pytest.main(["-q", "-p", "no:cacheprovider", *workers, "-k", "triton", *TESTS])
-    _model_sizes()
+    code = pytest.main(["-q", "-p", "no:cacheprovider", *workers, "-k", "triton",
+                        *recorded(family)])
+    # The paper's and the benchmarks' sizes, few rows, as the interpreter
+    # runs them; each part with a generator of its own, so that a family
+    # alone launches what it launches beside the other.
+    import torch
+    if family in ("all", "sampler"):
+        _sampler_sizes(torch.Generator().manual_seed(0))
+    if family in ("all", "attention"):
+        _attention_sizes(torch.Generator().manual_seed(1))
+        _dense_sizes(torch.Generator().manual_seed(2))
     return int(code)
 
 
-def _model_sizes() -> None:
-    # The paper's and the benchmarks' sizes: k = 128 and 256 clusters, head
-    # sizes 32, 64 and 128, float32, float64 and bfloat16 rows, both sampler
-    # modes with and without exploration, attention with edge
-    # probabilities and with memberships, with and without dropout; few
-    # rows, as the interpreter runs them.
+def _sampler_sizes(g) -> None:
+    # k = 128 and 256 clusters, float32 and float64, both modes with and
+    # without exploration.
     import torch
 
-    from sbm_pyg.nn.functional import sparse_attention
     from sbm_pyg.sampling import fastrg
-    g = torch.Generator().manual_seed(0)
     N, H = 24, 2
     for dtype in (torch.float32, torch.float64):
         for k in (128, 256):
@@ -117,7 +120,17 @@ def _model_sizes() -> None:
                 for delta in (0.0, 0.01):
                     fastrg(memb, block, memb, mode=mode, exploration=delta,
                            generator=g, backend="triton")
-    k = 128
+
+
+def _attention_sizes(g) -> None:
+    # The sparse attention on a graph the sampler drew: heads of 32, 64 and
+    # 128, float32, float64 and bfloat16 rows, with edge probabilities and
+    # with memberships, with and without dropout.
+    import torch
+
+    from sbm_pyg.nn.functional import sparse_attention
+    from sbm_pyg.sampling import fastrg
+    N, H, k = 24, 2, 128
     memb = torch.rand(N, H, k, generator=g)
     block = torch.rand(H, k, k, generator=g) * 8 / k**2
     graph = fastrg(memb, block, memb, generator=g, backend="triton")
@@ -134,7 +147,6 @@ def _model_sizes() -> None:
             # in all three kernels.
             sparse_attention(q, kk, v, graph, sbm=sbm, dropout=0.5, training=True,
                              generator=g, backend="triton").sum().backward()
-    _dense_sizes(g)
 
 
 def _dense_sizes(g) -> None:
@@ -385,16 +397,20 @@ def main(argv=None) -> int:
                              "Triton than the development pin's)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="compiling processes (default: one per core)")
+    parser.add_argument("--family", choices=["all", *FAMILIES], default="all",
+                        help="the kernels whose launches to check (default: all)")
     parser.add_argument("--record", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.record is not None:  # the recording subprocess
-        return _launch_all()
+        return _launch_all(args.family)
+    if args.update and args.family != "all":
+        parser.error("--update rewrites the whole baseline: it needs --family all")
     os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
     found = [f"{fn.fn.__name__} line {line}: tl.dot without input_precision"
              for fn in kernels() for line in dots_without_precision(
                  inspect.getsource(fn.fn))]
     with tempfile.TemporaryDirectory() as tmp:
-        record(Path(tmp))
+        record(Path(tmp), args.family)
         launches = load(Path(tmp))
     start = time.perf_counter()
     rows = compile_parallel(launches, args.arch, args.jobs)

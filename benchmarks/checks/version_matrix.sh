@@ -19,10 +19,12 @@
 # The virtual environments are kept in $SBM_PYG_MATRIX (default
 # ~/.cache/sbm_pyg/matrix; each about 4.7 GB, torch with its CUDA
 # libraries, installed once). 13-14 minutes a version on two cores (build
-# 1, the compile with its tests 7-9, the plain interpreter 4-5). Exits 1 if
-# any step of any version failed.
+# 1, the compile with its tests 7-9, the plain interpreter 4-5). FAMILY
+# (sampler or attention; default all) checks one family's kernels alone
+# (benchmarks/checks/families.py). Exits 1 if any step of any version
+# failed.
 #
-#   OUT=/tmp/matrix bash benchmarks/checks/version_matrix.sh [torch==T,triton==R ...]
+#   OUT=/tmp/matrix [FAMILY=F] bash benchmarks/checks/version_matrix.sh [torch==T,triton==R ...]
 set -u
 OUT=${OUT:-/tmp/version-matrix}
 MATRIX=${SBM_PYG_MATRIX:-$HOME/.cache/sbm_pyg/matrix}
@@ -30,9 +32,9 @@ ROOT=$(pwd)
 mkdir -p "$OUT" "$MATRIX"
 specs=("$@")
 [ ${#specs[@]} -eq 0 ] && specs=("torch==2.11.0,triton==3.6.0" "torch==2.14.1")
-TESTS=(tests/ops/test_triton_attention.py tests/ops/test_triton_dense.py
-       tests/ops/test_dropout.py tests/sampling/test_fastrg_op.py
-       tests/sampling/test_backends.py tests/sampling/test_fastrg.py)
+FAMILY=${FAMILY:-all}
+mapfile -t TESTS < <(python3 -m benchmarks.checks.families tests "$FAMILY")
+[ ${#TESTS[@]} -gt 0 ] || { echo "FAMILY=$FAMILY: no such family" >&2; exit 2; }
 failed=0
 log() { echo "[version_matrix $(date +%T)] $*" | tee -a "$OUT/matrix.log"; }
 check() { log "$1 exit $2"; [ "$2" = 0 ] || failed=1; }
@@ -66,7 +68,8 @@ for spec in "${specs[@]}"; do
   if [ "${UPDATE:-0}" = 1 ]; then
     opts=(--update --out "$base")
   else
-    opts=(--baseline "$base" --baseline-only --out "$OUT/triton-compile-torch$name.json")
+    opts=(--family "$FAMILY" --baseline "$base" --baseline-only
+          --out "$OUT/triton-compile-torch$name.json")
     [ -f "$base" ] || { log "no baseline $base (UPDATE=1 writes it)"; failed=1; }
   fi
   (cd "$work" && $PY -m benchmarks.checks.triton_compile "${opts[@]}" \

@@ -1,0 +1,95 @@
+r"""The Triton kernels' checks split by family, so that a change to one
+family's own files re-runs that family's checks alone
+(``.ci/kernel_checks.sh``).
+
+* ``sampler``: the fastRG sampler's kernels. Its tests draw graphs and
+  compare them with the C++ sampler's; they call no attention code, so
+  their outcome does not depend on the attention's own files
+  (:data:`ATTENTION_OWN`), which its key leaves out.
+* ``attention``: the sparse attention's, the dense regime's and the
+  dropout's kernels. Their tests draw graphs with the sampler, so their key
+  covers every input, the sampler's files included.
+
+A change to a shared file (validation, the compiled extension's build, the
+sampler, the test helpers, the checks themselves) re-runs both.
+``tests/benchmarks/checks/test_families.py`` walks the imports of the
+sampler's tests through ``sbm_pyg`` and fails if they reach an attention
+module (package ``__init__`` files aside, which import every submodule).
+
+``python -m benchmarks.checks.families inputs|tests|record FAMILY`` prints a
+family's key inputs (git pathspecs), the tests the interpreter runs, or the
+tests whose launches the ahead-of-time compile records.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Dict, List
+
+#: Everything the kernel checks exercise: the code the Triton tests import
+#: (sbm_pyg's nn, ops, sampling, validation and the compiled extension's
+#: sources), those tests and the layer's (whose launches the compile
+#: records), their helpers, the compile check, its baselines and the
+#: scripts that run them.
+INPUTS = ["sbm_pyg/__init__.py", "sbm_pyg/validation.py", "sbm_pyg/nn", "sbm_pyg/ops",
+          "sbm_pyg/sampling", "csrc", "setup.py", "pyproject.toml", "tests/conftest.py",
+          "tests/helpers.py", "tests/triton_abi.py", "tests/ops", "tests/sampling",
+          "tests/nn/test_conv.py", "benchmarks/checks/__init__.py",
+          "benchmarks/checks/families.py", "benchmarks/checks/triton_compile.py",
+          "benchmarks/checks/version_matrix.sh",
+          "benchmarks/checks/results-triton-compile.json",
+          "benchmarks/checks/results-triton-compile-3.6.0.json",
+          "benchmarks/checks/results-triton-compile-3.8.0.json", ".ci/kernel_checks.sh"]
+
+#: The attention's own files: the sampler's tests run none of their code.
+ATTENTION_OWN = ["sbm_pyg/nn", "sbm_pyg/ops/dense_attention.py", "sbm_pyg/ops/dropout.py",
+                 "sbm_pyg/ops/fused_attention.py", "sbm_pyg/ops/torch_attention.py",
+                 "sbm_pyg/ops/triton_attention.py", "sbm_pyg/ops/triton_dense.py",
+                 "sbm_pyg/ops/triton_dense_kernels.py", "csrc/attention", "tests/ops",
+                 "tests/nn/test_conv.py"]
+
+#: Per family: the Triton tests run under the plain interpreter, the tests
+#: whose launches the compile records (the layer's launch both families'
+#: kernels and are recorded with the attention's), and what its key leaves
+#: out.
+FAMILIES: Dict[str, Dict[str, List[str]]] = {
+    "sampler": dict(
+        tests=["tests/sampling/test_fastrg_op.py", "tests/sampling/test_backends.py",
+               "tests/sampling/test_fastrg.py"],
+        record=[], excludes=ATTENTION_OWN),
+    "attention": dict(
+        tests=["tests/ops/test_triton_attention.py", "tests/ops/test_triton_dense.py",
+               "tests/ops/test_dropout.py"],
+        record=["tests/nn/test_conv.py"], excludes=[]),
+}
+
+
+def inputs(family: str) -> List[str]:
+    """:obj:`family`'s key inputs as git pathspecs."""
+    return INPUTS + [f":(exclude){path}" for path in FAMILIES[family]["excludes"]]
+
+
+def tests(family: str) -> List[str]:
+    """The Triton tests of :obj:`family` (``all``: every family's)."""
+    names = list(FAMILIES) if family == "all" else [family]
+    return [test for name in names for test in FAMILIES[name]["tests"]]
+
+
+def recorded(family: str) -> List[str]:
+    """The tests whose launches the compile records for :obj:`family`."""
+    names = list(FAMILIES) if family == "all" else [family]
+    return tests(family) + [test for name in names for test in FAMILIES[name]["record"]]
+
+
+def main(argv: List[str]) -> int:
+    what = {"inputs": inputs, "tests": tests, "record": recorded}
+    if (len(argv) != 2 or argv[0] not in what
+            or argv[1] not in (FAMILIES if argv[0] == "inputs" else [*FAMILIES, "all"])):
+        print(f"usage: python -m benchmarks.checks.families {{{'|'.join(what)}}} "
+              f"{{{'|'.join(FAMILIES)}}}", file=sys.stderr)
+        return 2
+    print("\n".join(what[argv[0]](argv[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,86 @@
+"""The kernel checks' families (benchmarks/checks/families.py): every Triton
+test in one family, the sampler's key leaving out only files its tests do
+not reach."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.checks import families
+from benchmarks.checks.families import ATTENTION_OWN, FAMILIES, INPUTS, inputs, main
+
+pytestmark = pytest.mark.host
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_every_test_file_is_in_one_family_and_exists():
+    listed = families.recorded("all")
+    assert len(listed) == len(set(listed)) == sum(
+        len(f["tests"]) + len(f["record"]) for f in FAMILIES.values())
+    assert all((ROOT / test).is_file() for test in listed)
+    assert families.tests("all") == [t for f in FAMILIES.values() for t in f["tests"]]
+
+
+def _imports(path: Path) -> set:
+    # The sbm_pyg modules a file imports, at any depth of its code.
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {name for name in names if name.startswith("sbm_pyg")}
+
+
+def _file(module: str):
+    path = ROOT / (module.replace(".", "/") + ".py")
+    return path if path.is_file() else None
+
+
+def test_the_sampler_tests_reach_no_attention_module():
+    # From the sampler family's tests through every sbm_pyg module they
+    # import (package __init__ files aside: they import every submodule, to
+    # define them, not to run them), no module of the attention's own.
+    own = {path.removesuffix(".py") for path in ATTENTION_OWN}
+    seen, todo = set(), [ROOT / test for test in FAMILIES["sampler"]["tests"]]
+    todo += [ROOT / "tests/conftest.py", ROOT / "tests/helpers.py",
+             ROOT / "tests/sampling/conftest.py", ROOT / "tests/sampling/cases.py"]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for module in _imports(path):
+            target = _file(module)
+            if target is not None and target.name != "__init__.py":
+                todo.append(target)
+    reached = {str(path.relative_to(ROOT)).removesuffix(".py") for path in seen}
+    assert not {r for r in reached for o in own if r == o or r.startswith(o + "/")}
+    assert "sbm_pyg/sampling/fastrg_triton" in reached  # the walk follows imports
+
+
+def test_inputs_and_their_exclusions():
+    assert inputs("attention") == INPUTS
+    sampler = inputs("sampler")
+    assert sampler[:len(INPUTS)] == INPUTS
+    excluded = [spec.removeprefix(":(exclude)") for spec in sampler[len(INPUTS):]]
+    assert excluded == ATTENTION_OWN
+    # Each exclusion lies inside an input and exists.
+    assert all(any(path == i or path.startswith(i + "/") for i in INPUTS)
+               and (ROOT / path).exists() for path in excluded)
+
+
+def test_the_command_line(capsys):
+    assert main(["tests", "sampler"]) == 0
+    assert capsys.readouterr().out.split() == FAMILIES["sampler"]["tests"]
+    assert main(["record", "attention"]) == 0
+    assert capsys.readouterr().out.split()[-1] == "tests/nn/test_conv.py"
+    assert main(["inputs", "all"]) == 2 and main(["tests", "nope"]) == 2
+    assert "usage" in capsys.readouterr().err
+    # As the scripts call it, from the repository's root.
+    out = subprocess.run([sys.executable, "-m", "benchmarks.checks.families", "tests", "all"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split() == families.tests("all")
