@@ -281,6 +281,7 @@ struct Args {
   const T *q, *k, *v;     // [R, D], [C, D], [C, Dv]
   const T *out, *lse;     // forward outputs, read by backward
   const T *dout, *qb, *km;  // qb [R, K], km [C, K]: null without SBM
+  const T* glse;  // dL/d lse [R] (a sink's): null where none
   T *o, *alpha, *lse_out;   // forward outputs
   T *dq, *dk, *dv, *dprob, *dqb, *dkm, *delta;  // backward outputs, scratch
   const int32_t* row_t;     // row of each edge in column order (backward)
@@ -361,7 +362,9 @@ SBM_INLINE void backward_rows_impl(const Args<T>& a, Scratch<T>& sc,
     T* dqb = a.dqb ? a.dqb + r * K : nullptr;
     if (dqb) fill(dqb, T(0), K);
     const T* dout = a.dout + r * Dv;
-    const T delta = dot<N>(dout, a.out + r * Dv, Dv);
+    // With a gradient of the log-sum-exp (an attention sink's), ds_e =
+    // alpha_e (t_e - delta_r + dL/dlse_r): it joins delta.
+    const T delta = dot<N>(dout, a.out + r * Dv, Dv) - (a.glse ? a.glse[r] : T(0));
     a.delta[r] = delta;
     Acc<T, N> dq(a.dq + r * D, D);
     if (n == 0) {
@@ -602,7 +605,8 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
                           const std::optional<Tensor>& q_block,
                           const std::optional<Tensor>& k_memb, double scale,
                           int64_t ste, int64_t dropout_seed,
-                          int64_t dropout_threshold) {
+                          int64_t dropout_threshold,
+                          const std::optional<Tensor>& grad_lse) {
   check_graph(rowptr, col, colptr, row_t, q, k, v);
   const bool memb = check_memberships(q_block, k_memb, q, k);
   TORCH_CHECK(ste == kSteNone || ste == kStePaper || ste == kStePublished,
@@ -621,6 +625,10 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
                   lse.scalar_type() == q.scalar_type(),
               "sbm_pyg::sparse_attention_backward: lse must be [R] in q's "
               "dtype");
+  TORCH_CHECK(!grad_lse || (grad_lse->numel() == R && grad_lse->is_contiguous() &&
+                            grad_lse->scalar_type() == q.scalar_type()),
+              "sbm_pyg::sparse_attention_backward: grad_lse must be [R] in "
+              "q's dtype");
   Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   Tensor dprob = at::empty({ste != kSteNone && !memb ? E : 0}, q.options());
   Tensor dqb = memb ? at::empty_like(*q_block) : at::empty({0}, q.options());
@@ -635,6 +643,7 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
     a.out = out.data_ptr<T>();
     a.lse = lse.data_ptr<T>();
     a.dout = grad_out.data_ptr<T>();
+    a.glse = grad_lse ? grad_lse->data_ptr<T>() : nullptr;
     a.qb = memb ? q_block->data_ptr<T>() : nullptr;
     a.km = memb ? k_memb->data_ptr<T>() : nullptr;
     a.dq = dq.data_ptr<T>();

@@ -41,6 +41,7 @@ sparse_attention_backward(const at::Tensor& rowptr, const at::Tensor& col,
                           const std::optional<at::Tensor>& q_block,
                           const std::optional<at::Tensor>& k_memb,
                           double scale, int64_t ste, int64_t dropout_seed,
-                          int64_t dropout_threshold);
+                          int64_t dropout_threshold,
+                          const std::optional<at::Tensor>& grad_lse);
 
 }  // namespace sbm_pyg

@@ -243,6 +243,7 @@ struct BackwardTile {
   const T* lse;
   const T* out;
   const T* grad_out;
+  const T* glse;  // dL/d lse (a sink's), or null
   int64_t nk, dv, ste;
   T scale;
   Dropout<T> drop;
@@ -273,6 +274,7 @@ SBM_INLINE void backward_rows_impl(const BackwardTile<T>& a, int64_t t0,
     T delta_r = 0;
     for (int64_t x = 0; x < a.dv; ++x)
       delta_r += a.grad_out[t * a.dv + x] * a.out[t * a.dv + x];
+    if (a.glse) delta_r -= a.glse[t];  // ds = A (dA - delta + dL/dlse)
     // Under dropout dA is keep o (dOut V^T), and dV takes (A o keep)^T.
     a.drop.apply(a.r0 + t, d, nk);
 #pragma omp simd
@@ -419,7 +421,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dense_attention_backward(
     const Tensor& k_memb_, const Tensor& mask, const Tensor& out_,
     const Tensor& lse_, const Tensor& grad_out_, int64_t heads, double scale,
     int64_t ste, int64_t dropout_seed, int64_t dropout_threshold,
-    int64_t precision) {
+    int64_t precision, const std::optional<Tensor>& grad_lse) {
   check_precision("sbm_pyg::dense_attention_backward", precision);
   const Tensor q = q_.detach(), k = k_.detach(), v = v_.detach(),
                q_block = q_block_.detach(), k_memb = k_memb_.detach(),
@@ -433,6 +435,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dense_attention_backward(
                   grad_out.sizes() == out.sizes(),
               "sbm_pyg::dense_attention_backward: grad_out must be "
               "contiguous and out's shape");
+  TORCH_CHECK(!grad_lse || (grad_lse->numel() == q.size(0) &&
+                            grad_lse->is_contiguous() &&
+                            grad_lse->scalar_type() == q.scalar_type()),
+              "sbm_pyg::dense_attention_backward: grad_lse must be [R] in "
+              "q's dtype");
   const Shape sh(ptr_q, ptr_k, heads, q.size(0), k.size(0));
   TORCH_CHECK(mask.numel() == sh.base[sh.G],
               "sbm_pyg::dense_attention_backward: mask does not fit ptr_q/ptr_k");
@@ -446,6 +453,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dense_attention_backward(
     const T* lp = lse.data_ptr<T>();
     const T* op = out.data_ptr<T>();
     const T* gp = grad_out.data_ptr<T>();
+    const T* glp = grad_lse ? grad_lse->data_ptr<T>() : nullptr;
     const int64_t Dv = v.size(1);
     for_each_pair(sh, [&](int64_t g, int64_t h) {
       const int64_t qs = sh.ptr_q[g], nq = sh.ptr_q[g + 1] - qs;
@@ -466,7 +474,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dense_attention_backward(
             S.data_ptr<T>(), dA.data_ptr<T>(),
             memb ? Gt.data_ptr<T>() : nullptr,
             mk + sh.base[g] + (h * nq + i0) * row_bytes(nk), lp + r0,
-            op + r0 * Dv, gp + r0 * Dv, nk, Dv, ste, (T)scale,
+            op + r0 * Dv, gp + r0 * Dv, glp ? glp + r0 : nullptr, nk, Dv, ste,
+            (T)scale,
             make_dropout<T>(dropout_seed, dropout_threshold, c0), r0};
         at::parallel_for(0, bq, 16, [&](int64_t t0, int64_t t1) {
           backward_rows(tile, t0, t1);

@@ -37,6 +37,7 @@ dense_attention_backward(const at::Tensor& ptr_q, const at::Tensor& ptr_k,
                          const at::Tensor& out, const at::Tensor& lse,
                          const at::Tensor& grad_out, int64_t heads,
                          double scale, int64_t ste, int64_t dropout_seed,
-                         int64_t dropout_threshold, int64_t precision);
+                         int64_t dropout_threshold, int64_t precision,
+                         const std::optional<at::Tensor>& grad_lse);
 
 }  // namespace sbm_pyg

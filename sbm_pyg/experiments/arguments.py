@@ -77,6 +77,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --distill, the weight of the edge fit added to it "
              "(sbm_pyg.nn.edge_fit: a binary cross-entropy that pulls the "
              "edges the attention uses toward p = 1, the others toward 0)")
+    add("--sink", action="store_true",
+        help="a learned attention sink per head in every SBM layer "
+             "(SBMConv(sink=True)): a row may attend to nothing")
     add("--distill-start", type=int, default=0,
         help="the step from which --distill acts (before it the attention "
              "learns the task on its own)")
@@ -242,8 +245,9 @@ def validate_train_arguments(args) -> None:
         raise ValueError("--distill-start and --dense-steps must be >= 0")
     if getattr(args, "lam_start", 0) < 0:
         raise ValueError("--lam-start must be >= 0")
-    if getattr(args, "dense_steps", 0) and args.attention != "sbm":
-        raise ValueError("--dense-steps needs --attention sbm")
+    for flag in ("dense_steps", "sink"):
+        if getattr(args, flag, 0) and args.attention != "sbm":
+            raise ValueError(f"--{flag.replace('_', '-')} needs --attention sbm")
     _validate_recipe(args)
     target = getattr(args, "target_density", None)
     if target is None and (getattr(args, "budget_warmup", None) is not None

@@ -44,7 +44,8 @@ def build_model(args) -> SBMTransformer:
                 sbm_parametrization=getattr(args, "sbm_parametrization",
                                             "paper"),
                 distill=getattr(args, "distill", 0.0),
-                distill_edges=getattr(args, "distill_edges", 0.0))
+                distill_edges=getattr(args, "distill_edges", 0.0),
+                sink=getattr(args, "sink", False))
            if args.attention == "sbm" else {}),
     )
 

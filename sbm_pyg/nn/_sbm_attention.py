@@ -17,7 +17,7 @@ from sbm_pyg.nn._pair_split import (
     split_pairs,
 )
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
-from sbm_pyg.nn.functional import sparse_attention
+from sbm_pyg.nn.functional import check_sink, sparse_attention, with_sink
 from sbm_pyg.nn.options import SBMAttentionOptions
 from sbm_pyg.ops import backend_info
 from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
@@ -72,7 +72,7 @@ class _Part(NamedTuple):
     edges: Tensor
 
 
-def sbm_attention(query: Tensor, key: Tensor, value: Tensor,
+def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
                   sbm: Tuple[Tensor, Tensor, Tensor], *, ptr_q: PtrLike = None,
                   ptr_k: PtrLike = None,
                   include_edges: Optional[Tensor] = None,
@@ -80,8 +80,8 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,
                   training: bool = False, return_graph: bool = False,
                   return_attention_weights: bool = False,
                   attend: Optional[Attend] = None,
-                  generator: Optional[torch.Generator] = None
-                  ) -> SBMAttention:
+                  generator: Optional[torch.Generator] = None,
+                  sink: Optional[Tensor] = None) -> SBMAttention:
     r"""The SBM-Transformer's attention over a ragged batch, all heads at
     once: samples each (sequence, head)'s graph from the SBM
     :math:`p_{ij} = \hat{\mathbf{Q}}_i \hat{\mathbf{S}}_h
@@ -135,9 +135,13 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,
         return_attention_weights (bool): see :obj:`return_graph`.
         attend (callable, optional): :obj:`attend(graph, need_weights)`
             computes the attention over the sampled graph in place of the
-            kernels (a layer's :class:`MessagePassing` path).
+            kernels (a layer's :class:`MessagePassing` path), its sink
+            included.
         generator (torch.Generator, optional): randomness of the sampler,
             the dense kernel's draws and the dropout.
+        sink (Tensor, optional): :obj:`[H]`, each head's attention sink
+            logit (see :func:`~sbm_pyg.nn.functional.sparse_attention`),
+            in both regimes; the weights then leave out the sink's share.
 
     Returns:
         :class:`SBMAttention`.
@@ -163,12 +167,13 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,
     q_memb, block, k_memb = sbm
     device = query.device
     check_generator(generator, device)
+    check_sink(sink, query.size(1))
     seq_q, seq_k, checks, dense, per = _regimes(
         query, sbm, ptr_q, ptr_k, key.size(0), opts, attend is not None)
     need_graph = return_graph or return_attention_weights
     call = _Call(query, key, value, q_memb, block, k_memb, seq_q, seq_k,
                  include_edges, opts, training, need_graph,
-                 return_attention_weights, attend, generator, checks, None)
+                 return_attention_weights, attend, generator, checks, None, sink)
     sampler = resolve_backend("sampler", opts.sampler_backend, device)
     # The sparse kernel: the one asked for, or where the dense regime runs
     # (asked for or chosen) the one "auto" takes, for weights or graphs.
@@ -228,6 +233,9 @@ class _Call(NamedTuple):
     # was chosen.
     checks: List[Check]
     seed: Optional[int]
+    # The sink's logits: [H], or one per heads-first row (a mixed batch's
+    # dense pairs, as one head).
+    sink: Optional[Tensor] = None
 
 
 class _Dense(NamedTuple):
@@ -346,7 +354,7 @@ def _attend(call: _Call, graph: SampledGraph, attention: str
     res = sparse_attention(call.query, call.key, call.value, graph, None,
                            call.options.dropout, call.training,
                            ste=ste or "paper", generator=call.generator,
-                           backend=attention, sbm=sbm,
+                           backend=attention, sbm=sbm, sink=call.sink,
                            return_attention_weights=call.need_alpha)
     if isinstance(res, tuple):  # with the weights
         return res[0], res[1]
@@ -406,7 +414,9 @@ def _dense(call: _Call, sized: Optional[_Dense] = None) -> _Part:
             ste=opts.ste if need_ste else None, dropout=drop,
             dropout_seed=drop_seed, precision=precision)
     if not call.need_graph:
-        return _Part(nodes_first(res.out, H), None, None, res.edges)
+        out = res.out if call.sink is None else with_sink(
+            res.out, None, res.lse, call.sink)[0]
+        return _Part(nodes_first(out, H), None, None, res.edges)
     graph = SampledGraph.from_keys(mask_keys(res.mask, ptr_q, ptr_k, H), H, Nq,
                                    Nk, ptr_q=ptr_q, ptr_k=ptr_k)
     attention = resolve_backend("attention", "auto", query.device)
@@ -441,7 +451,8 @@ def _mixed(call: _Call, dense: Tensor, sampler: str, attention: str) -> _Part:
         query=gather(query, split.rows_q), key=gather(key, split.rows_k),
         value=gather(value, split.rows_k), q_memb=gather(q_block, split.rows_q),
         block=eye, k_memb=gather(k_memb, split.rows_k), ptr_q=split.ptr_q,
-        ptr_k=split.ptr_k, include_edges=inc, checks=[]))
+        ptr_k=split.ptr_k, include_edges=inc, checks=[],
+        sink=None if call.sink is None else call.sink.repeat_interleave(Nq)[split.rows_q]))
     max_edges = call.options.max_edges
     pairs_left = (None if max_edges is None
                   else max(max_edges - int(dense_part.edges.sum()), 0))

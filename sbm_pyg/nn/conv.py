@@ -10,16 +10,17 @@ from typing import Callable, Dict, Literal, Optional, Tuple, Union, overload
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn import Parameter
 from torch.utils.hooks import RemovableHandle
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
-from torch_geometric.utils import softmax
+from torch_geometric.utils import scatter, softmax
 
 from sbm_pyg.nn._sbm_attention import sbm_attention
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, attention_distillation, edge_fit
-from sbm_pyg.nn.functional import straight_through_probability
+from sbm_pyg.nn.functional import straight_through_probability, with_sink
 from sbm_pyg.nn.inputs import (
     check_layer_options,
     check_not_edges,
@@ -145,6 +146,13 @@ class SBMConv(MessagePassing):
             :obj:`"mmsb"` (memberships on the simplex, each block entry in
             :math:`(0, 1)`: many sparse blocks can each be dense), see
             :class:`StochasticBlockModel`. (default: :obj:`"paper"`)
+        sink (bool): a learned attention sink per head (a logit
+            :math:`b_h`, zero at first): one more term in every row's
+            softmax denominator, of value zero, so that a row can attend to
+            nothing instead of spreading its weight over a few sampled keys
+            (see :func:`~sbm_pyg.nn.functional.sparse_attention`); the
+            returned weights leave out its share. Off in the paper.
+            (default: :obj:`False`)
         eval_seed (int, optional): in :obj:`eval()` mode, without a
             :obj:`generator`, sample from a generator seeded with this: the
             same input gives the same output. :obj:`None` samples afresh, as
@@ -199,7 +207,7 @@ class SBMConv(MessagePassing):
                  sampler_backend: str = "auto",
                  attention_backend: str = "auto",
                  sbm_parametrization: str = "paper",
-                 distill_edges: float = 0.0, **kwargs):
+                 distill_edges: float = 0.0, sink: bool = False, **kwargs):
         check_layer_options(kwargs, sbm_init=sbm_init,
                             sbm_parametrization=sbm_parametrization,
                             attention_backend=attention_backend,
@@ -235,11 +243,17 @@ class SBMConv(MessagePassing):
         self.sbm = StochasticBlockModel(heads, out_channels, num_clusters,
                                         init=sbm_init,
                                         parametrization=sbm_parametrization)
+        # A learned attention sink per head: a row may put its weight on
+        # nothing (a sampled row with no partner otherwise spends it all on
+        # its few keys).
+        self.sink: Optional[Parameter] = (Parameter(torch.empty(heads))
+                                          if sink else None)
         self.sampled_density: Optional[Tensor] = None  # [H], set by forward
         self.expected_density: Optional[Tensor] = None
         self.distillation: Optional[Tensor] = None  # [H], with distill > 0
         self.last_backends: Optional[Dict[str, str]] = None
         self._alpha: Optional[Tensor] = None
+        self._lse: Optional[Tensor] = None
         self._graph_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._weights_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.reset_parameters()
@@ -271,7 +285,7 @@ class SBMConv(MessagePassing):
             query, key, value, *memb, ptr_q.to(device), ptr_k.to(device),
             dropout=self.dropout, distill=distilling,
             smoothing=DISTILL_SMOOTHING, distill_edges=self.distill_edges,
-            generator=generator)
+            generator=generator, sink=self.sink)
         self.expected_density, self.sampled_density = expected, sampled
         self.distillation = distill
         self.last_backends = {"sampler": "dense", "attention": "warm-up"}
@@ -309,6 +323,8 @@ class SBMConv(MessagePassing):
         if self.lin_skip is not None:
             self.lin_skip.reset_parameters()
         self.sbm.reset_parameters()
+        if self.sink is not None:
+            torch.nn.init.zeros_(self.sink)
 
     @overload
     def forward(self, x: Features, batch: Batch = None, *, ptr: Batch = None,
@@ -382,7 +398,7 @@ class SBMConv(MessagePassing):
                                           or bool(self._weights_hooks)),
                 attend=partial(self._propagate, query, key, value,
                                (q_memb, block, k_memb)) if passing else None,
-                generator=generator)
+                generator=generator, sink=self.sink)
         except ValueError as err:
             raise_for_features(err)
             raise
@@ -429,6 +445,10 @@ class SBMConv(MessagePassing):
             query=heads_first(query), key=heads_first(key), value=heads_first(value),
             edge_prob=edge_prob, size=(H * Nk, H * Nq))
         weights, self._alpha = self._alpha, None
+        lse, self._lse = self._lse, None
+        if self.sink is not None:
+            assert lse is not None  # message() kept it
+            out, weights = with_sink(out, weights, lse, self.sink, graph.csr)
         return out.view(H, Nq, C).transpose(0, 1), weights
 
     def message(self, query_i: Tensor, key_j: Tensor, value_j: Tensor,
@@ -445,6 +465,11 @@ class SBMConv(MessagePassing):
             score = score + clip_grad(edge_prob - edge_prob.detach())
         alpha = softmax(score, index, ptr, size_i)
         self._alpha = alpha
+        if self.sink is not None:  # each row's log-sum-exp, for the sink
+            top = scatter(score.detach(), index, 0, size_i, reduce="max")
+            total = scatter((score - top[index]).exp(), index, 0, size_i,
+                            reduce="sum")
+            self._lse = total.log() + top  # a row with no edge: -inf
         alpha = F.dropout(alpha, p=self.dropout, training=self.training)
         return value_j * alpha.unsqueeze(-1)
 
@@ -453,4 +478,5 @@ class SBMConv(MessagePassing):
                 f"{self.out_channels}, heads={self.heads}, "
                 f"num_clusters={self.num_clusters}, mode={self.mode!r}, "
                 f"ste={self.ste!r}"
-                + (f", distill={self.distill}" if self.distill else "") + ")")
+                + (f", distill={self.distill}" if self.distill else "")
+                + (", sink=True" if self.sink is not None else "") + ")")

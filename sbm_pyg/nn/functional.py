@@ -25,7 +25,7 @@ from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.sampling.fastrg_op import stream_seed
 from sbm_pyg.validation import check_generator, require_tensor
 
-__all__ = ["sparse_attention", "edge_probability",
+__all__ = ["sparse_attention", "with_sink", "edge_probability",
            "straight_through_probability", "STE_MODES"]
 
 
@@ -120,6 +120,7 @@ def sparse_attention(
     return_attention_weights: Literal[False] = False,
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+    sink: Optional[Tensor] = None,
 ) -> Tensor:
     pass
 
@@ -139,6 +140,7 @@ def sparse_attention(
     return_attention_weights: Literal[True],
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+    sink: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     pass
 
@@ -158,6 +160,7 @@ def sparse_attention(
     return_attention_weights: bool = False,
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+    sink: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     pass
 
@@ -176,6 +179,7 @@ def sparse_attention(
     return_attention_weights: bool = False,
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+    sink: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Masked softmax attention on the sampled edges only.
 
@@ -190,7 +194,20 @@ def sparse_attention(
         \mathbf{o}_{hi} &= \sum_{j \in \mathcal{N}_h(i)} \alpha_{hij}
         \mathbf{v}_{hj}
 
-    A query with no sampled key outputs zeros. With :obj:`edge_prob`
+    A query with no sampled key outputs zeros. With a :obj:`sink` (a
+    learned logit :math:`b_h` per head, as in StreamingLLM's and gpt-oss's
+    attention sinks), each row's softmax has one more term in its
+    denominator, a key of value zero that every query sees:
+
+    .. math::
+        \alpha_{hij} = \frac{\exp(a_{hij})}{e^{b_h} +
+        \sum_{j' \in \mathcal{N}_h(i)} \exp(a_{hij'})},
+
+    so that a row can put its weight nowhere (the sink's share,
+    :math:`1 - \sum_j \alpha_{hij}`) instead of on its few sampled keys;
+    computed as the output without it times :math:`\sigma(\mathrm{lse}_{hi}
+    - b_h)`, with :math:`\mathrm{lse}_{hi}` the row's log-sum-exp, which
+    the kernels keep and differentiate. With :obj:`edge_prob`
     (:math:`p_e`, e.g. from :func:`edge_probability`), the mask entry
     :math:`m_e` passes a straight-through gradient to :math:`p_e`; the
     forward value does not depend on :math:`p_e`. :obj:`ste` chooses it:
@@ -246,6 +263,10 @@ def sparse_attention(
             as with :obj:`edge_prob=edge_probability(*sbm, graph)`; the
             C++ backend sums it into the memberships inside its
             backward pass, with no :obj:`[E]` tensor :math:`p`.
+        sink (Tensor, optional): :obj:`[H]`, each head's sink logit
+            :math:`b_h` (differentiable; or :obj:`[H * N_q]`, a logit per
+            heads-first row); the returned weights then leave out the
+            sink's share.
 
     Returns:
         Tensor :obj:`[N_q, H, D_v]`, or :obj:`(out, alpha)`.
@@ -282,6 +303,7 @@ def sparse_attention(
                              f"({graph.num_edges}), got {edge_prob.numel()}")
     if sbm is not None:
         _check_sbm_argument(sbm, graph, edge_prob)
+    check_sink(sink, H, H * Nq)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if ste not in STE_MODES:
@@ -294,22 +316,53 @@ def sparse_attention(
     # One draw from the generator, on the host (no sync): the mask's seed.
     seed = stream_seed(generator, query.device) if dropout > 0 else 0
     if backend in ("cpp", "triton"):
-        flat, weights = _fused_attention(
+        flat, alpha, lse = _fused_attention(
             graph.csr, q, k, v, edge_prob, sbm, scale, ste,
             return_attention_weights, dropout, seed, triton=backend == "triton",
             triton_on_cpu=backend == "triton" and query.device.type == "cpu")
-        out = nodes_first(flat.to(value.dtype), H)
-        if return_attention_weights:
-            assert weights is not None  # asked for from the kernel
-            return out, weights
-        return out
-    out, alpha = _torch_attention(graph, q, k, v, edge_prob, sbm, scale,
-                                  dropout, seed, ste)
-    out = nodes_first(out, H)
+    else:
+        flat, alpha, lse = _torch_attention(graph, q, k, v, edge_prob, sbm,
+                                            scale, dropout, seed, ste)
+    if sink is not None:
+        flat, alpha = with_sink(flat, alpha, lse, sink, graph.csr)
+    out = nodes_first(flat.to(value.dtype), H)
     if return_attention_weights:
-        assert alpha is not None
+        assert alpha is not None  # asked for from the kernel
         return out, alpha
     return out
+
+
+def check_sink(sink: Optional[Tensor], heads: int, rows: Optional[int] = None) -> None:
+    r"""Raises a :class:`ValueError` (or :class:`TypeError`) naming
+    :obj:`sink` unless it is :obj:`None` or a floating tensor of one logit
+    per head (or, given :obj:`rows`, per row)."""
+    if sink is None:
+        return
+    require_tensor("sink", sink, 1, floating=True)
+    if sink.numel() not in (heads, heads if rows is None else rows):
+        raise ValueError(f"sink must have one logit per head ({heads})"
+                         + ("" if rows is None else f" or per row ({rows})")
+                         + f", got shape {tuple(sink.shape)}")
+
+
+def with_sink(out: Tensor, alpha: Optional[Tensor], lse: Tensor, sink: Tensor,
+              graph: Optional[CSRGraph] = None
+              ) -> Tuple[Tensor, Optional[Tensor]]:
+    r"""An attention's output and weights with a sink: :obj:`out`
+    :obj:`[H * N_q, D_v]` (heads-first rows) and :obj:`alpha` :obj:`[E]`
+    (in :obj:`graph`'s edge order) times :math:`\sigma(\mathrm{lse}_{hi} -
+    b_h)`, from each row's log-sum-exp :obj:`lse` :obj:`[H * N_q]` and the
+    sink logits :obj:`sink` (:obj:`[H]`, or one per row); differentiable in
+    :obj:`out`, :obj:`lse` and :obj:`sink` (a row with no edge, lse
+    :math:`-\infty`, keeps zeros and no gradient)."""
+    rows = sink.to(lse.dtype)
+    if rows.numel() != lse.numel():  # one per head: each head's rows
+        rows = rows.repeat_interleave(lse.numel() // max(rows.numel(), 1))
+    keep = torch.sigmoid(lse - rows)
+    out = out * keep[:, None].to(out.dtype)
+    if alpha is not None and graph is not None:
+        alpha = alpha * keep.detach().to(alpha.dtype).index_select(0, graph.row())
+    return out, alpha
 
 
 # The PyTorch path's autograd functions take the graph object: torch.compile
@@ -320,7 +373,7 @@ def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
                      scale: float, dropout: float, dropout_seed: int,
-                     ste: str) -> Tuple[Tensor, Tensor]:
+                     ste: str) -> Tuple[Tensor, Tensor, Tensor]:
     if sbm is not None:
         edge_prob = straight_through_probability(*sbm, graph)
     return SparseAttention.apply(graph.csr, q, k, v, edge_prob, scale,
@@ -348,7 +401,7 @@ def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                      sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
                      scale: float, ste: str, weights: bool, dropout: float,
                      dropout_seed: int, triton: bool,
-                     triton_on_cpu: bool) -> Tuple[Tensor, Optional[Tensor]]:
+                     triton_on_cpu: bool) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     # The kernels compute in float32 or float64. The Triton kernels read
     # half precision rows as they are, half the bytes of each gathered row;
     # for the C++ kernel (and for the weights, recomputed outside the

@@ -38,11 +38,12 @@ def _padded(x: Tensor, ptr: Tensor, size: int) -> Tuple[Tensor, Tensor]:
                           batch_size=ptr.numel() - 1, max_num_nodes=size)
 
 
-def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
+def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # noqa: PLR0913
                  block: Tensor, k_memb: Tensor, ptr_q: Tensor, ptr_k: Tensor,
                  *, dropout: float = 0.0, distill: bool = True,
                  smoothing: float = 0.0, distill_edges: float = 0.0,
-                 generator: Optional[torch.Generator] = None
+                 generator: Optional[torch.Generator] = None,
+                 sink: Optional[Tensor] = None
                  ) -> Tuple[Tensor, Optional[Tensor], Tensor, Tensor]:
     r"""Attention over every pair of each sequence, and the SBM's
     distillation from its weights, as a dense warm-up step of
@@ -73,6 +74,10 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
         generator (torch.Generator, optional): the dropout's seed (two
             draws, as :func:`~sbm_pyg.nn.sbm_attention` takes them in a
             warm-up step).
+        sink (Tensor, optional): :obj:`[H]`, each head's attention sink
+            logit: one more term in every row's softmax, of value zero; the
+            distillation's weights then leave out its share (a row that
+            attends to the sink weighs less).
 
     Returns:
         :obj:`(out [N_q, H, D_v], distillation [H] or None, expected [H],
@@ -103,7 +108,12 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,
     v, _ = _padded(value, ptr_k, sizes[1])
     scores = torch.einsum("gihd,gjhd->ghij", q, k) * (1.0 / math.sqrt(D))
     scores = scores.masked_fill(~k_mask[:, None, None, :], float("-inf"))
-    alpha = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # empty key rows
+    if sink is None:
+        alpha = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # empty key rows
+    else:  # the sink's column, dropped after the softmax
+        column = sink.to(scores.dtype)[None, :, None, None].expand(
+            *scores.shape[:3], 1)
+        alpha = torch.softmax(torch.cat([scores, column], -1), -1)[..., :-1]
     attended = alpha
     # Two draws, as the graph path takes them: the mask's seed (every pair
     # is attended: unused) and the dropout's, so that a run's random stream

@@ -57,8 +57,9 @@ _BACKWARD_SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor q, Tensor k, "
                     "Tensor v, Tensor q_block, Tensor k_memb, Tensor mask, "
                     "Tensor out, Tensor lse, Tensor grad_out, int heads, "
                     "float scale, int ste, int dropout_seed=0, "
-                    "int dropout_threshold=0, int precision=0) -> (Tensor, "
-                    "Tensor, Tensor, Tensor, Tensor)")
+                    "int dropout_threshold=0, int precision=0, "
+                    "Tensor? grad_lse=None) -> (Tensor, Tensor, Tensor, Tensor, "
+                    "Tensor)")
 
 # The products' precision on the GPU, by code in the schema.
 PRECISION_CODES = {"ieee": 0, "tf32": 1, "bfloat16": 2, "float16": 3}
@@ -69,11 +70,14 @@ class DenseAttention(NamedTuple):
     the edge count of each (sequence, head) :obj:`[G, H]`, and the mask
     (uint8, for each sequence :math:`g`, head and query a row of
     :math:`\lceil n_k / 8 \rceil` bytes, key :math:`j` in bit :math:`j \bmod
-    8` of byte :math:`\lfloor j / 8 \rfloor`)."""
+    8` of byte :math:`\lfloor j / 8 \rfloor`), and each row's log-sum-exp
+    :obj:`[R]` of its scores (:math:`-\infty` for a row with no edge),
+    differentiable, as an attention sink needs."""
 
     out: Tensor
     edges: Tensor
     mask: Tensor
+    lse: Tensor
 
 
 def matmul_precision(dtype: torch.dtype) -> str:
@@ -191,12 +195,12 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
         ptr_q.new_empty(0), ptr_q.new_empty(0))
     op = (torch.ops.sbm_pyg.triton_dense_attention if triton_on_cpu
           else torch.ops.sbm_pyg.dense_attention)
-    out, _, mask, edges = op(
+    out, lse, mask, edges = op(
         ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb, heads,
         float(exploration), mode == "exact", self_loops, seed, float(scale),
         STE_CODES[ste], int(dropout_seed), dropout_threshold(dropout),
         _precision_code(precision))
-    return DenseAttention(out, edges, mask)
+    return DenseAttention(out, edges, mask, lse)
 
 
 def _precision_code(precision: str) -> int:
@@ -217,7 +221,7 @@ def _fake_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb,
 
 def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
                    grad_out, heads, scale, ste, dropout_seed=0,
-                   dropout_threshold=0, precision=0):
+                   dropout_threshold=0, precision=0, grad_lse=None):
     memb = (torch.empty_like(q_block), torch.empty_like(k_memb)) if ste else (
         q.new_empty(0), q.new_empty(0))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -237,13 +241,13 @@ def _triton_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
 
 def _triton_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
                      grad_out, heads, scale, ste, dropout_seed=0,
-                     dropout_threshold=0, precision=0):
+                     dropout_threshold=0, precision=0, grad_lse=None):
     from sbm_pyg.ops.triton_dense import dense_backward
     _check("sbm_pyg::dense_attention_backward", q, k, v, q_block, k_memb,
            heads, precision)
     return dense_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
                           lse, grad_out, heads, scale, ste, dropout_seed,
-                          dropout_threshold, precision)
+                          dropout_threshold, precision, grad_lse)
 
 
 def _check(op: str, q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
@@ -282,16 +286,22 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _autograd(backward_op):
-    def backward(ctx, grad_out: Optional[Tensor], *_):
-        if grad_out is None:  # the output took no part in the loss
+    def backward(ctx, grad_out: Optional[Tensor], grad_lse: Optional[Tensor],
+                 *_):
+        if grad_out is None and grad_lse is None:  # no part in the loss
             return (None,) * 19
         (ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
          lse) = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        if grad_lse is not None:  # an attention sink's
+            grad_lse = grad_lse.to(lse.dtype).contiguous()
         need = ctx.needs_input_grad
         ste = ctx.ste if need[7] or need[8] else 0
         dq, dk, dv, dqb, dkm = backward_op(
             ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
-            grad_out.contiguous(), ctx.heads, ctx.scale, ste, *ctx.rest)
+            grad_out.contiguous(), ctx.heads, ctx.scale, ste, *ctx.rest,
+            grad_lse)
         return (None, None, None, None, dq if need[4] else None,
                 dk if need[5] else None, dv if need[6] else None,
                 dqb if need[7] and ste else None,

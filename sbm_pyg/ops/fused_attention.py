@@ -48,8 +48,8 @@ _SCHEMAS = {
     "_backward": (f"({_GRAPH}, Tensor q, Tensor k, Tensor v, Tensor out, "
                   "Tensor lse, Tensor grad_out, Tensor? q_block, "
                   "Tensor? k_memb, float scale, int ste, int dropout_seed=0, "
-                  "int dropout_threshold=0) -> (Tensor, Tensor, Tensor, Tensor, "
-                  "Tensor, Tensor)"),
+                  "int dropout_threshold=0, Tensor? grad_lse=None) -> (Tensor, "
+                  "Tensor, Tensor, Tensor, Tensor, Tensor)"),
 }
 _STE_NAMES = {code: name for name, code in STE_CODES.items()}
 
@@ -61,7 +61,7 @@ def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                     ste: Optional[str] = "paper", weights: bool = False,
                     dropout: float = 0.0, dropout_seed: int = 0,
                     triton_on_cpu: bool = False,
-                    ) -> Tuple[Tensor, Optional[Tensor]]:
+                    ) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     r"""Softmax attention over the nonzeros of a CSR matrix, differentiable,
     with the straight-through gradient of the edge probabilities.
 
@@ -95,16 +95,19 @@ def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
             twin operator, only under ``TRITON_INTERPRET=1``).
 
     Returns:
-        :obj:`(out [R, D_v], alpha [E] or None)`; :obj:`alpha` is not
-        differentiable.
+        :obj:`(out [R, D_v], alpha [E] or None, lse [R])`: :obj:`alpha` is
+        not differentiable; :obj:`lse`, each row's log-sum-exp of its scores
+        (:math:`-\infty` for a row with no edge; float32 for half precision
+        rows), is, as an attention sink needs
+        (:func:`~sbm_pyg.nn.functional.sparse_attention`).
     """
     op = (torch.ops.sbm_pyg.triton_sparse_attention if triton_on_cpu
           else torch.ops.sbm_pyg.sparse_attention)
-    out, alpha, _ = op(graph.rowptr, graph.col, graph.colptr, graph.row_t(),
-                       q, k, v, edge_prob, q_block, k_memb, float(scale),
-                       STE_CODES[ste], weights, int(dropout_seed),
-                       dropout_threshold(dropout))
-    return out, alpha.detach() if weights else None
+    out, alpha, lse = op(graph.rowptr, graph.col, graph.colptr, graph.row_t(),
+                         q, k, v, edge_prob, q_block, k_memb, float(scale),
+                         STE_CODES[ste], weights, int(dropout_seed),
+                         dropout_threshold(dropout))
+    return out, alpha.detach() if weights else None, lse
 
 
 def _triton_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
@@ -126,11 +129,12 @@ def _triton_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
 
 def _triton_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
                      q_block, k_memb, scale, ste, dropout_seed=0,
-                     dropout_threshold=0):
+                     dropout_threshold=0, grad_lse=None):
     from sbm_pyg.ops.triton_attention import attention_backward
     dq, dk, dv, dprob, dqb, dkm = attention_backward(
         rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out, scale,
-        _STE_NAMES[ste], q_block, k_memb, dropout_seed, dropout_threshold)
+        _STE_NAMES[ste], q_block, k_memb, dropout_seed, dropout_threshold,
+        grad_lse)
     empty = q.new_empty(0)
     return (dq, dk, dv, empty if dprob is None else dprob,
             empty if dqb is None else dqb, empty if dkm is None else dkm)
@@ -152,7 +156,7 @@ def _fake_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
 
 def _fake_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
                    q_block, k_memb, scale, ste, dropout_seed=0,
-                   dropout_threshold=0):
+                   dropout_threshold=0, grad_lse=None):
     memb = q_block is not None
     empty = q.new_empty(0)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -178,18 +182,23 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _autograd(backward_op):
     def backward(ctx, grad_out: Optional[Tensor], _grad_alpha: Tensor,
-                 _grad_lse: Tensor):
-        if grad_out is None:  # the output took no part in the loss
+                 grad_lse: Optional[Tensor]):
+        if grad_out is None and grad_lse is None:  # no part in the loss
             return (None,) * 15
         (rowptr, col, colptr, row_t, q, k, v, out, lse, q_block,
          k_memb) = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        if grad_lse is not None:  # an attention sink's: in lse's dtype
+            grad_lse = grad_lse.to(lse.dtype).contiguous()
         need = ctx.needs_input_grad
         want_prob, want_memb = need[7], need[8] or need[9]
         ste = ctx.ste if want_prob or want_memb else 0
         dq, dk, dv, dprob, dqb, dkm = backward_op(
             rowptr, col, colptr, row_t, q, k, v, out, lse,
             grad_out.contiguous(), q_block if want_memb else None,
-            k_memb if want_memb else None, ctx.scale, ste, *ctx.dropout)
+            k_memb if want_memb else None, ctx.scale, ste, *ctx.dropout,
+            grad_lse)
         return (None, None, None, None, dq if need[4] else None,
                 dk if need[5] else None, dv if need[6] else None,
                 dprob if want_prob else None, dqb if need[8] else None,

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from sbm_pyg.ops.csr import sddmm, segment_softmax, segment_sum, spmm
+from sbm_pyg.ops.csr import _segment_max, sddmm, segment_sum, spmm
 from sbm_pyg.ops.dropout import dropout_keep, dropout_threshold, keep_scale
 from sbm_pyg.ops.graph import CSRGraph
 
@@ -86,16 +86,24 @@ class SparseAttention(torch.autograd.Function):
     Saved for backward: the flattened :obj:`q, k, v` (:obj:`[H N, D]`), the
     attention weights and, when needed, the scores and the dropout factors
     (:obj:`[E]` each). The dropout mask is the fused kernels' (by counter,
-    :mod:`sbm_pyg.ops.dropout`), the same for the same seed.
+    :mod:`sbm_pyg.ops.dropout`), the same for the same seed. Returns
+    :obj:`(out, alpha, lse)`: :obj:`lse` :obj:`[H N]`, each row's
+    log-sum-exp (:math:`-\infty` for a row with no edge), differentiable
+    (an attention sink's gradient enters the scores through it).
     """
 
     @staticmethod
     def forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                 edge_prob: Optional[Tensor], scale: float, dropout: float,
-                dropout_seed: int, ste: str) -> Tuple[Tensor, Tensor]:
+                dropout_seed: int, ste: str) -> Tuple[Tensor, Tensor, Tensor]:
         rowptr, col = graph.rowptr, graph.col
         score = sddmm(rowptr, col, q, k, scale)  # [E]
-        alpha = segment_softmax(score, rowptr, graph.row())  # [E]
+        # The segment softmax, with each row's log-sum-exp kept.
+        row_max = _segment_max(score, rowptr)
+        alpha = torch.sub(score, row_max.index_select(0, graph.row())).exp_()
+        total = segment_sum(alpha, rowptr)
+        alpha.div_(total.index_select(0, graph.row()))
+        lse = total.log_().add_(row_max)  # empty rows: -inf
         keep = None
         weight = alpha
         if dropout > 0:
@@ -112,14 +120,17 @@ class SparseAttention(torch.autograd.Function):
         ctx.mark_non_differentiable(alpha)
         # No zeros [E] for alpha's (never used) gradient.
         ctx.set_materialize_grads(False)
-        return out.to(v.dtype), alpha
+        return out.to(v.dtype), alpha, lse
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: Optional[Tensor], _grad_alpha: Tensor):
-        if grad_out is None:  # the output took no part in the loss
+    def backward(ctx, grad_out: Optional[Tensor], _grad_alpha: Tensor,
+                 grad_lse: Optional[Tensor]):
+        if grad_out is None and grad_lse is None:  # no part in the loss
             return (None,) * 9
         q, k, v, alpha, keep, score = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = v.new_zeros(q.size(0), v.size(1))
         graph, scale = ctx.graph, ctx.scale
         rowptr, col = graph.rowptr, graph.col
         weight = alpha if keep is None else alpha * keep
@@ -127,8 +138,11 @@ class SparseAttention(torch.autograd.Function):
         grad_alpha = sddmm(rowptr, col, grad_out, v)  # [E]
         if keep is not None:
             grad_alpha.mul_(keep)
-        # Softmax backward, in place: a_e (g_e - sum_{e' in row} a_e' g_e').
+        # Softmax backward, in place: a_e (g_e - sum_{e' in row} a_e' g_e'
+        # + dL/dlse_r), d lse_r / d s_e being a_e.
         row_dot = segment_sum(alpha * grad_alpha, rowptr)
+        if grad_lse is not None:
+            row_dot = row_dot - grad_lse.to(row_dot.dtype)
         grad_score = grad_alpha.sub_(row_dot.index_select(0, graph.row()))
         grad_score.mul_(alpha)
         grad_prob = None

@@ -317,6 +317,7 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
                        q_block: Optional[Tensor] = None,
                        k_memb: Optional[Tensor] = None,
                        dropout_seed: int = 0, dropout_threshold: int = 0,
+                       grad_lse: Optional[Tensor] = None,
                        ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor],
                                   Optional[Tensor], Optional[Tensor]]:
     r"""Gradients of :func:`attention_forward` (with its dropout).
@@ -336,6 +337,10 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
             :math:`p_e = (\hat{\mathbf{Q}}\hat{\mathbf{S}})_r \cdot
             \hat{\mathbf{K}}_c` is summed into both inside the kernels, with
             no :obj:`[E]` tensor.
+        grad_lse (Tensor, optional): :obj:`[R]`, the gradient of
+            :obj:`lse` (an attention sink's): each edge's score gradient
+            :math:`\alpha_e (t_e - \delta_r + \partial L / \partial
+            \mathrm{lse}_r)`.
 
     Returns:
         :obj:`(grad_q, grad_k, grad_v, grad_prob, grad_q_block,
@@ -347,6 +352,8 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
     acc = _acc_dtype(q)
     grad_out = grad_out.contiguous()
     delta = (grad_out.to(acc) * out.to(acc)).sum(1)  # sum_row a dL/da
+    if grad_lse is not None:
+        delta = delta - grad_lse.to(acc)
     grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v))
     memb, K = False, 1
     grad_prob = grad_qb = grad_km = None

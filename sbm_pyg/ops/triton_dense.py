@@ -41,7 +41,7 @@ allocation.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -217,7 +217,8 @@ def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
                    v: Tensor, q_block: Tensor, k_memb: Tensor, mask: Tensor,
                    out: Tensor, lse: Tensor, grad_out: Tensor, heads: int,
                    scale: float, ste: int, dropout_seed: int = 0,
-                   dropout_threshold: int = 0, precision: int = 0
+                   dropout_threshold: int = 0, precision: int = 0,
+                   grad_lse: Optional[Tensor] = None
                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     r"""The backward of ``sbm_pyg::dense_attention`` (arguments as
     ``sbm_pyg::dense_attention_backward``): :obj:`(dq, dk, dv, d_q_block,
@@ -232,6 +233,8 @@ def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
         return dq, dk, dv, dqb, dkm
     base = _mask_base(ptr_q, ptr_k, H)
     delta = (grad_out * out).sum(1)
+    if grad_lse is not None:  # ds = A (dA - delta + dL/dlse): an attention sink's
+        delta = delta - grad_lse
     meta = dict(_meta(q, v, q_block.size(1), precision), STE=ste)
     scale_t = _scalar(scale, q.dtype, q.device)
     # With no estimator the membership arguments are never read.

@@ -34,3 +34,25 @@ def test_ste_none_builds_heads_without_the_estimator(tmp_path, ste, reaches):
     model(tokens).token_logits.square().sum().backward()
     grads = [p.grad for c in convs for p in c.sbm.parameters()]
     assert any(g is not None and g.abs().sum() > 0 for g in grads) == reaches
+
+
+def test_sink_builds_heads_with_a_learned_sink(tmp_path):
+    # --sink: every SBM layer gets a logit per head, which the loss moves.
+    from sbm_pyg import SBMConv
+    from sbm_pyg.experiments.arguments import train_arguments
+    from sbm_pyg.experiments.runs import build_model
+    args = train_arguments(task="repeat", out=tmp_path, seq_len=16, num_clusters=4,
+                           sink=True, sbm_init="dense")
+    model = build_model(args)
+    convs = [m for m in model.modules() if isinstance(m, SBMConv)]
+    assert convs and all(c.sink is not None and c.sink.shape == (c.heads,)
+                         for c in convs)
+    tokens = torch.randint(0, 16, (2, 16), generator=torch.Generator().manual_seed(0))
+    model(tokens).token_logits.square().sum().backward()
+    assert all(c.sink.grad is not None and c.sink.grad.abs().sum() > 0 for c in convs)
+    plain = build_model(train_arguments(task="repeat", out=tmp_path, seq_len=16,
+                                        num_clusters=4))
+    assert all(m.sink is None for m in plain.modules() if isinstance(m, SBMConv))
+    with pytest.raises(ValueError, match="--sink"):
+        train_arguments(task="repeat", out=tmp_path, seq_len=16, attention="full",
+                        sink=True)

@@ -102,13 +102,17 @@ def test_bipartite_input():
     assert torch.equal(batch[1][i], batch[0][j])
 
 
-@pytest.mark.parametrize("ste,parametrization", [
-    ("paper", "paper"), ("published", "paper"), ("paper", "mmsb")])
+@pytest.mark.parametrize("ste,parametrization,sink", [
+    ("paper", "paper", False), ("published", "paper", False),
+    ("paper", "mmsb", False), ("paper", "mmsb", True)])
 def test_fused_path_equals_pyg_message_passing(monkeypatch, ste,
-                                               parametrization):
+                                               parametrization, sink):
     sparse_only(monkeypatch)
     conv = make_conv(dropout=0.0, ste=ste,
-                     sbm_parametrization=parametrization)
+                     sbm_parametrization=parametrization, sink=sink)
+    if sink:  # each head's own logit, its gradient compared below
+        with torch.no_grad():
+            conv.sink.copy_(torch.tensor([0.4, -0.8]))
     assert conv.attention_backend == "auto"
     x = x_input().requires_grad_()
     with monkeypatch.context() as m:  # the fused path must not call message()
@@ -129,7 +133,8 @@ def test_fused_path_equals_pyg_message_passing(monkeypatch, ste,
         assert torch.allclose(a, b, atol=1e-5)
     # The estimators differ, so the test above compares the chosen one.
     other = make_conv(dropout=0.0, ste="paper" if ste == "published" else "published",
-                      sbm_parametrization=parametrization)
+                      sbm_parametrization=parametrization, sink=sink)
+    other.load_state_dict(conv.state_dict())
     out_other = run(other, x, batch=BATCH)
     grad_other = torch.autograd.grad(out_other.pow(2).sum(), other.sbm.clusters)
     grad_fused = grads_fused[1 + [n for n, _ in conv.named_parameters()].index("sbm.clusters")]

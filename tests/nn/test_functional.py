@@ -6,6 +6,7 @@ import torch
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
 from sbm_pyg.sampling import SampledGraph, fastrg
 from tests.helpers import seeded
+from tests.markers import needs_cpp
 
 NQ, NK, H, K, D = 7, 6, 2, 3, 4
 PTR_Q, PTR_K = [0, 3, 7], [0, 2, 6]
@@ -202,3 +203,86 @@ def test_bad_input(graph):
         sparse_attention(q, k, v, graph, dropout=1.0)
     with pytest.raises(TypeError, match="query"):
         sparse_attention(q.long(), k, v, graph)
+
+
+def dense_attention_with_sink(q, k, v, mask, sink, mask_values=None):
+    """The reference with a sink: one more logit per row, b_h, whose key has
+    value zero; returns the output and the weights of the real keys."""
+    scores = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(D)
+    if mask_values is not None:
+        scores = scores * mask_values
+    scores = scores.masked_fill(~mask, float("-inf"))
+    column = sink.to(scores.dtype)[:, None, None].expand(H, NQ, 1)
+    alpha = torch.softmax(torch.cat([scores, column], -1), dim=-1)[..., :NK]
+    return torch.einsum("hij,jhd->ihd", alpha, v), alpha
+
+
+SINK_BACKENDS = [pytest.param("torch"), pytest.param("cpp", marks=needs_cpp)]
+
+
+@pytest.mark.parametrize("backend", SINK_BACKENDS)
+def test_sink_is_a_zero_value_key_in_every_row(graph, backend):
+    # Output, weights and every gradient (the sink's and the estimator's
+    # included) against the dense softmax with the sink's column appended.
+    q, k, v = qkv()
+    sink = torch.tensor([0.3, -1.2], dtype=torch.float64, requires_grad=True)
+    prob = torch.rand(graph.num_edges, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(NQ, H, D, dtype=torch.float64, generator=seeded(4))
+    out, alpha = sparse_attention(q, k, v, graph, edge_prob=prob, sink=sink,
+                                  backend=backend, return_attention_weights=True)
+    (out * weight).sum().backward()
+    got = [q.grad, k.grad, v.grad, sink.grad, prob.grad]
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ref_sink = sink.detach().clone().requires_grad_()
+    m = torch.ones(H, NQ, NK, dtype=torch.float64, requires_grad=True)
+    mask = dense_mask(graph)
+    ref, ref_alpha = dense_attention_with_sink(q, k, v, mask, ref_sink, m)
+    (ref * weight).sum().backward()
+    h, i, j = graph.head, graph.edge_index[1], graph.edge_index[0]
+    assert torch.allclose(out, ref, atol=1e-12)
+    assert torch.allclose(alpha, ref_alpha[h, i, j], atol=1e-12)
+    expected = [q.grad, k.grad, v.grad, ref_sink.grad, m.grad[h, i, j]]
+    for a, b in zip(got, expected):
+        assert torch.allclose(a, b, atol=1e-12)
+    # It took part: rows hold less than all their weight, and the sink's
+    # gradient is not zero.
+    rows = torch.zeros(H * NQ, dtype=torch.float64).index_add_(
+        0, graph.csr.row().long(), alpha)
+    assert bool((rows[graph.rowptr.diff() > 0] < 1 - 1e-3).all())
+    assert bool(sink.grad.abs().min() > 1e-6)
+
+
+@pytest.mark.parametrize("backend", SINK_BACKENDS)
+def test_sink_exact_values(backend):
+    # All scores 0 and b = log 2: query 0 sees key 0, weight e^0 / (e^0 +
+    # e^b) = 1/3; query 1 sees keys 0 and 1, 1/4 each; query 2 sees
+    # nothing: zeros.
+    graph = SampledGraph.from_edge_index(torch.tensor([[0, 0, 1], [0, 1, 1]]),
+                                         num_queries=3, num_keys=2)
+    q = torch.zeros(3, 1, 2, dtype=torch.float64)
+    v = torch.tensor([[[2.0, 4.0]], [[6.0, 8.0]]], dtype=torch.float64)
+    sink = torch.tensor([math.log(2.0)], dtype=torch.float64)
+    out, alpha = sparse_attention(q, q[:2], v, graph, sink=sink, backend=backend,
+                                  return_attention_weights=True)
+    assert torch.allclose(out[:, 0], torch.tensor(
+        [[2 / 3, 4 / 3], [2.0, 3.0], [0.0, 0.0]], dtype=torch.float64), atol=1e-15)
+    assert torch.allclose(alpha, torch.tensor([1 / 3, 1 / 4, 1 / 4],
+                                              dtype=torch.float64), atol=1e-15)
+
+
+@pytest.mark.parametrize("backend", SINK_BACKENDS)
+def test_sink_gradcheck(graph, backend):
+    sink = torch.tensor([0.5, -0.25], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, s: sparse_attention(q, k, v, graph, sink=s, backend=backend),
+        (*qkv(), sink))
+
+
+def test_sink_bad_input(graph):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="sink must have one logit per head"):
+        sparse_attention(q, k, v, graph, sink=torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="sink"):
+        sparse_attention(q, k, v, graph, sink=torch.zeros(1, 2))
+    with pytest.raises(TypeError, match="sink"):
+        sparse_attention(q, k, v, graph, sink=torch.zeros(2, dtype=torch.long))

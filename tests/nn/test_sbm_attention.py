@@ -30,7 +30,7 @@ def inputs(requires_grad=True):
     return ptr, leaves
 
 
-REQUESTS = ("include_edges", "return_graph", "return_attention_weights")
+REQUESTS = ("include_edges", "return_graph", "return_attention_weights", "sink")
 
 
 def call(leaves, ptr, seed, **kwargs):
@@ -118,6 +118,36 @@ def test_weights_and_graph_of_a_mixed_batch():
     sums = torch.zeros(H * int(ptr[-1])).index_add_(0, row, alpha)
     has = graph.rowptr.diff() > 0
     torch.testing.assert_close(sums[has], torch.ones(int(has.sum())))
+
+
+def test_a_sink_in_both_regimes():
+    # Sequence 0 runs the dense kernel, whose log-sum-exp takes the sink;
+    # asked for the weights, the same draws go through the sparse kernel:
+    # the same output and gradients, and the rows' weights leave out the
+    # sink's share.
+    ptr, leaves = inputs()
+    sink = torch.tensor([0.5, -1.0], requires_grad=True)
+    results = []
+    for weights in (False, True):
+        res = call(leaves, ptr, 7, sink=sink, return_attention_weights=weights)
+        loss = (res.out * torch.randn(res.out.shape, generator=seeded(2))).sum()
+        results.append((res, torch.autograd.grad(loss, [*leaves, sink])))
+    (plain, grads), (weighted, ref_grads) = results
+    assert plain.backends["dense_pairs"] == f"{H}/{2 * H}"
+    torch.testing.assert_close(plain.out, weighted.out)
+    for name, a, b in zip("qkv", grads, ref_grads):
+        torch.testing.assert_close(a, b, msg=name)
+    torch.testing.assert_close(grads[-1], ref_grads[-1])
+    assert bool(grads[-1].abs().min() > 0)
+    no_sink = call(leaves, ptr, 7)
+    assert not torch.allclose(plain.out, no_sink.out)
+    graph = weighted.graph
+    sums = torch.zeros(H * int(ptr[-1])).index_add_(
+        0, graph.csr.row().long(), weighted.alpha.detach())
+    has = graph.rowptr.diff() > 0
+    assert bool((sums[has] < 1).all() and (sums[has] > 0).all())
+    with pytest.raises(ValueError, match="sink must have one logit per head"):
+        call(leaves, ptr, 7, sink=torch.zeros(3))
 
 
 def test_one_regime_needs_no_split():

@@ -15,13 +15,17 @@ def _warm_conv(**kwargs):
 
 @pytest.mark.parametrize("kwargs", [
     dict(), dict(dropout=0.3), dict(distill_edges=0.5, concat=False),
-    dict(sbm_parametrization="mmsb", dropout=0.2)])
+    dict(sbm_parametrization="mmsb", dropout=0.2),
+    dict(sbm_parametrization="mmsb", sink=True)])
 def test_dense_warmup_equals_the_graph_of_every_pair(kwargs):
     # The same layer, the same seed: the dense products (no one asks for
     # the graph) against sbm_attention on the graph of every pair (asked
     # for by return_attention_weights). Output, distillation, densities,
     # every parameter's gradient and the generator's state afterwards.
     conv = _warm_conv(**kwargs)
+    if conv.sink is not None:  # the sink's column in the dense softmax
+        with torch.no_grad():
+            conv.sink.copy_(torch.tensor([0.5, -0.3]))
     x = torch.randn(13, 8, generator=seeded(3))
     batch = torch.tensor([0] * 4 + [1] + [2] * 8)  # ragged, one of length 1
     results = []

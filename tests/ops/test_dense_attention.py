@@ -82,7 +82,7 @@ def test_matches_the_sparse_attention_on_its_mask(ste, mode):
     params = x + memb
     grads = torch.autograd.grad((res.out * w).sum(), params)
     q_block = heads_first(torch.einsum("nhu,huv->nhv", memb[0], memb[1]))
-    ref, _ = fused_attention(graph, *x, None, q_block, heads_first(memb[2]),
+    ref, _, _ = fused_attention(graph, *x, None, q_block, heads_first(memb[2]),
                              scale=0.3, ste=ste)
     ref_grads = torch.autograd.grad((ref * w).sum(), params)
     torch.testing.assert_close(res.out, ref, rtol=0, atol=1e-10)

@@ -257,7 +257,7 @@ def test_dense_regime_drops_what_the_sparse_kernel_drops(triton_on_cpu):
     def sparse(q, k, v, qm_, km_):
         from sbm_pyg.ops.torch_attention import SparseAttention
         prob = edge_probability(qm_, block, km_, graph)
-        out, _ = SparseAttention.apply(graph.csr, heads_first(q), heads_first(k),
+        out, _, _ = SparseAttention.apply(graph.csr, heads_first(q), heads_first(k),
                                        heads_first(v), prob, 0.5, 0.4, 99, "paper")
         return nodes_first(out, H)
 

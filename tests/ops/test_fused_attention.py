@@ -195,7 +195,7 @@ def test_compiles_without_graph_breaks():
     def f(*tensors):
         # The graph is built inside: its row_t view is traced as well.
         graph = CSRGraph(rowptr, col, colptr, perm)
-        out, alpha = fused_attention(graph, *tensors[4:], scale=0.5,
+        out, alpha, _ = fused_attention(graph, *tensors[4:], scale=0.5,
                                      ste="paper", weights=True)
         return out.pow(2).sum() + alpha.sum()
 

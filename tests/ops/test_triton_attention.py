@@ -188,3 +188,23 @@ def test_ci_runs_the_triton_kernels():
     # skipped there without notice.
     from sbm_pyg.ops import triton_runs
     assert triton_runs(torch.get_default_device())
+
+
+@needs_triton_installed
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_triton_sink_matches_the_torch_path(dtype, tol):
+    # An attention sink: the kernels' log-sum-exp and its gradient (which
+    # joins each row's delta), against the PyTorch path's; the estimator's
+    # gradient included.
+    graph, inputs = graph_and_inputs(dtype)
+    sink = torch.tensor([0.4, -0.7], dtype=dtype)
+    results = []
+    for backend in ("torch", "triton"):
+        x = [t.clone().requires_grad_() for t in (*inputs, sink)]
+        out, alpha = sparse_attention(*x[:3], graph, x[3], sink=x[4],
+                                      backend=backend, return_attention_weights=True)
+        out.backward(torch.randn(out.shape, generator=seeded(1)).to(dtype))
+        results.append([out, alpha, *(t.grad for t in x)])
+    assert results[1][-1].abs().min() > 1e-6  # the sink's gradient
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, rtol=tol, atol=tol)

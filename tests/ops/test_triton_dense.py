@@ -33,7 +33,8 @@ def inputs(dtype, sizes=SIZES, scale=0.25):
     return ptr, memb[0], block, memb[1], x
 
 
-def run(device, ptr, q_memb, block, k_memb, x, ste="paper", **kwargs):
+def run(device, ptr, q_memb, block, k_memb, x, ste="paper", lse_weight=0.0,
+        **kwargs):
     # The operator on `device` ("twin": the Triton kernels on CPU tensors),
     # its output, mask, edges and the gradients of a fixed loss.
     twin = device == "twin"
@@ -50,8 +51,11 @@ def run(device, ptr, q_memb, block, k_memb, x, ste="paper", **kwargs):
     w = torch.randn(res.out.shape, generator=torch.Generator("cpu").manual_seed(3),
                     dtype=res.out.dtype, device="cpu").to(device)
     params = leaves if ste else leaves[:3]
-    grads = torch.autograd.grad((res.out * w).sum(), params)
-    return [t.cpu() for t in (res.out, res.mask, res.edges, *grads)]
+    loss = (res.out * w).sum()
+    if lse_weight:  # an attention sink's way in: the log-sum-exp's gradient
+        loss = loss + lse_weight * res.lse.nan_to_num(neginf=0.0).sin().sum()
+    grads = torch.autograd.grad(loss, params)
+    return [t.cpu() for t in (res.out, res.mask, res.edges, *grads, res.lse)]
 
 
 def unpack(mask):
@@ -80,9 +84,25 @@ def test_same_mask_output_and_gradients_as_the_cpu_kernel(mode, ste):
     pairs = float((ptr.diff() ** 2).sum() * H)
     assert 0.15 < float(ref[2].sum()) / pairs < 0.85
     names = ["out", "q", "k", "v", "q_memb", "block", "k_memb"]
-    for name, a, b in zip(names, [got[0], *got[3:]], [ref[0], *ref[3:]]):
+    for name, a, b in zip(names, [got[0], *got[3:-1]], [ref[0], *ref[3:-1]]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-9, msg=name)
         assert b.abs().max() > 0, name
+
+
+@pytest.mark.parametrize("ste", ["paper", None])
+def test_the_log_sum_exp_and_its_gradient_as_the_cpu_kernel(ste):
+    # An attention sink differentiates each row's log-sum-exp: its values
+    # and the gradients it adds (through each row's delta) match.
+    ptr, *args = inputs(torch.float64)
+    ref = run("cpu", ptr, *args, ste=ste, lse_weight=0.7)
+    got = run(triton_device(), ptr, *args, ste=ste, lse_weight=0.7)
+    plain = run("cpu", ptr, *args, ste=ste)
+    torch.testing.assert_close(got[-1], ref[-1], rtol=0, atol=1e-12)
+    for name, a, b, c in zip(["q", "k", "v", "q_memb", "block", "k_memb"],
+                             got[3:-1], ref[3:-1], plain[3:-1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9, msg=name)
+        # The log-sum-exp's gradient took part (v's is A^T dOut alone).
+        assert (name == "v") == torch.allclose(b, c), name
 
 
 @pytest.mark.slow
