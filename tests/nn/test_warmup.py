@@ -44,10 +44,14 @@ def test_dense_warmup_equals_the_graph_of_every_pair(kwargs):
     fast, ref = results
     for a, b in zip(fast[:4], ref[:4]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    scale = max(1.0, *(float(g.abs().max()) for g in ref[4] if g is not None))
     for (name, _), a, b in zip(conv.named_parameters(), fast[4], ref[4]):
         assert (a is None) == (b is None), name
         if a is not None:
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+            # float32 sums in two orders: an entry that cancels to ~0 (the
+            # key bias's, where only the softmax sees it) keeps an error of
+            # the size of the terms, which the largest gradient bounds.
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * scale)
     assert torch.equal(fast[5], ref[5])  # the same draws taken
     assert torch.equal(fast[3], torch.ones(2))
 
