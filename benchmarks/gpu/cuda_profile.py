@@ -40,7 +40,45 @@ def profile(name: str, fn: Callable[[], object], device: torch.device,
     return row
 
 
-SECTIONS = ("sampler", "layer", "training", "dense")
+SECTIONS = ("sampler", "layer", "training", "dense", "parts")
+
+
+def parts(n: int, device: torch.device, repeats: int, log) -> list:
+    """Two parts of the layer against what they replaced, in turns (device
+    time): the sampler plan's float64 key masses in one
+    :func:`torch.segment_reduce` or in :func:`sequence_reduce`'s two passes,
+    and the memberships' forward+backward as one product per head or per
+    chunk of rows (``block_model.ROW_CHUNK``)."""
+    from sbm_pyg.nn import block_model
+    from sbm_pyg.nn.block_model import StochasticBlockModel
+    from sbm_pyg.sampling.fastrg_torch import sequence_reduce
+    z = torch.rand(n, HEADS, 128, device=device, dtype=torch.float64)
+    ptr = torch.tensor([0, n], device=device)
+    sums = median_times({
+        "segment_reduce": lambda: torch.segment_reduce(
+            z, "sum", offsets=ptr, axis=0, unsafe=True),
+        "sequence_reduce": lambda: sequence_reduce(z, ptr, "sum")},
+        device, repeats, clock="events")
+    sbm = StochasticBlockModel(HEADS, HEAD_DIM, 128).to(device)
+    x = torch.randn(n, HEADS, HEAD_DIM, device=device, requires_grad=True)
+
+    def membership(chunk: int) -> Callable[[], None]:
+        def run():
+            block_model.ROW_CHUNK, old = chunk, block_model.ROW_CHUNK
+            try:
+                out = sbm.membership(x)
+            finally:
+                block_model.ROW_CHUNK = old
+            torch.autograd.grad(out.sum(), [x, *sbm.parameters()])
+        return run
+    memb = median_times({"one product": membership(n),
+                         "row chunks": membership(block_model.ROW_CHUNK)},
+                        device, repeats, clock="events")
+    for name, times in (("key masses, float64", sums),
+                        ("memberships fwd+bwd", memb)):
+        log(f"[parts n={n}] {name}: " + ", ".join(
+            f"{k} {t * 1e3:.3f} ms" for k, t in times.items()))
+    return [dict(case=f"parts n={n}", key_masses=sums, memberships=memb)]
 
 
 def dense_step(n: int, precision: str, device: torch.device) -> Callable[[], None]:
@@ -100,6 +138,9 @@ def main(argv: Optional[Sequence[str]] = None) -> list:
             rows.append(profile(f"dense n={dense_n} 100% {precision} fwd+bwd",
                                 dense_step(dense_n, precision, device), device,
                                 args.repeats, log))
+    if "parts" in args.sections:
+        for n in (64,) if args.quick else (16384, 65536):
+            rows += parts(n, device, args.repeats, log)
     args.out.write_text(json.dumps(dict(device=str(device), torch=torch.__version__,
                                         rows=rows), indent=1))
     return rows

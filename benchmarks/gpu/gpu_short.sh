@@ -10,8 +10,8 @@
 #   OUT=/tmp/gpu-out bash benchmarks/gpu/gpu_short.sh
 #
 # Seconds from the start, the mark by which each stage is cut:
-#   0    env.log: GPU, driver, package versions; the build of the CPU
-#        kernels starts beside (the test subset compares with them)
+#   0    the GPU, driver and package versions (stages.log); the build of
+#        the CPU kernels starts beside (the test subset compares with them)
 #   150  profile.json: where the time of SBMConv (n = 16384, 1%) and of an
 #        LRA training step (n = 4096) goes, kernel by kernel
 #   270  cuda-a.json: SBMConv vs MultiheadAttention (n = 16384), the
@@ -20,8 +20,12 @@
 #        (float32 and bfloat16)
 #   400  crossover.json: SBMConv on the sparse and the dense kernels at
 #        n = 8192 and 16384
-#   470  suite.log: the CUDA tests of the attention function and the
-#        kernels (SBM_PYG_TEST_DEVICE=cuda)
+#   470  the CUDA tests of the attention function and the kernels
+#        (SBM_PYG_TEST_DEVICE=cuda)
+#
+# The device returns at most eight files of $OUT: the stages' output goes
+# to one log, stages.log (a header a stage), beside short.log, build.log and
+# the four JSON files; a check at the end says when more were written.
 #
 # A stage with less than MIN_SECONDS (default 20) left before its mark is
 # skipped with a line saying so, never run for a second; a stage cut at its
@@ -48,7 +52,7 @@ log() { echo "[gpu_short $((SECONDS - start))s] $*" | tee -a "$OUT/short.log"; }
 failed=0
 
 # stage NAME MARK COMMAND...: runs COMMAND until MARK seconds from the start
-# (times SCALE in --tiny), its output appended to $OUT/NAME.log.
+# (times SCALE in --tiny), its output appended to $OUT/stages.log.
 stage() {
   local name=$1 mark=$(( $2 * SCALE )); shift 2
   local s=$(( mark - (SECONDS - start) ))
@@ -57,7 +61,8 @@ stage() {
     failed=1
     return
   fi
-  timeout "$s" "$@" >> "$OUT/$name.log" 2>&1
+  echo "=== $name ===" >> "$OUT/stages.log"
+  timeout "$s" "$@" >> "$OUT/stages.log" 2>&1
   local rc=$?
   if [ $rc = 124 ]; then
     log "$name: cut at its mark (${s}s)"
@@ -67,7 +72,8 @@ stage() {
   [ $rc = 0 ] || failed=1
 }
 
-machine_report > "$OUT/env.log" 2>&1
+echo "=== env ===" > "$OUT/stages.log"
+machine_report >> "$OUT/stages.log" 2>&1
 if [ $tiny = 0 ] && ! $PY -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
   log "no CUDA device (torch.cuda.is_available() is False): nothing to measure"
   exit 1
@@ -96,6 +102,7 @@ if [ -n "$build" ]; then
   wait $build
   rc=$?
   log "build: exit $rc ($(tail -n 1 runs/build.log | cut -c1-120))"
+  cp runs/build.log "$OUT/build.log"
   [ $rc = 0 ] || failed=1
 fi
 suite=(tests/nn/test_sbm_attention.py tests/ops/test_triton_attention.py
@@ -104,5 +111,10 @@ workers=(-n 8)
 [ $tiny = 1 ] && suite=(-k triton tests/ops/test_triton_dense.py) workers=()
 stage suite 470 env SBM_PYG_TEST_DEVICE=$DEV $PY -m pytest -q -m "not host" \
   -p no:cacheprovider -rfE "${workers[@]}" "${suite[@]}"
+files=$(find "$OUT" -type f | wc -l)
+if [ "$files" -gt 8 ]; then
+  log "$files files under $OUT: the device returns eight"
+  failed=1
+fi
 log "done"
 exit $failed

@@ -21,8 +21,11 @@ thinning threshold).
 
 Every pass is parallel over rows, table entries or draws:
 
-* **plan**: one row per thread; :math:`\lambda_i` and the row bound summed
-  over the clusters in the C++ kernel's order, then the Poisson draw.
+* **plan**: the key clusters' float64 masses and maxima per sequence
+  (:func:`~sbm_pyg.sampling.fastrg_torch.sequence_reduce`: pieces of 256
+  keys, then their sums); then one row per thread, :math:`\lambda_i` and
+  the row bound summed over the clusters in the C++ kernel's order, and the
+  Poisson draw.
 * **key tables**: each key's weight :math:`Z_{jv}` quantised to an integer
   (:math:`\lfloor Z_{jv} 2^M / \max_j Z_{jv} \rfloor`, :math:`M = 61 -
   \lceil \log_2 (N_k + 1) \rceil`), so that one integer prefix sum over all
@@ -59,7 +62,7 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
 
 from sbm_pyg.ops.graph import CSRGraph, check_index_range
 from sbm_pyg.sampling.edges import column_order
-from sbm_pyg.sampling.fastrg_torch import sequence_max
+from sbm_pyg.sampling.fastrg_torch import sequence_max, sequence_reduce
 
 __all__ = ["plan", "sample", "buffer_slots", "weight_bits"]
 
@@ -123,11 +126,10 @@ def plan(Y: Tensor, W: Tensor, Z: Tensor, ptr_q: Tensor, ptr_k: Tensor,
     H, Nq, k = W.shape
     R, device = H * Nq, W.device
     seq, nk = _rows(ptr_q, ptr_k, H, Nq)
-    Zd = Z.double()
-    mass = torch.segment_reduce(Zd, "sum", offsets=ptr_k, axis=0,
-                                unsafe=True).contiguous()  # [G, H, k]
-    max_k = sequence_max(Zd, ptr_k).contiguous()
-    del Zd
+    # The masses in float64, in two passes (sequence_reduce); the maximum
+    # is exact in Z's own precision.
+    mass = sequence_reduce(Z.double(), ptr_k, "sum").contiguous()  # [G, H, k]
+    max_k = sequence_max(Z, ptr_k).double().contiguous()
     padded = triton.cdiv(R, BLOCK_ROWS) * BLOCK_ROWS
     degree = torch.empty(padded, dtype=torch.long, device=device)[:R]
     inflation = torch.empty(padded, dtype=torch.float64, device=device)[:R]

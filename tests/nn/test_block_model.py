@@ -245,3 +245,25 @@ def test_mmsb_paper_init_draws_as_the_paper_does():
     mmsb = StochasticBlockModel(2, 8, 16, parametrization="mmsb")
     for name in ("weight1", "bias1", "weight2", "bias2", "clusters"):
         assert torch.equal(getattr(paper, name), getattr(mmsb, name)), name
+
+
+@pytest.mark.parametrize("parametrization", ["paper", "mmsb"])
+def test_row_chunks_are_the_same_products(monkeypatch, parametrization):
+    # The memberships in chunks of 4 rows (the last padded) against one
+    # product per head: the same values and gradients (the weights' summed
+    # over the chunks), float64.
+    from sbm_pyg.nn import block_model
+    torch.manual_seed(3)
+    sbm = StochasticBlockModel(heads=2, channels=4, num_clusters=3,
+                               parametrization=parametrization).double()
+    x = torch.randn(10, 2, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(10, 2, 3, dtype=torch.float64)
+    results = []
+    for chunk in (4, 10):
+        monkeypatch.setattr(block_model, "ROW_CHUNK", chunk)
+        memb = sbm.membership(x)
+        results.append((memb, *torch.autograd.grad(
+            (memb * weight).sum(), [x, sbm.weight1, sbm.bias1, sbm.weight2,
+                                    sbm.bias2, sbm.clusters])))
+    for chunked, whole in zip(*results):
+        torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-14)
