@@ -51,9 +51,9 @@ def build_model(args) -> SBMTransformer:
 
 
 def load_run(run: Union[str, Path]) -> Tuple[SBMTransformer, dict]:
-    """The trained model of a run directory (from its last checkpoint) in
-    eval mode, and the run's arguments."""
-    path = Path(run) / "checkpoint.pt"
+    """The trained model of a run directory (from its last checkpoint) or
+    of a checkpoint file, in eval mode, and the run's arguments."""
+    path = Path(run) if Path(run).is_file() else Path(run) / "checkpoint.pt"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (not a training run?)")
     state = load_checkpoint(path)
