@@ -16,20 +16,20 @@ from sbm_pyg.nn._pair_split import (
     split_included,
     split_pairs,
 )
+from sbm_pyg.nn._regimes import regimes
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
-from sbm_pyg.nn.functional import check_sink, sparse_attention, with_sink
+from sbm_pyg.nn.functional import (
+    check_sbm_shapes,
+    check_sink,
+    sparse_attention,
+    with_sink,
+)
 from sbm_pyg.nn.options import SBMAttentionOptions
 from sbm_pyg.ops import backend_info
-from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
+from sbm_pyg.ops.backend_info import resolve_backend
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
 from sbm_pyg.ops.dense_attention import dense_attention, mask_bytes, mask_keys, matmul_precision
-from sbm_pyg.sampling.checks import (
-    PtrLike,
-    check_draws,
-    check_pointers,
-    check_sbm,
-    included_pairs,
-)
+from sbm_pyg.sampling.checks import PtrLike, check_draws, check_sbm, included_pairs
 from sbm_pyg.sampling.fastrg import PlannedGraph, plan_fastrg
 from sbm_pyg.sampling.fastrg_op import included_csr, stream_seed
 from sbm_pyg.sampling.graph import SampledGraph
@@ -162,13 +162,12 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     if not isinstance(opts, SBMAttentionOptions):
         raise TypeError(f"options must be an SBMAttentionOptions or None, got "
                         f"{type(options).__name__}")
-    if not (isinstance(sbm, (tuple, list)) and len(sbm) == 3):
-        raise TypeError("sbm must be a tuple (q_memb, block, k_memb)")
-    q_memb, block, k_memb = sbm
+    q_memb, block, k_memb = sbm = check_sbm_shapes(
+        sbm, query.size(0), key.size(0), query.size(1))
     device = query.device
     check_generator(generator, device)
     check_sink(sink, query.size(1))
-    seq_q, seq_k, checks, dense, per = _regimes(
+    seq_q, seq_k, checks, dense, per = regimes(
         query, sbm, ptr_q, ptr_k, key.size(0), opts, attend is not None)
     need_graph = return_graph or return_attention_weights
     call = _Call(query, key, value, q_memb, block, k_memb, seq_q, seq_k,
@@ -252,35 +251,6 @@ class _Mixed(NamedTuple):
     dense: int
     busy: int
     seed: Optional[int]
-
-
-@torch.compiler.disable  # data-dependent: the pointers' checks and the choice
-def _regimes(query: Tensor, sbm: Tuple[Tensor, Tensor, Tensor],
-             ptr_q: PtrLike, ptr_k: PtrLike, Nk: int,
-             opts: SBMAttentionOptions, custom: bool
-             ) -> Tuple[Tensor, Tensor, List[Check], Optional[Tensor],
-                        Optional[Tensor]]:
-    # The pointers and their checks (raised at the regime's one sync; until
-    # then the pointers are made valid), which (sequence, head) pairs take
-    # the dense regime ([G, H] bool), or None where the choice is not the
-    # expected density's, and the expected densities [G, H] where they made
-    # the choice (with their gradient: the layer reports them too). Nothing
-    # is read to the host here.
-    Nq, device = query.size(0), query.device
-    ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, Nk, device)
-    backend = opts.attention_backend
-    auto = backend == "auto" and not custom and dense_runs(device)
-    if not auto:
-        if backend == "dense":
-            resolve_backend("attention", "dense", device)
-        return ptr_q, ptr_k, checks, None, None
-    per = expected_densities(ptr_q, ptr_k, *sbm)
-    dense = (per.detach().double() + opts.exploration
-             >= backend_info.dense_crossover(device)[0])
-    pairs = ptr_q.diff() * ptr_k.diff()
-    # Empty sequences join the other regime: no split for them.
-    return (ptr_q, ptr_k, checks,
-            dense | ((pairs == 0)[:, None] & dense.any()), per)
 
 
 @torch.compiler.disable  # data-dependent: the choice read at the sync

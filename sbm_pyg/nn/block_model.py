@@ -12,7 +12,8 @@ from sbm_pyg.ops.csr import row_index
 from sbm_pyg.validation import require_tensor
 
 __all__ = ["StochasticBlockModel", "INITS", "PARAMETRIZATIONS",
-           "cluster_masses", "expected_densities", "mean_densities"]
+           "cluster_masses", "expected_densities", "mean_densities",
+           "check_exact_densities"]
 
 #: Initializations of :class:`StochasticBlockModel`.
 INITS = ("paper", "dense")
@@ -251,6 +252,21 @@ def expected_densities(ptr_q: Tensor, ptr_k: Tensor, q_memb: Tensor,
     expected = torch.einsum("ghu,huv,ghv->gh", cluster_masses(ptr_q, q_memb),
                             block, cluster_masses(ptr_k, k_memb))
     return expected / pairs.clamp(min=1)[:, None]
+
+
+def check_exact_densities(expected: Tensor) -> Tuple[Tensor, str]:
+    r"""The deferred check (flag, message) that no sequence and head of
+    :obj:`expected` densities :obj:`[G, H]` (:func:`expected_densities`)
+    exceeds 1: in :obj:`mode="exact"` a pair is an edge with probability
+    :math:`p_{ij}`, and a mean above 1 means :math:`p_{ij} > 1` for some
+    pairs (the sampler would draw them as 1, and the densities it reports
+    would be no densities)."""
+    # Beyond float32's rounding of a mean of p close to 1.
+    return ((expected.detach() > 1 + 1e-4).any(),
+            "sbm: in mode='exact' each pair is an edge with probability "
+            "p_ij = q_memb[i] @ block @ k_memb[j], which must not exceed 1; "
+            "a (sequence, head) has a mean p_ij above 1: scale block or the "
+            "memberships down (or use mode='poisson', where p_ij is a rate)")
 
 
 def mean_densities(ptr_q: Tensor, ptr_k: Tensor, edge_counts: Tensor,

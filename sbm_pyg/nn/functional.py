@@ -383,17 +383,34 @@ def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
 def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -> None:
     if edge_prob is not None:
         raise ValueError("give edge_prob or sbm, not both")
-    if not (isinstance(sbm, tuple) and len(sbm) == 3):
+    q_memb, block, k_memb = check_sbm_shapes(sbm)
+    _check_memberships(graph, q_memb, block, k_memb, prefix="sbm's ")
+
+
+def check_sbm_shapes(sbm: object, Nq: Optional[int] = None, Nk: Optional[int] = None,
+              H: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""Checks an :obj:`sbm` argument :obj:`(q_memb [N_q, H, k], block [H,
+    k, k], k_memb [N_k, H, k])`, the sizes given matched, and returns it;
+    raises a :class:`TypeError` or :class:`ValueError` naming it."""
+    if not (isinstance(sbm, (tuple, list)) and len(sbm) == 3):
         raise TypeError(f"sbm must be a tuple (q_memb, block, k_memb), got "
                         f"{type(sbm).__name__}")
     q_memb, block, k_memb = sbm
-    _check_memberships(graph, q_memb, block, k_memb, prefix="sbm's ")
+    for name, t in (("q_memb", q_memb), ("block", block), ("k_memb", k_memb)):
+        require_tensor("sbm's " + name, t, 3, floating=True)
     k = q_memb.size(2)
-    if block.shape != (q_memb.size(1), k, k) or k_memb.size(2) != k:
+    expect = ((q_memb.size(0) if Nq is None else Nq,
+               q_memb.size(1) if H is None else H, k),
+              (q_memb.size(1) if H is None else H, k, k),
+              (k_memb.size(0) if Nk is None else Nk,
+               q_memb.size(1) if H is None else H, k))
+    if (q_memb.shape, block.shape, k_memb.shape) != expect:
         raise ValueError(f"sbm must be (q_memb [N_q, H, k], block [H, k, k], "
-                         f"k_memb [N_k, H, k]), got shapes "
+                         f"k_memb [N_k, H, k]) with the queries' and keys' "
+                         f"N_q, N_k and H, here shapes {list(expect)}; got "
                          f"{tuple(q_memb.shape)}, {tuple(block.shape)}, "
                          f"{tuple(k_memb.shape)}")
+    return q_memb, block, k_memb
 
 
 def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,

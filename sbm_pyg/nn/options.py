@@ -23,7 +23,10 @@ class SBMAttentionOptions:
     Args:
         mode (str): :obj:`"exact"` (:math:`P(i \to j) = \min(p_{ij}, 1)`)
             or :obj:`"poisson"` (:math:`1 - e^{-p_{ij}}`), see
-            :func:`~sbm_pyg.sampling.fastrg`. (default: :obj:`"exact"`)
+            :func:`~sbm_pyg.sampling.fastrg`; in :func:`~sbm_pyg.nn.sbm_attention`
+            the exact mode refuses an SBM whose mean :math:`p_{ij}` over a
+            (sequence, head) exceeds 1 (a :class:`ValueError` naming
+            :obj:`sbm`). (default: :obj:`"exact"`)
         exploration (float): :math:`\delta` added to every pair's
             probability. (default: :obj:`0.0`)
         self_loops (bool): every query attends to its own position.

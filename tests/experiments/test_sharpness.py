@@ -72,3 +72,17 @@ def test_model_sharpness_covers_every_layer_and_head(tmp_path):
         assert 0 < r["density"] < 1 and 0 < r["tile_fill"] <= 1
         if r["tile"] == 16:  # one tile of the whole sequence
             assert r["tile_fill"] == pytest.approx(r["density"])
+
+
+def test_the_command_reads_runs_and_checkpoint_files(tmp_path):
+    from tests.experiments.test_cli import run
+    out = run(tmp_path, "r", "--steps", "1", "--heads", "2")
+    table = tmp_path / "sharpness.json"
+    rows = main([str(out), str(out / "checkpoint.pt"), "--out", str(table),
+                 "--batches", "1", "--tiles", "4"])
+    saved = json.loads(table.read_text())
+    assert saved["rows"] == rows and saved["command"]["tiles"] == [4]
+    assert [(r["run"], r["head"]) for r in rows] == [
+        (str(out), 0), (str(out), 1), (str(out / "checkpoint.pt"), 0),
+        (str(out / "checkpoint.pt"), 1)]
+    assert rows[0]["task"] == "repeat" and rows[0] == rows[2] | dict(run=str(out))

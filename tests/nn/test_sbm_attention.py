@@ -184,6 +184,34 @@ def test_options_default_and_are_checked_when_built():
         sbm_attention(q, k, v, memb)
 
 
+def test_sbm_shapes_are_checked_against_the_inputs():
+    ptr, leaves = inputs(requires_grad=False)
+    q, k, v, memb, block = leaves
+    wider = torch.cat([memb, memb[..., :1]], -1)
+    for sbm in ((wider, block, memb), (memb, block, wider),
+                (memb, block[..., :-1], memb), (memb[1:], block, memb[1:]),
+                (memb[:, :1], block[:1], memb[:, :1])):
+        with pytest.raises(ValueError, match=r"sbm must be \(q_memb \[N_q, H, k\]"):
+            sbm_attention(q, k, v, sbm, ptr_q=ptr, ptr_k=ptr)
+    with pytest.raises(ValueError, match="sbm's block must have 3 dimensions"):
+        sbm_attention(q, k, v, (memb, block[0], memb), ptr_q=ptr, ptr_k=ptr)
+
+
+@pytest.mark.parametrize("backend", ["auto", "dense"])
+def test_exact_mode_refuses_probabilities_above_one(backend):
+    ptr, leaves = inputs(requires_grad=False)
+    q, k, v, memb, _ = leaves
+    # p = 1 on sequence 0 (memberships 1, a block summing to 1) is allowed.
+    call(leaves, ptr, 0, mode="exact", attention_backend=backend)
+    # Twice that block: sequence 0's p_ij = 2, in both regimes.
+    twice = (leaves[3], 2 * leaves[4])
+    with pytest.raises(ValueError, match="must not exceed 1"):
+        call([q, k, v, *twice], ptr, 0, mode="exact", attention_backend=backend)
+    # A rate in the Poisson mode.
+    res = call([q, k, v, *twice], ptr, 0, mode="poisson", attention_backend=backend)
+    assert float(res.expected_density.max()) > 1
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(ste="clip"), "ste must be"),
     (dict(attention_backend="flash"), "attention_backend must be"),
