@@ -383,6 +383,9 @@ def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
 def _check_sbm_argument(sbm, graph: SampledGraph, edge_prob: Optional[Tensor]) -> None:
     if edge_prob is not None:
         raise ValueError("give edge_prob or sbm, not both")
+    if not isinstance(sbm, tuple):  # the kernels' argument: a tuple only
+        raise TypeError(f"sbm must be a tuple (q_memb, block, k_memb), got "
+                        f"{type(sbm).__name__}")
     q_memb, block, k_memb = check_sbm_shapes(sbm)
     _check_memberships(graph, q_memb, block, k_memb, prefix="sbm's ")
 

@@ -66,8 +66,13 @@ def test_profile_script_runs(tmp_path):
     rows = cuda_profile.main(["--quick", "--repeats", "1", "--out",
                               str(tmp_path / "p.json")])
     assert [r["case"].split()[0] for r in rows] == ["fastrg", "fastrg", "SBMConv", "LRA",
-                                                    "dense", "dense"]
-    assert all(r["wall"] > 0 for r in rows)
+                                                    "dense", "dense", "parts"]
+    assert all(r["wall"] > 0 for r in rows[:-1])
+    # The parts: each change against what it replaced, both timed.
+    assert set(rows[-1]["key_masses"]) == {"segment_reduce", "sequence_reduce"}
+    assert set(rows[-1]["memberships"]) == {"one product", "row chunks"}
+    assert all(t > 0 for part in ("key_masses", "memberships")
+               for t in rows[-1][part].values())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's behaviour")
