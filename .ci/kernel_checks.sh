@@ -9,7 +9,15 @@
 #      kernel that does not compile, fp32 scalars in fp64 kernels, new
 #      spills, tl.dot without input_precision;                     ~6 min
 #   3. both under the GPU image's torch 2.11 / Triton 3.6 and the newest
-#      torch the index installs (benchmarks/checks/version_matrix.sh).   ~30 min
+#      torch the index installs (benchmarks/checks/version_matrix.sh), ~20 min
+#      a family, where the matrix's own key moved: the family's Triton
+#      files (kernels, wrappers, their tests and fixtures), the extension's
+#      sources, the checks, and the signatures step 2 compiled
+#      (benchmarks.checks.families matrix-inputs / signatures). A change
+#      to the layer or the sampler's torch code re-runs steps 1 and 2 (about
+#      5 minutes a family); if their launches compile to the same
+#      signatures, the matrix's pass on record holds (its own lines, with
+#      its key and commit, in the record).
 #
 # They run per family of kernels (benchmarks/checks/families.py): the
 # sampler's, and the attention's (sparse, dense regime, dropout). What a
@@ -82,8 +90,38 @@ for family in sampler attention; do
   echo "kernel checks, $family ($key): the ahead-of-time compile"
   $PY -m benchmarks.checks.triton_compile --family $family \
     --out "$logs/triton-compile.json" 2>&1 | tee "$logs/compile.log" | tail -n 5
-  echo "kernel checks, $family ($key): the version matrix"
-  OUT="$logs/matrix" FAMILY=$family bash benchmarks/checks/version_matrix.sh
+  # The matrix's own key: its inputs and the signatures just compiled.
+  mapfile -t minputs < <($PY -m benchmarks.checks.families matrix-inputs $family)
+  mkey=$({ echo "$family matrix"; git ls-files -s -- "${minputs[@]}"
+           $PY -m benchmarks.checks.families signatures "$logs/triton-compile.json"; } \
+         | sha256sum | cut -c1-16)
+  mclean=1
+  git diff --quiet HEAD -- "${minputs[@]}" || mclean=0
+  if [ "$mclean" = 1 ] && [ "${KERNEL_CHECKS:-recorded}" != always ] && [ -f "$RECORD" ] \
+     && [ "$(sed -n "s/^$family matrix-key //p" "$RECORD")" = "$mkey" ] \
+     && git merge-base --is-ancestor "$(sed -n "s/^$family matrix-commit //p" "$RECORD")" \
+          HEAD 2>/dev/null; then
+    echo "kernel checks, $family: the version matrix passed for these kernels," \
+         "signatures and tests ($mkey) as $RECORD records; not rerun"
+    grep "^$family matrix" "$RECORD" | sed "s/^$family //" > "$logs/matrix-record"
+  elif [ "$mclean" = 1 ] && [ "${KERNEL_CHECKS:-recorded}" != always ] \
+       && [ -f "$CACHE/matrix-$mkey/passed" ] && git merge-base --is-ancestor \
+         "$(sed -n "s/^matrix-commit //p" "$CACHE/matrix-$mkey/record")" HEAD 2>/dev/null; then
+    echo "kernel checks, $family: the version matrix passed for $mkey on" \
+         "$(cat "$CACHE/matrix-$mkey/passed"); not rerun"
+    cp "$CACHE/matrix-$mkey/record" "$logs/matrix-record"
+  else
+    echo "kernel checks, $family ($key): the version matrix ($mkey)"
+    OUT="$logs/matrix" FAMILY=$family bash benchmarks/checks/version_matrix.sh
+    { echo "matrix-key $mkey"; echo "matrix-commit $commit"
+      grep -E 'torch [0-9.]+: torch|exit|passed|failed' "$logs/matrix/matrix.log" \
+        | sed "s/^\[version_matrix [0-9:]*\] //; s/^/matrix /"; } > "$logs/matrix-record"
+    if [ "$mclean" = 1 ]; then
+      mkdir -p "$CACHE/matrix-$mkey"
+      cp "$logs/matrix-record" "$CACHE/matrix-$mkey/record"
+      date -u +"%F %T UTC, commit $(git rev-parse --short HEAD)" > "$CACHE/matrix-$mkey/passed"
+    fi
+  fi
   minutes=$(( (SECONDS - start + 30) / 60 ))
   {
     echo "$family key $key"
@@ -93,8 +131,7 @@ for family in sampler attention; do
     echo "$family minutes $minutes on $(nproc) cores"
     echo "$family plain-interpreter $(tail -n 1 "$logs/plain.log")"
     echo "$family aot-compile $(grep -v '^\s*$' "$logs/compile.log" | tail -n 1)"
-    grep -E 'torch [0-9.]+: torch|exit|passed|failed' "$logs/matrix/matrix.log" \
-      | sed "s/^\[version_matrix [0-9:]*\] //; s/^/$family matrix /"
+    sed "s/^/$family /" "$logs/matrix-record"
   } > "$logs/record"
   cat "$logs/record" >> "$new"
   if [ "$clean" = 1 ]; then

@@ -16,13 +16,26 @@ sampler, the test helpers, the checks themselves) re-runs both.
 sampler's tests through ``sbm_pyg`` and fails if they reach an attention
 module (package ``__init__`` files aside, which import every submodule).
 
-``python -m benchmarks.checks.families inputs|tests|record FAMILY`` prints a
-family's key inputs (git pathspecs), the tests the interpreter runs, or the
-tests whose launches the ahead-of-time compile records.
+The version matrix (other torch and Triton versions) has a key of its own
+per family, :func:`matrix_inputs` and the launches' compiled signatures
+(:func:`signatures`): what can differ between Triton versions is how they
+compile and interpret the kernels, their wrappers and the launches they are
+given, and how the extension builds against another torch. A change
+elsewhere (the layer, the sampler's torch code) re-runs the development
+pin's interpreter and compile, whose recorded launches decide whether the
+matrix's key moved; with the same key the matrix's pass on record holds.
+
+``python -m benchmarks.checks.families inputs|tests|record|matrix-inputs
+FAMILY`` prints a family's key inputs (git pathspecs), the tests the
+interpreter runs, the tests whose launches the ahead-of-time compile
+records, or the version matrix's inputs; ``signatures FILE`` prints the
+distinct compiled signatures of a compile check's rows, one a line, sorted.
 """
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Dict, List
 
 #: Everything the kernel checks exercise: the code the Triton tests import
@@ -55,12 +68,31 @@ FAMILIES: Dict[str, Dict[str, List[str]]] = {
     "sampler": dict(
         tests=["tests/sampling/test_fastrg_op.py", "tests/sampling/test_backends.py",
                "tests/sampling/test_fastrg.py"],
-        record=[], excludes=ATTENTION_OWN),
+        record=[], excludes=ATTENTION_OWN,
+        triton=["sbm_pyg/sampling/fastrg_triton.py",
+                "sbm_pyg/sampling/fastrg_triton_kernels.py",
+                "tests/sampling/conftest.py", "tests/sampling/cases.py"]),
     "attention": dict(
         tests=["tests/ops/test_triton_attention.py", "tests/ops/test_triton_dense.py",
                "tests/ops/test_dropout.py"],
-        record=["tests/nn/test_conv.py"], excludes=[]),
+        record=["tests/nn/test_conv.py"], excludes=[],
+        triton=["sbm_pyg/ops/triton_attention.py", "sbm_pyg/ops/triton_dense.py",
+                "sbm_pyg/ops/triton_dense_kernels.py"]),
 }
+
+#: What every family's version matrix depends on besides its own Triton
+#: files (``triton`` above: the kernels, their wrappers and the tests'
+#: fixtures) and tests: the extension's build, the Triton helpers and
+#: backend probe every kernel module imports, the tests' harness, the
+#: checks and their baselines for the matrix's versions.
+MATRIX_COMMON = ["csrc", "setup.py", "pyproject.toml", "sbm_pyg/ops/backend_info.py",
+                 "sbm_pyg/ops/triton_streams.py", "tests/conftest.py", "tests/helpers.py",
+                 "tests/triton_abi.py", "benchmarks/checks/__init__.py",
+                 "benchmarks/checks/families.py", "benchmarks/checks/triton_compile.py",
+                 "benchmarks/checks/version_matrix.sh",
+                 "benchmarks/checks/results-triton-compile-3.6.0.json",
+                 "benchmarks/checks/results-triton-compile-3.8.0.json",
+                 ".ci/kernel_checks.sh"]
 
 
 def inputs(family: str) -> List[str]:
@@ -80,12 +112,35 @@ def recorded(family: str) -> List[str]:
     return tests(family) + [test for name in names for test in FAMILIES[name]["record"]]
 
 
+def matrix_inputs(family: str) -> List[str]:
+    """The files :obj:`family`'s version matrix depends on, as git paths
+    (beside the launches' :func:`signatures`)."""
+    spec = FAMILIES[family]
+    return MATRIX_COMMON + spec["triton"] + spec["tests"] + spec["record"]
+
+
+def signatures(path: Path) -> List[str]:
+    """The distinct compiled signatures (kernel, architecture, argument
+    types, constexprs, warps) in a compile check's rows at :obj:`path`, as
+    sorted JSON lines: what the matrix compiles, whatever the launches'
+    other values."""
+    rows = json.loads(Path(path).read_text())["kernels"]
+    return sorted({json.dumps([row["module"], row["kernel"], row["arch"], row["signature"],
+                               row["constexprs"], row["num_warps"]], sort_keys=True)
+                   for row in rows})
+
+
 def main(argv: List[str]) -> int:
-    what = {"inputs": inputs, "tests": tests, "record": recorded}
+    what = {"inputs": inputs, "tests": tests, "record": recorded,
+            "matrix-inputs": matrix_inputs}
+    if len(argv) == 2 and argv[0] == "signatures" and Path(argv[1]).is_file():
+        print("\n".join(signatures(Path(argv[1]))))
+        return 0
+    per_family = ("inputs", "matrix-inputs")
     if (len(argv) != 2 or argv[0] not in what
-            or argv[1] not in (FAMILIES if argv[0] == "inputs" else [*FAMILIES, "all"])):
+            or argv[1] not in (FAMILIES if argv[0] in per_family else [*FAMILIES, "all"])):
         print(f"usage: python -m benchmarks.checks.families {{{'|'.join(what)}}} "
-              f"{{{'|'.join(FAMILIES)}}}", file=sys.stderr)
+              f"{{{'|'.join(FAMILIES)}}}, or signatures FILE", file=sys.stderr)
         return 2
     print("\n".join(what[argv[0]](argv[1])))
     return 0

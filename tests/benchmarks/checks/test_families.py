@@ -2,6 +2,7 @@
 test in one family, the sampler's key leaving out only files its tests do
 not reach."""
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from benchmarks.checks import families
-from benchmarks.checks.families import ATTENTION_OWN, FAMILIES, INPUTS, inputs, main
+from benchmarks.checks.families import (
+    ATTENTION_OWN,
+    FAMILIES,
+    INPUTS,
+    MATRIX_COMMON,
+    inputs,
+    main,
+    matrix_inputs,
+    signatures,
+)
 
 pytestmark = pytest.mark.host
 ROOT = Path(__file__).resolve().parents[3]
@@ -23,8 +33,8 @@ def test_every_test_file_is_in_one_family_and_exists():
     assert families.tests("all") == [t for f in FAMILIES.values() for t in f["tests"]]
 
 
-def _imports(path: Path) -> set:
-    # The sbm_pyg modules a file imports, at any depth of its code.
+def _imports(path: Path, package: str = "sbm_pyg") -> set:
+    # The modules of package a file imports, at any depth of its code.
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -32,7 +42,7 @@ def _imports(path: Path) -> set:
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return {name for name in names if name.startswith("sbm_pyg")}
+    return {name for name in names if name.split(".")[0] == package}
 
 
 def _file(module: str):
@@ -84,3 +94,41 @@ def test_the_command_line(capsys):
     out = subprocess.run([sys.executable, "-m", "benchmarks.checks.families", "tests", "all"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.split() == families.tests("all")
+
+
+def _inside(path: str, specs) -> bool:
+    return any(path == spec or path.startswith(spec + "/") for spec in specs)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_matrix_inputs_lie_inside_the_family_key(family):
+    # A family trusted by its key has its matrix's inputs unchanged too.
+    excluded = FAMILIES[family]["excludes"]
+    listed = matrix_inputs(family)
+    assert len(listed) == len(set(listed))
+    for path in listed:
+        assert (ROOT / path).exists(), path
+        assert _inside(path, INPUTS) and not _inside(path, excluded), path
+
+
+def test_every_module_that_imports_triton_is_a_matrix_input():
+    # The matrix keys on the Triton files: a module that imports Triton and
+    # is no matrix input could change what the versions see unnoticed.
+    listed = set(MATRIX_COMMON) | {p for f in FAMILIES.values() for p in f["triton"]}
+    for path in sorted((ROOT / "sbm_pyg").rglob("*.py")):
+        if _imports(path, "triton"):
+            assert str(path.relative_to(ROOT)) in listed, path
+
+
+def test_signatures_are_the_distinct_compiled_ones(tmp_path):
+    row = dict(kernel="k", module="m", arch="sm_80", signature={"x": "*fp32"},
+               constexprs={"B": "16"}, num_warps=4, registers=40, seconds=0.3)
+    rows = [row, dict(row, registers=41, seconds=0.5),  # the same signature
+            dict(row, arch="sm_90"), dict(row, constexprs={"B": "32"})]
+    path = tmp_path / "compile.json"
+    path.write_text(json.dumps(dict(triton="3.9.0", kernels=rows)))
+    lines = signatures(path)
+    assert lines == sorted(lines) and len(lines) == 3
+    assert json.loads(lines[0]) == ["m", "k", "sm_80", {"x": "*fp32"}, {"B": "16"}, 4]
+    assert main(["signatures", str(path)]) == 0
+    assert main(["matrix-inputs", "all"]) == 2 and main(["signatures", "nope.json"]) == 2
