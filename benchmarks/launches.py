@@ -102,9 +102,11 @@ def count_ops(fn: Callable[[], object]) -> Dict[str, object]:
                 top=dict(ops.most_common(10)))
 
 
-def gps_step(nodes: int, channels: int = 64) -> Callable[[], None]:
+def gps_step(nodes: int, channels: int = 64,
+             batch_size: Optional[int] = None) -> Callable[[], None]:
     """One forward and backward of an ``SBMGPSConv`` (GatedGCN local, SBM
-    global attention, 2 heads) on a random graph of ``nodes`` nodes."""
+    global attention, 2 heads) on a random graph of ``nodes`` nodes, its
+    batch vector given with its size ``batch_size`` (1) or without."""
     from sbm_pyg.nn import GatedGCNConv, SBMGPSConv
     torch.manual_seed(0)
     layer = SBMGPSConv(channels, GatedGCNConv(channels), heads=2,
@@ -116,7 +118,8 @@ def gps_step(nodes: int, channels: int = 64) -> Callable[[], None]:
     g = torch.Generator().manual_seed(0)
 
     def step() -> None:
-        out = layer(x, edge_index, batch, edge_attr=edge_attr, generator=g)
+        out = layer(x, edge_index, batch, edge_attr=edge_attr, generator=g,
+                    batch_size=batch_size)
         out.square().sum().backward()
     return step
 
@@ -148,8 +151,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     results["training_sbm"] = count_ops(training_step("sbm", n, 0.01, cpu))
     results["training_full"] = count_ops(training_step("full", n, 1.0, cpu))
     results["gps_layer"] = count_ops(gps_step(nodes))
+    results["gps_layer_sized"] = count_ops(gps_step(nodes, batch_size=1))
     results["graph_breaks"] = graph_breaks(n)
-    for name in ("training_sbm", "training_full", "gps_layer"):
+    for name in ("training_sbm", "training_full", "gps_layer", "gps_layer_sized"):
         r = results[name]
         print(f"{name}: {r['ops']} operators ({r['views']} views), "
               f"{r['sbm_pyg_ops']} of sbm_pyg; "

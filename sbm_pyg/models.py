@@ -384,9 +384,12 @@ class GPSNodeClassifier(Module):
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Optional[Tensor] = None,
                 eigvecs: Optional[Tensor] = None, eigvals: Optional[Tensor] = None,
-                generator: Optional[torch.Generator] = None) -> Tensor:
+                generator: Optional[torch.Generator] = None,
+                batch_size: Optional[int] = None) -> Tensor:
         r"""Each node's class logits; :obj:`generator` drives the sign flip
-        and the SBM attention's sampling and dropout."""
+        and the SBM attention's sampling and dropout; :obj:`batch_size`
+        (:obj:`Batch.num_graphs`) spares each layer's read of the number of
+        graphs off :obj:`batch`."""
         h = self.node_encoder(x)
         if self.pe_encoder is not None:
             if eigvecs is None or eigvals is None:
@@ -396,7 +399,8 @@ class GPSNodeClassifier(Module):
         edge_attr = self.edge_embedding.weight.expand(edge_index.size(1), -1)
         for layer in self.layers:
             h, edge_attr = layer(h, edge_index, batch, edge_attr=edge_attr,
-                                 generator=generator, return_edge_attr=True)
+                                 generator=generator, batch_size=batch_size,
+                                 return_edge_attr=True)
         return self.head(h)
 
     def densities(self) -> Optional[Tensor]:

@@ -62,7 +62,7 @@ def build_gps_model(args, in_channels: int, num_classes: int) -> GPSNodeClassifi
 def _forward(model: GPSNodeClassifier, batch, generator) -> Tensor:
     return model(batch.x, batch.edge_index, batch.batch,
                  getattr(batch, "eigvecs", None), getattr(batch, "eigvals", None),
-                 generator=generator)
+                 generator=generator, batch_size=batch.num_graphs)
 
 
 @torch.no_grad()

@@ -25,6 +25,7 @@ from sbm_pyg.nn.inputs import (
     check_layer_options,
     check_not_edges,
     project,
+    raise_for_batch,
     raise_for_features,
     sequence_pointers,
 )
@@ -328,6 +329,7 @@ class SBMConv(MessagePassing):
 
     @overload
     def forward(self, x: Features, batch: Batch = None, *, ptr: Batch = None,
+                batch_size: Optional[int] = None,
                 include_edges: Optional[Tensor] = None,
                 return_attention_weights: Optional[Literal[False]] = None,
                 generator: Optional[torch.Generator] = None) -> Tensor:
@@ -335,6 +337,7 @@ class SBMConv(MessagePassing):
 
     @overload
     def forward(self, x: Features, batch: Batch = None, *, ptr: Batch = None,
+                batch_size: Optional[int] = None,
                 include_edges: Optional[Tensor] = None,
                 return_attention_weights: Literal[True],
                 generator: Optional[torch.Generator] = None
@@ -342,14 +345,17 @@ class SBMConv(MessagePassing):
         pass
 
     def forward(self, x: Features, batch: Batch = None, *extra: object,
-                ptr: Batch = None, include_edges: Optional[Tensor] = None,
+                ptr: Batch = None, batch_size: Optional[int] = None,
+                include_edges: Optional[Tensor] = None,
                 return_attention_weights: Optional[bool] = None,
                 generator: Optional[torch.Generator] = None
                 ) -> Union[Tensor, Tuple[Tensor, Tuple[SampledGraph, Tensor]]]:
         r"""Runs the layer on node features :obj:`x` (or :obj:`(x_src,
         x_dst)`: keys and values from :obj:`x_src`) cut into sequences by a
         sorted :obj:`batch` vector or CSR :obj:`ptr` (or pairs of them; one
-        sequence if neither). :obj:`include_edges` (:obj:`[2, E]` (key,
+        sequence if neither); :obj:`batch_size` (PyG's
+        :obj:`Batch.num_graphs`) spares the read of the number of sequences
+        off the batch vector. :obj:`include_edges` (:obj:`[2, E]` (key,
         query) edges, :class:`EdgeIndex`, :obj:`adj_t`), e.g. the input
         graph's, are added to every head's graph (structure-aware
         attention); :obj:`generator` gives the randomness."""
@@ -370,7 +376,7 @@ class SBMConv(MessagePassing):
         q_memb, block, k_memb = (self.sbm(query.detach(), key.detach())
                                  if warmup else self.sbm(query, key))
         ptr_k, ptr_q = sequence_pointers(batch, ptr, key.size(0),
-                                         query.size(0))
+                                         query.size(0), batch_size)
         if generator is None and not self.training:
             if self.eval_seed is not None:
                 generator = torch.Generator(query.device).manual_seed(self.eval_seed)
@@ -383,9 +389,13 @@ class SBMConv(MessagePassing):
                 and not self._graph_hooks and not self._weights_hooks):
             # Every pair attended and nobody asks for the graph: dense
             # products instead of a graph of every pair (nn/warmup.py).
-            return self._dense_warmup(x_dst, query, key, value,
-                                      (q_memb, block, k_memb), ptr_q, ptr_k,
-                                      distilling, generator)
+            try:
+                return self._dense_warmup(x_dst, query, key, value,
+                                          (q_memb, block, k_memb), ptr_q, ptr_k,
+                                          distilling, generator)
+            except ValueError as err:
+                raise_for_batch(err, batch_size)
+                raise
         try:
             res = sbm_attention(
                 query, key, value, (q_memb, block, k_memb), ptr_q=ptr_q,
@@ -401,6 +411,7 @@ class SBMConv(MessagePassing):
                 generator=generator, sink=self.sink)
         except ValueError as err:
             raise_for_features(err)
+            raise_for_batch(err, batch_size)
             raise
         for hook in self._graph_hooks.values():
             hook(self, res.graph)

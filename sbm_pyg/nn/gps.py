@@ -92,7 +92,8 @@ class _GPSLayer(torch.nn.Module):
         raise NotImplementedError
 
     def _attend(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor],
-                generator: Optional[torch.Generator]) -> Optional[Tensor]:
+                generator: Optional[torch.Generator],
+                batch_size: Optional[int]) -> Optional[Tensor]:
         raise NotImplementedError
 
     def _norm(self, norm, h: Tensor, batch: Optional[Tensor]) -> Tensor:
@@ -103,9 +104,12 @@ class _GPSLayer(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Adj,
                 batch: Optional[Tensor] = None, *,
                 generator: Optional[torch.Generator] = None,
+                batch_size: Optional[int] = None,
                 return_edge_attr: bool = False, **kwargs) -> Output:
         r"""Runs the layer; :obj:`kwargs` (e.g. :obj:`edge_attr`) go to the
-        local :obj:`conv`, :obj:`generator` to the attention's randomness.
+        local :obj:`conv`, :obj:`generator` to the attention's randomness,
+        :obj:`batch_size` (PyG's :obj:`Batch.num_graphs`, optional) to the
+        attention, which then reads nothing off the batch vector.
         Returns the node features, as :class:`GPSConv` does; with
         :obj:`return_edge_attr=True` (an edge-updating local conv, which
         returns :obj:`(x, edge_attr)`) the pair :obj:`(x', edge_attr')`,
@@ -130,7 +134,7 @@ class _GPSLayer(torch.nn.Module):
             else:
                 h = F.dropout(h, p=self.dropout, training=self.training) + x
             hs.append(self._norm(self.norm1, h, batch))
-        h = self._attend(x, edge_index, batch, generator)
+        h = self._attend(x, edge_index, batch, generator, batch_size)
         if h is not None:
             h = F.dropout(h, p=self.dropout, training=self.training)
             hs.append(self._norm(self.norm2, h + x, batch))
@@ -266,12 +270,13 @@ class SBMGPSConv(_GPSLayer):
         return self.attn.expected_density
 
     def _attend(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor],
-                generator: Optional[torch.Generator]) -> Optional[Tensor]:
+                generator: Optional[torch.Generator],
+                batch_size: Optional[int]) -> Optional[Tensor]:
         # Any structure input PyG layers take (edge_index, EdgeIndex,
         # SparseTensor or torch.sparse adj_t); fastrg reads its pairs.
         include = edge_index if self.include_input_edges else None
         return self.attn_out(self.attn(x, batch, include_edges=include,
-                                       generator=generator))
+                                       batch_size=batch_size, generator=generator))
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.channels}, conv={self.conv}, "
@@ -387,10 +392,11 @@ class EdgeGPSConv(_GPSLayer):
             self.attn._reset_parameters()  # both name it so
 
     def _attend(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor],
-                generator: Optional[torch.Generator]) -> Optional[Tensor]:
+                generator: Optional[torch.Generator],
+                batch_size: Optional[int]) -> Optional[Tensor]:
         if self.attn is None:
             return None
-        h, mask = to_dense_batch(x, batch)
+        h, mask = to_dense_batch(x, batch, batch_size=batch_size)
         if isinstance(self.attn, MultiheadAttention):
             h, _ = self.attn(h, h, h, key_padding_mask=~mask, need_weights=False)
         else:

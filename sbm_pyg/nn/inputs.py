@@ -16,7 +16,7 @@ from sbm_pyg.ops.backend_info import ATTENTION_BACKENDS
 from sbm_pyg.validation import invalid_values, require_tensor, sync
 
 __all__ = ["project", "batch_to_ptr", "check_not_edges", "sequence_pointers",
-           "check_layer_options", "raise_for_features"]
+           "check_layer_options", "raise_for_features", "raise_for_batch"]
 
 
 def project(lin: Linear, x, name: str) -> Tensor:
@@ -65,22 +65,45 @@ def check_not_edges(batch: object) -> None:
             f"head's graph")
 
 
-def sequence_pointers(batch, ptr, num_src: int, num_dst: int
+def sequence_pointers(batch, ptr, num_src: int, num_dst: int,
+                      batch_size: Optional[int] = None
                       ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     r"""CSR pointers :obj:`(ptr_k, ptr_q)` of the key and query rows, from a
     sorted :obj:`batch` vector (or a pair) or given :obj:`ptr` (or a pair);
-    :obj:`(None, None)` for one sequence."""
+    :obj:`(None, None)` for one sequence.
+
+    Without :obj:`batch_size` the number of sequences is read off the
+    batch vector (a host read, with the vector's checks). With it (PyG's
+    :obj:`Batch.num_graphs`) nothing is read: a batch vector that is not
+    sorted, has a negative entry or one at :obj:`batch_size` or above gives
+    pointers whose check fails at the layer's one sync, where
+    :func:`raise_for_batch` names the batch vector."""
+    if batch_size is not None:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool):
+            raise TypeError(f"batch_size must be an int or None, got "
+                            f"{type(batch_size).__name__}")
+        if batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     if ptr is not None:
         if batch is not None:
             raise ValueError("pass either batch or ptr, not both")
+        if batch_size is not None:
+            raise ValueError("batch_size goes with batch: ptr gives the "
+                             "sequences itself")
         return ptr if isinstance(ptr, tuple) else (ptr, ptr)
     if batch is None:
+        if batch_size not in (None, 1):
+            raise ValueError(f"batch_size goes with batch: without one the "
+                             f"nodes are one sequence, got batch_size={batch_size}")
         return None, None
     check_not_edges(batch)
     batch_src, batch_dst = batch if isinstance(batch, tuple) else (batch, batch)
     if batch_src is None or batch_dst is None:
         raise ValueError("batch must give both the source and the "
                          "target batch vector")
+    if batch_size is not None:
+        return (_unread_ptr(batch_src, num_src, batch_size),
+                _unread_ptr(batch_dst, num_dst, batch_size))
     flags = [(b.diff() < 0).any() | (b < 0).any()
              for b in (batch_src, batch_dst) if isinstance(b, Tensor)]
     last = [b[-1] for b in (batch_src, batch_dst)
@@ -92,6 +115,26 @@ def sequence_pointers(batch, ptr, num_src: int, num_dst: int
     num_graphs = int(max(flags_and_max, default=-1)) + 1
     return (batch_to_ptr(batch_src, num_src, num_graphs, "batch"),
             batch_to_ptr(batch_dst, num_dst, num_graphs, "batch"))
+
+
+def _unread_ptr(batch: Tensor, num_rows: int, batch_size: int) -> Tensor:
+    # The pointer of batch_size sequences, its last entry made -1 (which
+    # the pointer's own deferred check refuses) where the vector is not
+    # sorted or not in [0, batch_size): no host read here.
+    ptr = batch_to_ptr(batch, num_rows, batch_size, "batch")
+    bad = ((batch.diff() < 0).any() | (batch < 0).any()
+           | (batch >= batch_size).any())
+    return torch.cat([ptr[:-1], torch.where(bad, -1, ptr[-1:])])
+
+
+def raise_for_batch(err: ValueError, batch_size: Optional[int]) -> None:
+    r"""Re-raises a pointer's failed check as one naming the batch vector,
+    where the pointers came from a batch vector with :obj:`batch_size`
+    (:func:`sequence_pointers`); returns for any other error."""
+    if batch_size is not None and str(err).startswith(("ptr_q must", "ptr_k must")):
+        raise ValueError(
+            f"batch must be sorted and non-negative (as PyG's DataLoader "
+            f"makes it), each entry below batch_size ({batch_size})") from err
 
 
 def raise_for_features(err: ValueError) -> None:

@@ -22,8 +22,9 @@ from torch_geometric.utils import to_dense_batch
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
 from sbm_pyg.ops.csr import row_index
 from sbm_pyg.ops.dropout import dropout_keep, dropout_threshold, keep_scale
+from sbm_pyg.sampling.checks import check_pointers
 from sbm_pyg.sampling.fastrg_op import stream_seed
-from sbm_pyg.validation import check_memory
+from sbm_pyg.validation import check_memory, sync
 
 __all__ = ["dense_warmup"]
 
@@ -94,9 +95,12 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # n
         (torch.Size([5, 1, 4]), torch.Size([1]), tensor([1.]))
     """
     Nq, H, D = query.shape
+    # The pointers' checks raise at the one host read, which reads the
+    # padded tensors' shapes; until then the pointers are made valid.
+    ptr_q, ptr_k, checks = check_pointers(ptr_q, ptr_k, Nq, key.size(0), query.device)
     n_q, n_k = ptr_q.diff(), ptr_k.diff()
-    # Sizes read on the host: the padded tensors' shapes.
-    sizes = torch.stack([n_q.max(), n_k.max()]).tolist() if n_q.numel() else [0, 0]
+    longest = [n_q.max(), n_k.max()] if n_q.numel() else []
+    sizes = [int(size) for size in sync(checks, *longest)] or [0, 0]
     G = ptr_q.numel() - 1
     # Guarded before anything of that size is allocated: about six
     # [G, H, n_q, n_k] tensors of 4 bytes live at once with the backward's.

@@ -46,3 +46,6 @@ def test_quick_run(tmp_path):
     assert res["training_sbm"]["sbm_pyg_ops"] > 0
     assert res["training_full"]["sbm_pyg_ops"] == 0
     assert res["graph_breaks"]["graphs"] >= 1
+    # The batch vector's size spares its read, one sync fewer.
+    assert res["gps_layer"]["reads"]["validation.py:sync"] == 2
+    assert res["gps_layer_sized"]["reads"]["validation.py:sync"] == 1

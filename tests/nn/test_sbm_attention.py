@@ -308,3 +308,43 @@ def test_one_host_read_per_forward_none_in_backward(crossover, options,
     assert all(k.split(":")[0] in sizing for k in reads), forward
     assert count_reads(lambda: out[0].square().sum().backward()) == {}
     assert x.grad is not None and any(p.grad is not None for p in conv.sbm.parameters())
+
+
+# A batch vector with its size (PyG's Batch.num_graphs) reads nothing more:
+# its checks go to the forward's one sync, in the sampled regime, the dense
+# warm-up and the GPS layer around the attention.
+@pytest.mark.parametrize("layer", ["sampled", "warm-up", "gps"])
+def test_a_batch_vector_with_its_size_reads_once(layer, monkeypatch):
+    from torch_geometric.nn import GINConv
+
+    from benchmarks.launches import count_reads
+    from sbm_pyg.nn import SBMGPSConv
+    from tests.helpers import pin_crossover
+    pin_crossover(monkeypatch, float("inf"))
+    torch.manual_seed(0)
+    batch = torch.tensor([0] * 8 + [1] * 12)
+    x = torch.randn(20, 8, requires_grad=True)
+    if layer == "gps":
+        mlp = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+        module = SBMGPSConv(8, GINConv(mlp), heads=2,
+                            attn_kwargs=dict(num_clusters=3)).train()
+        edge_index = torch.tensor([[0, 1, 9], [1, 2, 10]])
+        run = lambda: module(x, edge_index, batch, batch_size=2,  # noqa: E731
+                             generator=seeded(0))
+    else:
+        module = SBMConv(8, 4, heads=2, num_clusters=3, dropout=0.1).train()
+        module.attend_all = layer == "warm-up"
+        run = lambda: module(x, batch, batch_size=2, generator=seeded(0))  # noqa: E731
+    out = []
+    forward = count_reads(lambda: out.append(run()))
+    reads = {k: v for k, v in forward.items() if not k.endswith(":stream_seed")}
+    assert reads.pop("validation.py:sync") == 1, forward
+    device = torch.get_default_device()
+    sizing = {"sampling/fastrg_triton.py", "ops/triton_dense.py"}
+    assert sum(reads.values()) <= (device.type == "cuda" and layer != "warm-up"), forward
+    assert all(k.split(":")[0] in sizing for k in reads), forward
+    assert count_reads(lambda: out[0].square().sum().backward()) == {}
+    # Without the size the batch vector costs one read more.
+    without = count_reads(lambda: module(x, batch, generator=seeded(0)) if layer != "gps"
+                          else module(x, edge_index, batch, generator=seeded(0)))
+    assert without["validation.py:sync"] == 2, without
