@@ -28,8 +28,10 @@ and variants of the mixed-membership one that the sparse-heads work asks
 about: more clusters, a learned membership temperature, sparse
 memberships (each token in its top :math:`r = 2` clusters), separate query
 and key cluster embeddings with an asymmetric block, a bounded block
-logit (so that the budget keeps a gradient), and :obj:`"mmsb-sharp"`, the
-first three together.
+logit (so that the budget keeps a gradient), :obj:`"mmsb-sharp"`, the
+first three together (twice the clusters), and that with separate key
+clusters (:obj:`"mmsb-sharp-asymmetric"`) or four times the clusters
+(:obj:`"mmsb-sharp-k512"` at :math:`k = 128`).
 
 ``python -m sbm_pyg.experiments.capacity TEACHER_RUN --out FILE.json``
 writes the curves (every candidate and layer at
@@ -59,7 +61,15 @@ __all__ = ["CANDIDATES", "CandidateSBM", "teacher_batches", "fit_selector",
 
 #: The SBM forms fitted, by name.
 CANDIDATES = ("paper", "mmsb", "mmsb-k256", "mmsb-temperature", "mmsb-top2",
-              "mmsb-asymmetric", "mmsb-bounded", "mmsb-sharp")
+              "mmsb-asymmetric", "mmsb-bounded", "mmsb-sharp", "mmsb-sharp-asymmetric",
+              "mmsb-sharp-k512")
+# What each variant adds to the mixed-membership form: the clusters'
+# multiple of num_clusters, a learned temperature, top-2 memberships,
+# separate key clusters.
+_CLUSTERS = {"mmsb-k256": 2, "mmsb-sharp": 2, "mmsb-sharp-asymmetric": 2, "mmsb-sharp-k512": 4}
+_TEMPERATURE = ("mmsb-temperature", "mmsb-sharp", "mmsb-sharp-asymmetric", "mmsb-sharp-k512")
+_TOP2 = ("mmsb-top2", "mmsb-sharp", "mmsb-sharp-asymmetric", "mmsb-sharp-k512")
+_ASYMMETRIC = ("mmsb-asymmetric", "mmsb-sharp-asymmetric")
 _BOUND = 6.0  # the bounded block's logits lie in (-6, 6) before its bias
 
 
@@ -91,10 +101,10 @@ class CandidateSBM(torch.nn.Module):
         if candidate not in CANDIDATES:
             raise ValueError(f"candidate must be one of {CANDIDATES}, got {candidate!r}")
         self.candidate = candidate
-        k = 2 * num_clusters if candidate in ("mmsb-k256", "mmsb-sharp") else num_clusters
+        k = _CLUSTERS.get(candidate, 1) * num_clusters
         self.clusters = torch.nn.Parameter(init_std * torch.randn(heads, k, channels))
         self.key_clusters = None
-        if candidate == "mmsb-asymmetric":
+        if candidate in _ASYMMETRIC:
             self.key_clusters = torch.nn.Parameter(
                 init_std * torch.randn(heads, k, channels))
         self.bias = torch.nn.Parameter(torch.full((heads, 1, 1), -1.0))
@@ -104,10 +114,10 @@ class CandidateSBM(torch.nn.Module):
         logits = torch.einsum("bhnd,hkd->bhnk", x, clusters)
         if self.candidate == "paper":
             return logits.sigmoid()
-        if self.candidate in ("mmsb-temperature", "mmsb-sharp"):
+        if self.candidate in _TEMPERATURE:
             logits = logits * self.log_temperature.exp()
         memb = logits.softmax(-1)
-        if self.candidate in ("mmsb-top2", "mmsb-sharp"):
+        if self.candidate in _TOP2:
             top = memb.topk(2, dim=-1)
             memb = torch.zeros_like(memb).scatter(-1, top.indices, top.values)
             memb = memb / memb.sum(-1, keepdim=True)

@@ -42,6 +42,18 @@ def test_top2_memberships_have_two_clusters():
     torch.testing.assert_close(memb.sum(-1), torch.ones(2, 1, 5))
 
 
+@pytest.mark.parametrize("candidate,clusters,key_clusters,nonzero", [
+    ("mmsb-sharp", 16, False, 2), ("mmsb-sharp-asymmetric", 16, True, 2),
+    ("mmsb-sharp-k512", 32, False, 2), ("mmsb-asymmetric", 8, True, 8)])
+def test_the_variants_forms(candidate, clusters, key_clusters, nonzero):
+    torch.manual_seed(0)
+    sbm = CandidateSBM(candidate, heads=1, channels=4, num_clusters=8)
+    assert sbm.clusters.shape == (1, clusters, 4)
+    assert (sbm.key_clusters is not None) == key_clusters
+    memb = sbm.memberships(torch.randn(2, 1, 5, 4), sbm.clusters)
+    assert ((memb > 0).sum(-1) == nonzero).all()
+
+
 def test_candidate_bad_input():
     with pytest.raises(ValueError, match="candidate"):
         CandidateSBM("nope", 1, 4)
