@@ -13,6 +13,7 @@ Sections (one module each): ``attention``, ``sampler``, ``published``,
 ``exact``, ``memory`` (in :mod:`benchmarks.sampler`), ``scaling``,
 ``layer`` (and ``crossover``, in :mod:`benchmarks.layer`), ``training``,
 ``ext``, ``budget``, ``gps`` (:mod:`benchmarks.gps_scaling`, CPU only),
+``sharp`` (a head of nearly complete blocks, :mod:`benchmarks.sharp`),
 ``cuda`` (the CUDA suite, :mod:`benchmarks.cuda`, on a GPU only; also run
 alone as ``python -m benchmarks.cuda``).
 
@@ -47,6 +48,7 @@ from benchmarks.sampler import (
     sampler_memory,
 )
 from benchmarks.scaling import bench_scaling
+from benchmarks.sharp import INSIDE, OWN, bench_sharp
 from benchmarks.training import bench_training, training_step
 from sbm_pyg.ops import backends
 
@@ -84,6 +86,7 @@ def section_sizes(quick: bool, device: torch.device,
         training_sizes, training_densities = [128], [0.05, 0.2]
         crossover_sizes, crossover_densities = [128], [0.05, 0.5]
         budget_sizes = [16]
+        sharp_cases = [(256, 0.05), (256, 0.2)]
         # The budgeted variant's weights take minutes to train: not in --quick.
         gps_sizes, gps_variants = [256], ["performer", "sbm"]
     else:
@@ -98,6 +101,8 @@ def section_sizes(quick: bool, device: torch.device,
         if device.type == "cuda":  # where it was found below 2% at n = 2048
             crossover_densities = [0.005, 0.01] + crossover_densities[:-1]
         budget_sizes = [64, 128, 256]
+        sharp_cases = [(4096, 0.01), (4096, 0.05), (4096, 0.2), (16384, 0.01),
+                       (16384, 0.05)]
         gps_sizes, gps_variants = list(gps_scaling.SIZES), list(gps_scaling.VARIANTS)
     return SimpleNamespace(
         sizes=sizes,
@@ -116,6 +121,7 @@ def section_sizes(quick: bool, device: torch.device,
         crossover_sizes=crossover_sizes,
         crossover_densities=crossover_densities,
         budget_sizes=budget_sizes,
+        sharp_cases=sharp_cases,
         gps_sizes=gps_sizes,
         gps_variants=gps_variants)
 
@@ -146,7 +152,7 @@ def bench_memory(z: SimpleNamespace, device: torch.device, threads: int,
 
 
 SECTIONS = ["attention", "sampler", "published", "exact", "memory", "scaling",
-            "layer", "crossover", "training", "ext", "budget", "gps", "cuda"]
+            "layer", "crossover", "training", "ext", "budget", "gps", "sharp", "cuda"]
 # The sections of one device only: the rest run on either.
 CPU_ONLY, CUDA_ONLY = ("gps",), ("cuda",)
 
@@ -299,6 +305,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             z.gps_sizes, z.gps_variants, args.repeats, args.threads,
             int(gps_scaling.MEMORY_LIMIT_GIB * 2**30), gps_scaling.TIMEOUT_S,
             gps_scaling.WEIGHTS, log)
+    if "sharp" in args.sections:
+        log(f"\n[sharp] a sharp head (memberships {OWN} on one of V clusters, p = "
+            f"{INSIDE} inside a cluster) through sbm_attention, exact mode, "
+            f"fwd+bwd with the straight-through gradients, vs SDPA")
+        results["sharp"] = bench_sharp(z.sharp_cases, device, args.repeats, log)
     if "cuda" in args.sections:
         results["cuda"] = run_cuda_suite(out, args.repeats, args.quick, log)
     out.write_text(json.dumps(results, indent=1))

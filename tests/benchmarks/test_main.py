@@ -50,6 +50,8 @@ def test_quick_benchmark_runs(tmp_path, capsys):
     assert [(row["n"], row["variant"], row["status"]) for row in results["gps"]] == [
         (256, "performer", "ok"), (256, "sbm", "ok")]
     assert all(row["step_s"] > 0 for row in results["gps"])
+    assert [(row["n"], row["clusters"]) for row in results["sharp"]] == [(256, 16), (256, 4)]
+    assert all(row["ratio"] > 0 for row in results["sharp"])
     assert "[layer]" in capsys.readouterr().out
 
 

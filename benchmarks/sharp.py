@@ -1,0 +1,85 @@
+r"""The sharp-head suite: SBM attention heads whose memberships concentrate on
+one of V clusters (0.98 on a token's own, the rest spread evenly over the
+other k - 1) and whose block gives p = 0.8 inside a cluster and about 3e-4
+across, so that each head's graph is V nearly complete blocks of about n / V
+random tokens each (expected density about 0.8 / V). That is what the
+heads that learned to separate their blocks look like (docs/performance.md,
+"How sharp trained heads are"), and the case a tiled path would serve.
+
+Timed through the public :func:`~sbm_pyg.nn.sbm_attention` (exact mode,
+sampling and the straight-through backward into the memberships and the
+block, fwd+bwd) against SDPA on the same queries, keys and values, in
+turns; the regime that ran is recorded (``backends``), and on the CPU the
+profiler's parts: the sampler, the attention's forward and its backward
+(the estimator's membership gradients included)."""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from benchmarks.attention import batched, run_sdpa
+from benchmarks.cases import CLUSTERS, HEADS, backward, qkv
+from benchmarks.layer import breakdown, format_breakdown
+from benchmarks.measure import median_times
+from sbm_pyg.nn import SBMAttentionOptions, sbm_attention
+
+#: A token's membership of its own cluster, and the edge probability inside
+#: a cluster.
+OWN, INSIDE = 0.98, 0.8
+
+
+def sharp_sbm(n: int, density: float, device: torch.device,
+              seed: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+    """Memberships :obj:`[n, H, k]` (queries and keys alike) and a block
+    :obj:`[H, k, k]` of V = round(0.8 / density) clusters, each token in one
+    drawn at random, as leaves that take gradients."""
+    V = max(1, min(CLUSTERS, round(INSIDE / density)))
+    g = torch.Generator().manual_seed(seed)
+    cluster = torch.randint(V, (n, HEADS, 1), generator=g)
+    memb = torch.full((n, HEADS, CLUSTERS), (1 - OWN) / (CLUSTERS - 1))
+    memb.scatter_(2, cluster, OWN)
+    block = torch.zeros(HEADS, CLUSTERS, CLUSTERS)
+    block[:, torch.arange(V), torch.arange(V)] = INSIDE / OWN**2
+    return tuple(t.to(device).requires_grad_() for t in (memb, block, memb.clone()))
+
+
+def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
+                repeats: int, log) -> List[dict]:
+    """One row per (n, density): the sharp head's fwd+bwd against SDPA's."""
+    rows = []
+    options = SBMAttentionOptions(mode="exact")
+    for n, density in sizes:
+        q, k, v = qkv(n, device)
+        q4, k4, v4 = batched(q, k, v)
+        sbm = sharp_sbm(n, density, device)
+        gen = torch.Generator(device).manual_seed(0)
+        last: dict = {}
+
+        def run_sbm() -> None:
+            res = sbm_attention(q, k, v, sbm, options=options, training=True,
+                                generator=gen)
+            last.update(density=float(res.sampled_density.mean()),
+                        backends=dict(res.backends))
+            backward(res.out, (q, k, v, *sbm))
+
+        times = median_times(dict(sbm=run_sbm, sdpa=lambda: run_sdpa(q4, k4, v4)),
+                             device, repeats)
+        row = dict(n=n, density=density, clusters=round(INSIDE / density),
+                   sampled_density=last["density"], backends=last["backends"],
+                   sbm_time=times["sbm"], sdpa_time=times["sdpa"],
+                   ratio=times["sbm"] / times["sdpa"])
+        log(f"  n={n:>6} target {density:<5} sampled {row['sampled_density']:.4f} "
+            f"({row['backends']['sampler']}/{row['backends']['attention']}): "
+            f"sbm_attention {row['sbm_time'] * 1e3:.1f} ms vs SDPA "
+            f"{row['sdpa_time'] * 1e3:.1f} ms: {row['ratio']:.3f}x")
+        if device.type == "cpu":
+            parts = breakdown(run_sbm, calls=1)
+            row["breakdown"] = parts
+            forward = parts["attention_forward"]
+            row["backward_vs_forward"] = (parts["attention_backward"] / forward
+                                          if forward > 0 else None)
+            log(f"  parts: {format_breakdown(parts)}")
+        rows.append(row)
+    return rows

@@ -1,0 +1,37 @@
+"""benchmarks.sharp: the sharp head's SBM and its row."""
+import pytest
+import torch
+
+from benchmarks.cases import CLUSTERS, HEADS
+from benchmarks.sharp import INSIDE, OWN, bench_sharp, sharp_sbm
+
+
+def test_the_sharp_sbm_is_nearly_complete_blocks():
+    # V = 0.8 / 0.4 = 2 clusters: p = 0.8 inside a cluster (plus the other
+    # cluster's diagonal entry met by two small memberships), 2 OWN eps S
+    # across.
+    q_memb, block, k_memb = sharp_sbm(6, 0.4, torch.device("cpu"))
+    assert q_memb.shape == k_memb.shape == (6, HEADS, CLUSTERS)
+    assert block.shape == (HEADS, CLUSTERS, CLUSTERS)
+    assert all(t.requires_grad and t.is_leaf for t in (q_memb, block, k_memb))
+    eps = (1 - OWN) / (CLUSTERS - 1)
+    S = INSIDE / OWN**2
+    assert (q_memb.max(-1).values == OWN).all() and (q_memb.argmax(-1) < 2).all()
+    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb).detach()
+    same = q_memb.argmax(-1).T[:, :, None] == k_memb.argmax(-1).T[:, None, :]
+    torch.testing.assert_close(p[same], torch.full_like(p[same], INSIDE + eps**2 * S))
+    torch.testing.assert_close(p[~same], torch.full_like(p[~same], 2 * OWN * eps * S))
+    assert q_memb.argmax(-1).unique().numel() == 2  # both clusters drawn
+
+
+@pytest.mark.slow
+def test_a_quick_row():
+    lines = []
+    rows = bench_sharp([(128, 0.2)], torch.device("cpu"), 1, lines.append)
+    row = rows[0]
+    assert row["clusters"] == 4 and 0.1 < row["sampled_density"] < 0.4
+    assert row["sbm_time"] > 0 and row["sdpa_time"] > 0
+    assert row["ratio"] == row["sbm_time"] / row["sdpa_time"]
+    assert row["backends"]["sampler"] in ("cpp", "torch", "dense")
+    assert set(row["breakdown"]) >= {"sampler", "attention_forward", "attention_backward"}
+    assert len(lines) == 2
