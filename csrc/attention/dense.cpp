@@ -354,7 +354,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dense_attention(
     const Tensor& v_, const Tensor& q_block_, const Tensor& k_memb_,
     int64_t heads, double delta, bool exact, bool self_loops, int64_t seed,
     double scale, int64_t ste, int64_t dropout_seed,
-    int64_t dropout_threshold, int64_t precision) {
+    int64_t dropout_threshold, int64_t precision, int64_t mask_bytes) {
   (void)ste;  // the estimator acts in backward; an argument for autograd
   check_precision("sbm_pyg::dense_attention", precision);
   // The products below are this op's kernels, not autograd's business (on
@@ -371,6 +371,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dense_attention(
               "sbm_pyg::dense_attention: inc_ptr must be int64 [N_q + 1]");
   Tensor out = at::zeros({q.size(0), v.size(1)}, q.options());
   Tensor lse = at::empty({q.size(0)}, q.options());
+  TORCH_CHECK(mask_bytes < 0 || mask_bytes == sh.base[sh.G],
+              "sbm_pyg::dense_attention: mask_bytes is ", mask_bytes,
+              ", but ptr_q/ptr_k give a mask of ", sh.base[sh.G], " bytes");
   Tensor mask = at::empty({sh.base[sh.G]}, q.options().dtype(at::kByte));
   Tensor edges = at::zeros({sh.G, sh.H}, q.options().dtype(at::kLong));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "dense_attention", [&] {

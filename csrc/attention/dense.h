@@ -19,13 +19,16 @@ namespace sbm_pyg {
 // does for the same (row, column). Returns out [R, Dv], lse [R] (-inf for a
 // row without an edge), the mask bits (uint8, a row of ceil(n_k / 8) bytes
 // per (sequence, head, query)) and the edge count of each pair [G, H].
+// mask_bytes, where >= 0, is the mask's size as the caller read it (a GPU
+// kernel allocates it without a read of its own): checked here.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_attention(
     const at::Tensor& ptr_q, const at::Tensor& ptr_k,
     const at::Tensor& inc_ptr, const at::Tensor& inc_col, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_block,
     const at::Tensor& k_memb, int64_t heads, double delta, bool exact,
     bool self_loops, int64_t seed, double scale, int64_t ste,
-    int64_t dropout_seed, int64_t dropout_threshold, int64_t precision);
+    int64_t dropout_seed, int64_t dropout_threshold, int64_t precision,
+    int64_t mask_bytes);
 
 // grad_q, grad_k, grad_v and, with an estimator (ste != 0), the membership
 // gradients grad_q_block [R, K] and grad_k_memb [C, K] (else empty).

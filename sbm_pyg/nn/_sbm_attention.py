@@ -104,9 +104,9 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     choice and the sizes of what is allocated next (the sampler's draws or
     the dense regime's mask) in one host sync (the sampler's plan is made
     before the choice, its first seed the dense kernel's where every pair
-    is dense). A CUDA kernel then reads the size of its output (the
-    sampled graph's edges, the mask's bytes); the backward reads nothing.
-    A batch of both regimes reads more.
+    is dense). On CUDA the Triton sampler then reads its graph's edge
+    count (the dense kernel takes its mask's size from the sync); the
+    backward reads nothing. A batch of both regimes reads more.
 
     Args:
         query (Tensor): :obj:`[N_q, H, D]`.
@@ -382,7 +382,8 @@ def _dense(call: _Call, sized: Optional[_Dense] = None) -> _Part:
             seed=seed, mode=opts.mode, exploration=opts.exploration,
             self_loops=opts.self_loops, included=included,
             ste=opts.ste if need_ste else None, dropout=drop,
-            dropout_seed=drop_seed, precision=precision)
+            dropout_seed=drop_seed, precision=precision,
+            mask_bytes=int(sized.num_bytes))  # read with the choice
     if not call.need_graph:
         out = res.out if call.sink is None else with_sink(
             res.out, None, res.lse, call.sink)[0]

@@ -51,8 +51,8 @@ _SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor inc_ptr, Tensor inc_col, "
            "Tensor q, Tensor k, Tensor v, Tensor q_block, Tensor k_memb, "
            "int heads, float delta, bool exact, bool self_loops, int seed, "
            "float scale, int ste, int dropout_seed=0, "
-           "int dropout_threshold=0, int precision=0) -> (Tensor, Tensor, "
-           "Tensor, Tensor)")
+           "int dropout_threshold=0, int precision=0, int mask_bytes=-1) -> "
+           "(Tensor, Tensor, Tensor, Tensor)")
 _BACKWARD_SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor q, Tensor k, "
                     "Tensor v, Tensor q_block, Tensor k_memb, Tensor mask, "
                     "Tensor out, Tensor lse, Tensor grad_out, int heads, "
@@ -131,6 +131,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
                     included: Optional[Tuple[Tensor, Tensor]] = None,
                     ste: Optional[str] = "paper", dropout: float = 0.0,
                     dropout_seed: int = 0, precision: str = "ieee",
+                    mask_bytes: Optional[int] = None,
                     triton_on_cpu: bool = False) -> DenseAttention:
     r"""Samples the SBM's mask of every (sequence, head) and computes the
     masked softmax attention over it, differentiable in :obj:`q`, :obj:`k`,
@@ -175,6 +176,10 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
             in three-pass TF32 (near float32: the draws compare them with
             uniforms). float64 and the CPU kernels compute every product in
             the inputs' dtype whatever it says.
+        mask_bytes (int, optional): the mask's size in bytes
+            (:func:`mask_bytes` summed), where the caller has read it: the
+            GPU kernel then allocates the mask without a host read of its
+            own (checked on the device); :obj:`None`: read it.
         triton_on_cpu (bool): run the Triton kernels on CPU tensors (the
             twin operator, only under ``TRITON_INTERPRET=1``).
 
@@ -199,7 +204,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
         ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb, heads,
         float(exploration), mode == "exact", self_loops, seed, float(scale),
         STE_CODES[ste], int(dropout_seed), dropout_threshold(dropout),
-        _precision_code(precision))
+        _precision_code(precision), -1 if mask_bytes is None else int(mask_bytes))
     return DenseAttention(out, edges, mask, lse)
 
 
@@ -212,8 +217,9 @@ def _precision_code(precision: str) -> int:
 
 def _fake_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb,
                   heads, delta, exact, self_loops, seed, scale, ste,
-                  dropout_seed=0, dropout_threshold=0, precision=0):
-    size = torch.library.get_ctx().new_dynamic_size()
+                  dropout_seed=0, dropout_threshold=0, precision=0, mask_bytes=-1):
+    size = (mask_bytes if mask_bytes >= 0
+            else torch.library.get_ctx().new_dynamic_size())
     return (q.new_empty(q.size(0), v.size(1)), q.new_empty(q.size(0)),
             q.new_empty(size, dtype=torch.uint8),
             q.new_empty(ptr_q.size(0) - 1, heads, dtype=torch.long))
@@ -230,13 +236,13 @@ def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
 
 def _triton_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
                     k_memb, heads, delta, exact, self_loops, seed, scale, ste,
-                    dropout_seed=0, dropout_threshold=0, precision=0):
+                    dropout_seed=0, dropout_threshold=0, precision=0, mask_bytes=-1):
     from sbm_pyg.ops.triton_dense import dense_forward
     _check("sbm_pyg::dense_attention", q, k, v, q_block, k_memb, heads,
            precision)
     return dense_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
                          k_memb, heads, delta, exact, self_loops, seed, scale,
-                         dropout_seed, dropout_threshold, precision)
+                         dropout_seed, dropout_threshold, precision, mask_bytes)
 
 
 def _triton_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
@@ -275,8 +281,8 @@ def _check(op: str, q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
 def _setup_context(ctx, inputs, output) -> None:
     # The dispatcher leaves out trailing arguments at their defaults.
     (ptr_q, ptr_k, _, _, q, k, v, q_block, k_memb, heads, _, _, _, _, scale,
-     ste, dropout_seed, dropout_threshold,
-     precision) = tuple(inputs) + (0, 0, 0)[len(inputs) - 16:]
+     ste, dropout_seed, dropout_threshold, precision,
+     _) = tuple(inputs) + (0, 0, 0, -1)[len(inputs) - 16:]
     out, lse, mask, _ = output
     ctx.save_for_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
                           lse)
@@ -289,7 +295,7 @@ def _autograd(backward_op):
     def backward(ctx, grad_out: Optional[Tensor], grad_lse: Optional[Tensor],
                  *_):
         if grad_out is None and grad_lse is None:  # no part in the loss
-            return (None,) * 19
+            return (None,) * 20
         (ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
          lse) = ctx.saved_tensors
         if grad_out is None:
@@ -305,7 +311,7 @@ def _autograd(backward_op):
         return (None, None, None, None, dq if need[4] else None,
                 dk if need[5] else None, dv if need[6] else None,
                 dqb if need[7] and ste else None,
-                dkm if need[8] and ste else None) + (None,) * 10
+                dkm if need[8] and ste else None) + (None,) * 11
     return backward
 
 

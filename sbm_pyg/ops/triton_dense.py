@@ -37,7 +37,8 @@ the mask's probabilities, which the draws compare with uniforms.
 Each kernel finds its (sequence, tile) in a table built on the device with
 a host-known size (:math:`\lfloor N / B \rfloor + G` tiles bound the
 tiles of every batch): the only host sync is the mask's size, for its
-allocation.
+allocation, and none where the caller passes it (``mask_bytes``, which
+:func:`~sbm_pyg.nn.sbm_attention` reads with its regime's choice).
 """
 from __future__ import annotations
 
@@ -145,14 +146,21 @@ def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
                   q_block: Tensor, k_memb: Tensor, heads: int, delta: float,
                   exact: bool, self_loops: bool, seed: int, scale: float,
                   dropout_seed: int = 0, dropout_threshold: int = 0,
-                  precision: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                  precision: int = 0, mask_bytes: int = -1
+                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The forward of ``sbm_pyg::dense_attention`` (arguments as there):
-    :obj:`(out [R, D_v], lse [R], mask, edges [G, H])`."""
+    :obj:`(out [R, D_v], lse [R], mask, edges [G, H])`. The mask's size is
+    :obj:`mask_bytes` where the caller read it (checked on the device),
+    else read here."""
     H, G = heads, ptr_q.numel() - 1
     Nq, Nk = q.size(0) // H, k.size(0) // H
     base = _mask_base(ptr_q, ptr_k, H)
-    # The one host sync: the mask's size, to allocate it.
-    mask = torch.zeros(int(base[-1]), dtype=torch.uint8, device=q.device)
+    if mask_bytes < 0:  # a host sync: the mask's size, to allocate it
+        mask_bytes = int(base[-1])
+    else:  # on the device: an asynchronous assert on CUDA, no sync
+        torch._assert_async(base[-1] == mask_bytes,
+                            "sbm_pyg::dense_attention: mask_bytes does not fit ptr_q/ptr_k")
+    mask = torch.zeros(mask_bytes, dtype=torch.uint8, device=q.device)
     out = torch.zeros(q.size(0), v.size(1), dtype=q.dtype, device=q.device)
     lse = torch.full((q.size(0),), float("-inf"), dtype=q.dtype,
                      device=q.device)

@@ -270,9 +270,10 @@ def test_self_loops_and_included_pairs_reach_both_regimes():
 # checks and reads the sizes of what is allocated next (the sampler's draws,
 # the dense regime's mask) with the regime's choice. Reads of the CPU
 # generator's stream seed are host memory (on CUDA the seed is mixed from
-# the generator's seed and offset, no read); a CUDA kernel that sizes its
-# output (the sampler's edge count, the dense mask) is the one more read
-# there. A batch of both regimes reads more and is not counted here.
+# the generator's seed and offset, no read); on CUDA the Triton sampler
+# reads its edge count once more (the dense kernel takes its mask's size
+# from the sync). A batch of both regimes reads more and is not counted
+# here.
 @pytest.mark.parametrize("crossover,options,regime", [
     (float("inf"), {}, "sparse"),
     (0.0, {}, "dense"),
@@ -304,7 +305,7 @@ def test_one_host_read_per_forward_none_in_backward(crossover, options,
     reads = {k: v for k, v in forward.items()
              if not k.endswith(":stream_seed")}
     assert reads.pop("validation.py:sync") == 1, forward
-    assert sum(reads.values()) <= (device.type == "cuda"), forward
+    assert sum(reads.values()) <= (device.type == "cuda" and regime == "sparse"), forward
     assert all(k.split(":")[0] in sizing for k in reads), forward
     assert count_reads(lambda: out[0].square().sum().backward()) == {}
     assert x.grad is not None and any(p.grad is not None for p in conv.sbm.parameters())

@@ -168,9 +168,11 @@ def test_included_pairs_and_empty_rows():
     assert torch.isfinite(x[0].grad).all()
 
 
-@pytest.mark.parametrize("dropout", [(), (2**40 + 3, 2**52)])
+@pytest.mark.parametrize("dropout", [(), (2**40 + 3, 2**52), (0, 0, 0, 2 * (3 + 9 * 2))])
 def test_opcheck(dropout):
-    # With and without dropout (seed, the threshold of p = 1/2).
+    # With and without dropout (seed, the threshold of p = 1/2), and with
+    # the mask's size given (2 heads, 3 queries of one byte and 9 of two:
+    # the fake kernel's size is then that, not a dynamic one).
     ptr, q_memb, block, k_memb, x = inputs(sizes=(3, 9))
     q_block = heads_first(torch.einsum("nhu,huv->nhv", q_memb, block))
     args = [ptr, ptr, ptr.new_empty(0), ptr.new_empty(0),

@@ -206,6 +206,44 @@ def test_dense_heads_and_empty_rows():
                                atol=1e-12)
 
 
+@pytest.mark.parametrize("device", ["cpu", "triton"])
+def test_the_mask_size_given_or_read(device):
+    # A caller that read the mask's size passes it (the GPU kernel then
+    # reads nothing): the same mask, output and gradients; a size that
+    # does not fit the pointers is refused on either kernel.
+    from sbm_pyg.ops.dense_attention import mask_bytes
+    device = triton_device() if device == "triton" else "cpu"
+    ptr, *args = inputs(torch.float64)
+    size = int(mask_bytes(ptr, ptr, H).sum())
+    read = run(device, ptr, *args)
+    given = run(device, ptr, *args, mask_bytes=size)
+    for a, b in zip(read, given):
+        assert torch.equal(a, b)
+    assert given[1].numel() == size
+    with pytest.raises(RuntimeError, match="mask_bytes"):
+        run(device, ptr, *args, mask_bytes=size + 1)
+
+
+def test_the_triton_forward_reads_nothing_given_the_mask_size():
+    # Counted on the kernel's Python wrapper (the operator's dispatch hides
+    # its kernels from a TorchFunctionMode): one read without the size, none
+    # with it.
+    from benchmarks.launches import count_reads
+    from sbm_pyg.ops.dense_attention import mask_bytes
+    from sbm_pyg.ops.triton_dense import dense_forward
+    ptr, q_memb, block, k_memb, x = inputs(torch.float64)
+    ptr, *x = (t.to(TEST_DEVICE) for t in (ptr, *x))
+    q_block, k_memb = (heads_first(t).contiguous().to(TEST_DEVICE) for t in (
+        torch.einsum("nhu,huv->nhv", q_memb, block), k_memb))
+    empty = ptr.new_empty(0)
+
+    def forward(size):
+        return lambda: dense_forward(ptr, ptr, empty, empty, *x, q_block, k_memb, H,
+                                     0.0, True, False, 1, 0.5, mask_bytes=size)
+    assert count_reads(forward(int(mask_bytes(ptr, ptr, H).sum()))) == {}
+    assert count_reads(forward(-1)) == {"ops/triton_dense.py:dense_forward": 1}
+
+
 def test_bad_arguments_raise():
     ptr, q_memb, block, k_memb, x = inputs(torch.float64, sizes=(3,))
     q_block = heads_first(torch.einsum("nhu,huv->nhv", q_memb, block))
