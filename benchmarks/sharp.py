@@ -30,12 +30,18 @@ from sbm_pyg.nn import SBMAttentionOptions, sbm_attention
 OWN, INSIDE = 0.98, 0.8
 
 
+def num_clusters(density: float) -> int:
+    """V, the clusters of a sharp head of expected density about
+    :obj:`density`: 0.8 / density, within 1 and k."""
+    return max(1, min(CLUSTERS, round(INSIDE / density)))
+
+
 def sharp_sbm(n: int, density: float, device: torch.device,
               seed: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """Memberships :obj:`[n, H, k]` (queries and keys alike) and a block
     :obj:`[H, k, k]` of V = round(0.8 / density) clusters, each token in one
     drawn at random, as leaves that take gradients."""
-    V = max(1, min(CLUSTERS, round(INSIDE / density)))
+    V = num_clusters(density)
     g = torch.Generator().manual_seed(seed)
     cluster = torch.randint(V, (n, HEADS, 1), generator=g)
     memb = torch.full((n, HEADS, CLUSTERS), (1 - OWN) / (CLUSTERS - 1))
@@ -66,7 +72,7 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
 
         times = median_times(dict(sbm=run_sbm, sdpa=lambda: run_sdpa(q4, k4, v4)),
                              device, repeats)
-        row = dict(n=n, density=density, clusters=round(INSIDE / density),
+        row = dict(n=n, density=density, clusters=num_clusters(density),
                    sampled_density=last["density"], backends=last["backends"],
                    sbm_time=times["sbm"], sdpa_time=times["sdpa"],
                    ratio=times["sbm"] / times["sdpa"])
