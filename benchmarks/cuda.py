@@ -243,7 +243,8 @@ def bench_tuning(n: int, heads: int, dim: int, density: float, dtype,
 def bench_dense(n: int, densities: Sequence[float], device: torch.device,
                 repeats: int, log) -> List[dict]:
     """The dense-regime kernel (it samples the mask and computes the masked
-    attention and the memberships' gradient, float32) forward+backward on
+    attention and the memberships' gradient, float32 inputs, its products
+    exact and on bfloat16 tensor cores) forward+backward on
     an SBM calibrated to each density, in turns with SDPA on the same
     queries, keys and values in float32 and bfloat16."""
     from sbm_pyg.ops.dense_attention import dense_attention
@@ -264,14 +265,20 @@ def bench_dense(n: int, densities: Sequence[float], device: torch.device,
         scale = 1 / math.sqrt(CASE_DIM)
         edges = []
 
-        def dense():
+        def dense(precision: str = "ieee", dropout: float = 0.0):
             res = dense_attention(q2, k2, v2, q_block, k_rows, ptr, ptr,
-                                  heads=heads, scale=scale, seed=0)
+                                  heads=heads, scale=scale, seed=0,
+                                  precision=precision, dropout=dropout,
+                                  dropout_seed=1)
             edges.append(int(res.edges.sum()))
             grad(res.out, (q2, k2, v2, q_block, k_rows))
 
         fns = dict(
             dense=dense,
+            # The scores, outputs and gradients on bfloat16 tensor cores
+            # (the mask's probabilities in three-pass TF32).
+            dense_bf16=lambda: dense("bfloat16"),
+            dense_bf16_dropout=lambda: dense("bfloat16", 0.1),
             sdpa_fp32=lambda: grad(F.scaled_dot_product_attention(q4, k4, v4),
                                    (q4, k4, v4)),
             sdpa_bf16=lambda: grad(F.scaled_dot_product_attention(*h4), h4))
@@ -285,8 +292,13 @@ def bench_dense(n: int, densities: Sequence[float], device: torch.device,
                    dense_memory=cuda_peak(dense, device))
         row["dense_vs_sdpa_fp32"] = times["dense"] / times["sdpa_fp32"]
         row["dense_vs_sdpa_bf16"] = times["dense"] / times["sdpa_bf16"]
+        row["dense_bf16_vs_sdpa_bf16"] = times["dense_bf16"] / times["sdpa_bf16"]
+        row["dropout_vs_none"] = times["dense_bf16_dropout"] / times["dense_bf16"]
         rows.append(row)
-        log(f"  n={n} density {sampled:.3f}: dense {times['dense'] * 1e3:.3f} ms, "
+        log(f"  n={n} density {sampled:.3f}: dense {times['dense'] * 1e3:.3f} ms "
+            f"(bf16 products {times['dense_bf16'] * 1e3:.3f} ms, "
+            f"{row['dense_bf16_vs_sdpa_bf16']:.2f}x SDPA bf16; dropout 0.1 "
+            f"{row['dropout_vs_none']:.2f}x none), "
             f"SDPA fp32 {times['sdpa_fp32'] * 1e3:.3f} ms ({row['sdpa_kernel_fp32']}), "
             f"bf16 {times['sdpa_bf16'] * 1e3:.3f} ms ({row['sdpa_kernel_bf16']}); "
             f"dense/SDPA {row['dense_vs_sdpa_fp32']:.2f} (fp32) "
@@ -382,7 +394,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=10)
-    sections = ["attention", "tuning", "sampler", "dense", "layer", "training"]
+    sections = ["attention", "tuning", "sampler", "dense", "layer", "degree",
+                "training"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     # A short call on a GPU machine: these narrow a section to what fits.
     parser.add_argument("--cases", nargs="+", default=None, metavar="N:H:D:DTYPE",
@@ -395,6 +408,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--dense-sizes", nargs="+", type=int, default=None)
     parser.add_argument("--layer-sizes", nargs="+", type=int, default=None)
     parser.add_argument("--training-sizes", nargs="+", type=int, default=None)
+    parser.add_argument("--degree-sizes", nargs="+", type=int, default=None,
+                        help="layer rows at a constant expected degree under "
+                             "bfloat16 autocast (section degree)")
+    parser.add_argument("--degree", type=int, default=64)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = torch.bfloat16
@@ -447,6 +464,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 log(f"[layer] SBMConv vs MultiheadAttention, n={n}, ~{density:.0%}")
                 results["layer"].append(bench_layer(n, density, device, args.repeats, log))
                 save()
+    if "degree" in args.sections:
+        from benchmarks.layer import bench_layer
+        results["degree"] = []
+        for n in args.degree_sizes or ([256] if args.quick else [16384, 65536]):
+            density = min(args.degree / n, 1.0)
+            log(f"[degree] SBMConv vs MultiheadAttention under bfloat16 autocast, "
+                f"n={n}, expected degree {args.degree} (~{density:.2%})")
+            results["degree"].append(bench_layer(n, density, device, args.repeats,
+                                                 log, autocast=True))
+            save()
     if "training" in args.sections:
         from benchmarks.training import training_step
         results["training"] = []

@@ -80,30 +80,40 @@ def format_breakdown(parts: Dict[str, float]) -> str:
 
 
 def bench_layer(n: int, density: float, device: torch.device, repeats: int,
-                log) -> dict:
+                log, autocast: bool = False) -> dict:
+    """SBMConv forward+backward at a calibrated density against
+    MultiheadAttention, in turns; ``autocast``: both under bfloat16
+    autocast (MultiheadAttention's SDPA then runs in bfloat16)."""
     channels = HEADS * HEAD_DIM
     conv = calibrated_conv(channels, density, device)
     mha = torch.nn.MultiheadAttention(channels, HEADS, batch_first=True).to(device)
     x = torch.randn(n, channels, device=device, requires_grad=True)
     gen = torch.Generator(device).manual_seed(0)
 
+    def cast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast)
+
     def run_conv():
-        out = conv(x, generator=gen)
-        torch.autograd.grad(out.sum(), [x] + list(conv.parameters()))
+        with cast():
+            out = conv(x, generator=gen)
+        torch.autograd.grad(out.float().sum(), [x] + list(conv.parameters()))
 
     def run_mha():
-        out, _ = mha(x[None], x[None], x[None], need_weights=False)
-        torch.autograd.grad(out.sum(), [x] + list(mha.parameters()))
+        with cast():
+            out, _ = mha(x[None], x[None], x[None], need_weights=False)
+        torch.autograd.grad(out.float().sum(), [x] + list(mha.parameters()))
 
     times = median_times(dict(sbmconv=run_conv, mha=run_mha), device, repeats)
     result = dict(n=n, channels=channels, heads=HEADS, clusters=CLUSTERS,
+                  autocast="bfloat16" if autocast else None,
                   sbmconv_time=times["sbmconv"],
                   sampled_density=float(conv.sampled_density.mean()),
                   mha_time=times["mha"])
     result["ratio"] = result["sbmconv_time"] / result["mha_time"]
     log(f"  SBMConv {result['sbmconv_time'] * 1e3:.1f} ms at density "
         f"{result['sampled_density']:.4f} vs MultiheadAttention "
-        f"{result['mha_time'] * 1e3:.1f} ms: {result['ratio']:.3f}x")
+        f"{result['mha_time'] * 1e3:.1f} ms: {result['ratio']:.3f}x"
+        + (" (bfloat16 autocast)" if autocast else ""))
     if device.type == "cpu":  # the profiler's CPU self times
         result["breakdown"] = breakdown(run_conv)
         log(f"  SBMConv's parts: {format_breakdown(result['breakdown'])}")

@@ -14,18 +14,23 @@
 #        the CPU kernels starts beside (the test subset compares with them)
 #   150  profile.json: where the time of SBMConv (n = 16384, 1%) and of an
 #        LRA training step (n = 4096) goes, kernel by kernel
+#   180  the host syncs of SBMConv's forward and backward, counted by
+#        CUDA's sync debug mode (into stages.log; not in --tiny: the CPU
+#        counts its reads in benchmarks.launches)
 #   270  cuda-a.json: SBMConv vs MultiheadAttention (n = 16384), the
 #        training step (n = 4096), the sampler (n = 65536, 1%)
 #   330  cuda-dense.json: the dense-regime kernel vs SDPA at n = 16384
-#        (float32 and bfloat16)
-#   400  crossover.json: SBMConv on the sparse and the dense kernels at
+#        (exact float32 products, bfloat16 products, bfloat16 with dropout)
+#   380  cuda-degree.json: SBMConv vs MultiheadAttention under bfloat16
+#        autocast at a constant expected degree of 64, n = 16384 and 65536
+#   430  crossover.json: SBMConv on the sparse and the dense kernels at
 #        n = 8192 and 16384
-#   470  the CUDA tests of the attention function and the kernels
+#   480  the CUDA tests of the attention function and the kernels
 #        (SBM_PYG_TEST_DEVICE=cuda)
 #
 # The device returns at most eight files of $OUT: the stages' output goes
 # to one log, stages.log (a header a stage), beside short.log, build.log and
-# the four JSON files; a check at the end says when more were written.
+# the five JSON files; a check at the end says when more were written.
 #
 # A stage with less than MIN_SECONDS (default 20) left before its mark is
 # skipped with a line saying so, never run for a second; a stage cut at its
@@ -89,14 +94,18 @@ fi
 sizes_a=(--layer-sizes 16384 --training-sizes 4096 --sampler-sizes 65536
          --sampler-densities 0.01)
 sizes_dense=(--dense-sizes 16384) crossover=(--crossover-sizes 8192 16384)
-[ $tiny = 1 ] && sizes_a=() sizes_dense=() crossover=()
+sizes_degree=(--degree-sizes 16384 65536 --degree 64)
+[ $tiny = 1 ] && sizes_a=() sizes_dense=() crossover=() sizes_degree=()
 stage profile 150 $PY -m benchmarks.gpu.cuda_profile "${QUICK[@]}" \
   --sections layer training --out "$OUT/profile.json"
+[ $tiny = 0 ] && stage syncs 180 $PY -m benchmarks.gpu.syncs --n 16384
 stage bench-a 270 $PY -m benchmarks.cuda "${QUICK[@]}" --out "$OUT/cuda-a.json" \
   --sections layer training sampler "${sizes_a[@]}"
 stage bench-dense 330 $PY -m benchmarks.cuda "${QUICK[@]}" \
   --out "$OUT/cuda-dense.json" --sections dense "${sizes_dense[@]}"
-stage crossover 400 $PY -m benchmarks --device $DEV "${QUICK[@]}" \
+stage degree 380 $PY -m benchmarks.cuda "${QUICK[@]}" \
+  --out "$OUT/cuda-degree.json" --sections degree "${sizes_degree[@]}"
+stage crossover 430 $PY -m benchmarks --device $DEV "${QUICK[@]}" \
   --sections crossover "${crossover[@]}" --out "$OUT/crossover.json"
 if [ -n "$build" ]; then
   wait $build
@@ -109,7 +118,7 @@ suite=(tests/nn/test_sbm_attention.py tests/ops/test_triton_attention.py
        tests/ops/test_triton_dense.py tests/sampling/test_fastrg_op.py)
 workers=(-n 8)
 [ $tiny = 1 ] && suite=(-k triton tests/ops/test_triton_dense.py) workers=()
-stage suite 470 env SBM_PYG_TEST_DEVICE=$DEV $PY -m pytest -q -m "not host" \
+stage suite 480 env SBM_PYG_TEST_DEVICE=$DEV $PY -m pytest -q -m "not host" \
   -p no:cacheprovider -rfE "${workers[@]}" "${suite[@]}"
 files=$(find "$OUT" -type f | wc -l)
 if [ "$files" -gt 8 ]; then

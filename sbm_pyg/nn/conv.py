@@ -279,9 +279,9 @@ class SBMConv(MessagePassing):
                       distilling: bool, generator: Optional[torch.Generator]
                       ) -> Tensor:
         device = query.device
-        if ptr_q is None or ptr_k is None:  # one sequence
-            ptr_q = torch.tensor([0, query.size(0)], device=device)
-            ptr_k = torch.tensor([0, key.size(0)], device=device)
+        if ptr_q is None or ptr_k is None:  # one sequence, made on the device
+            ptr_q = torch.arange(2, device=device) * query.size(0)
+            ptr_k = torch.arange(2, device=device) * key.size(0)
         out, distill, expected, sampled = dense_warmup(
             query, key, value, *memb, ptr_q.to(device), ptr_k.to(device),
             dropout=self.dropout, distill=distilling,

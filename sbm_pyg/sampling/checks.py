@@ -90,7 +90,8 @@ def as_ptr(name: str, ptr: PtrLike, num_rows: int,
            device: torch.device) -> Tuple[Tensor, Check]:
     """Returns a CSR pointer :obj:`[G + 1]` on :obj:`device` and its check."""
     if ptr is None:
-        ptr = torch.tensor([0, num_rows], device=device)
+        # [0, num_rows] made on the device: a host tensor copied there syncs.
+        ptr = torch.arange(2, device=device) * num_rows
     elif not isinstance(ptr, Tensor):
         try:
             ptr = torch.as_tensor(ptr, device=device)
@@ -106,8 +107,12 @@ def as_ptr(name: str, ptr: PtrLike, num_rows: int,
     bad = (ptr[0] != 0) | (ptr[-1] != num_rows) | (ptr.diff() < 0).any()
     # The check raises only at the next sync; until then the kernels run on a
     # pointer made valid, so that a bad one cannot index out of bounds.
-    safe = torch.cummax(ptr.clamp(0, num_rows), dim=0).values
-    safe[0], safe[-1] = 0, num_rows
+    # Its ends are written by concatenation: an item assignment would copy a
+    # host scalar into device memory, a sync on CUDA.
+    safe = torch.cummax(ptr[1:-1].clamp(0, num_rows), dim=0).values
+    safe = torch.cat([ptr.new_zeros(1), safe, ptr.new_full((1,), num_rows)])
+    if ptr.numel() == 1:
+        safe = safe[1:]
     return safe, (bad, f"{name} must start at 0, end at the number of rows "
                        f"({num_rows}) and be non-decreasing")
 

@@ -1,13 +1,14 @@
 """sbm_attention: one function for the whole SBM attention, its regime
 chosen per (sequence, head)."""
 import dataclasses
+from collections import Counter
 
 import pytest
 import torch
 
 from sbm_pyg.nn import SBMAttentionOptions, SBMConv, sbm_attention
 from sbm_pyg.ops import backend_info
-from tests.helpers import kernels_ran, seeded
+from tests.helpers import TEST_DEVICE, kernels_ran, seeded
 
 H, D, K = 2, 4, 3
 # Sequence 0 dense (memberships 1: p = 1 everywhere), 1 empty, 2 sparse.
@@ -349,3 +350,33 @@ def test_a_batch_vector_with_its_size_reads_once(layer, monkeypatch):
     without = count_reads(lambda: module(x, batch, generator=seeded(0)) if layer != "gps"
                           else module(x, edge_index, batch, generator=seeded(0)))
     assert without["validation.py:sync"] == 2, without
+
+
+# On a GPU, CUDA itself counts the syncs (its sync debug mode warns at each
+# synchronizing call, host-to-device copies of host scalars included, which
+# the CPU's count of reads cannot see): the forward's one sync, and on the
+# sampled path the Triton sampler's read of its edge count; none in the
+# backward.
+@pytest.mark.skipif(TEST_DEVICE.type != "cuda", reason="counts CUDA's syncs")
+@pytest.mark.parametrize("layer", ["sampled", "dense", "warm-up"])
+def test_cuda_syncs_of_a_forward_and_a_backward(layer, monkeypatch):
+    from benchmarks.gpu.syncs import count_syncs
+    from tests.helpers import pin_crossover
+    pin_crossover(monkeypatch, 0.0 if layer == "dense" else float("inf"))
+    torch.manual_seed(0)
+    batch = torch.tensor([0] * 8 + [1] * 12)
+    x = torch.randn(20, 8, requires_grad=True)
+    conv = SBMConv(8, 4, heads=2, num_clusters=3, dropout=0.1).train()
+    conv.attend_all = layer == "warm-up"
+    g = seeded(0)
+    conv(x, batch, batch_size=2, generator=g).sum().backward()  # warm-up
+    out = []
+    forward = count_syncs(lambda: out.append(conv(x, batch, batch_size=2,
+                                                  generator=g)))
+    where = Counter()
+    for key, count in forward.items():
+        where[key.rsplit(":", 1)[0]] += count
+    assert where.pop("validation.py:sync") == 1, forward
+    sizing = int(layer == "sampled")
+    assert where == ({"sampling/fastrg_triton.py:sample": 1} if sizing else {}), forward
+    assert count_syncs(lambda: out[0].square().sum().backward()) == {}

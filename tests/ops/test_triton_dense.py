@@ -220,6 +220,11 @@ def test_the_mask_size_given_or_read(device):
     for a, b in zip(read, given):
         assert torch.equal(a, b)
     assert given[1].numel() == size
+    if TEST_DEVICE.type == "cuda":
+        # On a GPU the refusal is a device-side assert, which ends the
+        # process's CUDA context: the CPU suite checks it on both kernels
+        # (the Triton one under its interpreter).
+        return
     with pytest.raises(RuntimeError, match="mask_bytes"):
         run(device, ptr, *args, mask_bytes=size + 1)
 
