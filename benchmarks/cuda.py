@@ -328,6 +328,20 @@ def bench_sampler(sizes: Sequence[int], density: float, device: torch.device,
     return rows
 
 
+def bench_degree(args: argparse.Namespace, device: torch.device, log,
+                 rows: List[dict], save: Callable[[], None]) -> None:
+    """SBMConv against MultiheadAttention under bfloat16 autocast at a
+    constant expected degree (density degree / n) as n grows."""
+    from benchmarks.layer import bench_layer
+    for n in args.degree_sizes or ([256] if args.quick else [16384, 65536]):
+        density = min(args.degree / n, 1.0)
+        log(f"[degree] SBMConv vs MultiheadAttention under bfloat16 autocast, "
+            f"n={n}, expected degree {args.degree} (~{density:.2%})")
+        rows.append(bench_layer(n, density, device, args.repeats, log,
+                                autocast=True))
+        save()
+
+
 def triton_version() -> Optional[str]:
     try:
         import triton
@@ -389,7 +403,8 @@ def case_sizes(args: argparse.Namespace, parser: argparse.ArgumentParser
         dense_densities=dense_densities)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
+def arguments() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
@@ -412,6 +427,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                         help="layer rows at a constant expected degree under "
                              "bfloat16 autocast (section degree)")
     parser.add_argument("--degree", type=int, default=64)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = arguments()
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = torch.bfloat16
@@ -465,15 +485,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 results["layer"].append(bench_layer(n, density, device, args.repeats, log))
                 save()
     if "degree" in args.sections:
-        from benchmarks.layer import bench_layer
         results["degree"] = []
-        for n in args.degree_sizes or ([256] if args.quick else [16384, 65536]):
-            density = min(args.degree / n, 1.0)
-            log(f"[degree] SBMConv vs MultiheadAttention under bfloat16 autocast, "
-                f"n={n}, expected degree {args.degree} (~{density:.2%})")
-            results["degree"].append(bench_layer(n, density, device, args.repeats,
-                                                 log, autocast=True))
-            save()
+        bench_degree(args, device, log, results["degree"], save)
     if "training" in args.sections:
         from benchmarks.training import training_step
         results["training"] = []
