@@ -25,18 +25,17 @@ import torch
 
 
 def _where() -> str:
-    # The innermost sbm_pyg frame of the warning's stack, else the innermost
-    # frame outside torch, the warnings machinery and this file.
+    # The innermost sbm_pyg frame of the warning's stack; else the stack's
+    # innermost frames outside the warnings machinery and this file, so
+    # that a sync made outside sbm_pyg names the torch code that made it.
     stack = traceback.extract_stack()[:-2]
     for frame in reversed(stack):
         path = frame.filename.replace("\\", "/")
         if "/sbm_pyg/" in path:
             return f"{path.split('/sbm_pyg/')[-1]}:{frame.name}:{frame.lineno}"
-    for frame in reversed(stack):
-        path = frame.filename.replace("\\", "/")
-        if not any(s in path for s in ("/torch/", "warnings", "syncs.py")):
-            return f"{path}:{frame.name}:{frame.lineno}"
-    return "other"
+    frames = [f"{f.filename.split('/')[-1]}:{f.name}:{f.lineno}" for f in stack
+              if not any(s in f.filename for s in ("warnings", "syncs.py"))]
+    return " < ".join(reversed(frames[-4:])) or "other"
 
 
 def count_syncs(fn: Callable[[], object]) -> Dict[str, int]:

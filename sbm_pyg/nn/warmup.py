@@ -17,7 +17,6 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.utils import to_dense_batch
 
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
 from sbm_pyg.ops.csr import row_index
@@ -33,10 +32,19 @@ __all__ = ["dense_warmup"]
 _MIN_MASS = 1e-30
 
 
-def _padded(x: Tensor, ptr: Tensor, size: int) -> Tuple[Tensor, Tensor]:
-    # [N, ...] cut by ptr -> [G, size, ...] and the mask of real rows.
-    return to_dense_batch(x, row_index(ptr, x.size(0)).long(),
-                          batch_size=ptr.numel() - 1, max_num_nodes=size)
+def _slots(ptr: Tensor, num_rows: int) -> Tuple[Tensor, Tensor]:
+    # Each row's sequence and position in it [num_rows], made on the device.
+    seq = row_index(ptr, num_rows).long()
+    return seq, torch.arange(num_rows, device=ptr.device) - ptr[seq]
+
+
+def _padded(x: Tensor, slots: Tuple[Tensor, Tensor], G: int, size: int
+            ) -> Tensor:
+    # [N, ...] cut into sequences -> [G, size, ...], zero-padded; written
+    # through index tensors, so that no mask is read to the host.
+    out = x.new_zeros(G, size, *x.shape[1:])
+    out[slots] = x
+    return out
 
 
 def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # noqa: PLR0913
@@ -107,9 +115,11 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # n
     check_memory(24.0 * G * H * sizes[0] * sizes[1], query.device,
                  f"a dense warm-up step over {G} sequence(s) of up to "
                  f"{sizes[0]} queries and {sizes[1]} keys, {H} head(s)")
-    q, q_mask = _padded(query, ptr_q, sizes[0])
-    k, k_mask = _padded(key, ptr_k, sizes[1])
-    v, _ = _padded(value, ptr_k, sizes[1])
+    q_slots, k_slots = _slots(ptr_q, Nq), _slots(ptr_k, key.size(0))
+    q, k, v = (_padded(query, q_slots, G, sizes[0]), _padded(key, k_slots, G, sizes[1]),
+               _padded(value, k_slots, G, sizes[1]))
+    q_mask = torch.arange(sizes[0], device=q.device) < n_q[:, None]  # [G, n]
+    k_mask = torch.arange(sizes[1], device=q.device) < n_k[:, None]
     scores = torch.einsum("gihd,gjhd->ghij", q, k) * (1.0 / math.sqrt(D))
     scores = scores.masked_fill(~k_mask[:, None, None, :], float("-inf"))
     if sink is None:
@@ -136,7 +146,7 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # n
         keep = dropout_keep(seed, rows[..., None], cols[:, :, None, :]
                             .expand(-1, -1, sizes[0], -1), threshold)
         attended = alpha * keep * keep_scale(threshold)
-    out = torch.einsum("ghij,gjhd->gihd", attended, v)[q_mask]
+    out = torch.einsum("ghij,gjhd->gihd", attended, v)[q_slots]
     per = expected_densities(ptr_q, ptr_k, q_memb, block, k_memb)
     expected, sampled = mean_densities(
         ptr_q, ptr_k, (n_q * n_k)[:, None].expand(-1, H), per)
@@ -145,8 +155,8 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # n
 
     # The distillation: each row's SBM distribution over its keys against
     # the attention's (detached) weights.
-    Qm, _ = _padded(q_memb, ptr_q, sizes[0])
-    Km, _ = _padded(k_memb, ptr_k, sizes[1])
+    Qm = _padded(q_memb, q_slots, G, sizes[0])
+    Km = _padded(k_memb, k_slots, G, sizes[1])
     dtype = torch.promote_types(q_memb.dtype, torch.float32)
     p = torch.einsum("gihu,huv,gjhv->ghij", Qm.to(dtype), block.to(dtype),
                      Km.to(dtype))
