@@ -18,15 +18,22 @@ __all__ = ["StochasticBlockModel", "INITS", "PARAMETRIZATIONS",
 #: Initializations of :class:`StochasticBlockModel`.
 INITS = ("paper", "dense")
 #: Parametrizations of :class:`StochasticBlockModel`: the paper's, whose
-#: block matrix shares one unit of mass between all blocks, and the classic
+#: block matrix shares one unit of mass between all blocks, the classic
 #: mixed-membership SBM's, which does not (docs/theory.md, "The block
-#: matrix's mass cap").
-PARAMETRIZATIONS = ("paper", "mmsb")
+#: matrix's mass cap"), and its sharp form (memberships in a token's top
+#: clusters, a learned temperature, separate key clusters).
+PARAMETRIZATIONS = ("paper", "mmsb", "sharp")
 
 # The block logit's offset b that each initialization starts from under
 # "mmsb": about the paper's 25% of the pairs (logit(0.25)), and every pair at
 # sigma(6) = 0.998, as the paper's "dense" start has its memberships.
 _MMSB_BIAS = {"paper": math.log(0.25 / 0.75), "dense": 6.0}
+# The sharp form: clusters a token's membership keeps, and the clusters'
+# start N(0, 0.3^2). Fitted alone to a frozen MQAR teacher, the forms whose
+# clusters started at the kaiming std (about 0.02) often stayed at one
+# constant p; from 0.3 they separated (docs/runs/teacher, capacity).
+SHARP_TOP = 2
+SHARP_INIT_STD = 0.3
 
 
 class StochasticBlockModel(Module):
@@ -66,9 +73,24 @@ class StochasticBlockModel(Module):
         \mathbf{C}_h^{\top})
 
     (softmax over the :math:`k` clusters), so that :math:`p_{ij} \le 1`
-    and :math:`V` blocks can each be dense. :math:`p_{ij}` is a product of
-    nonnegative factors either way: every sampler, the expected density,
-    the estimators and the kernels take both.
+    and :math:`V` blocks can each be dense. :obj:`parametrization="sharp"`
+    sharpens it: a learned temperature :math:`\tau_h` per head, separate
+    key clusters :math:`\mathbf{C}'_h`, and each membership kept on its
+    :data:`SHARP_TOP` largest clusters and renormalized,
+
+    .. math::
+        \hat{\mathbf{S}}_h = \sigma(\mathbf{C}_h \mathbf{C}_h'^{\top} + b_h),
+        \quad
+        \hat{\mathbf{Q}}_h = \mathrm{top}_2(\mathrm{softmax}(\tau_h
+        \mathrm{MLP}_h(\mathbf{Q}_h) \mathbf{C}_h^{\top})), \quad
+        \hat{\mathbf{K}}_h = \mathrm{top}_2(\mathrm{softmax}(\tau_h
+        \mathrm{MLP}_h(\mathbf{K}_h) \mathbf{C}_h'^{\top}))
+
+    (the form that, fitted alone to a trained MQAR model's attention, put
+    the most probability on each query's needed key: docs/experiments.md).
+    :math:`p_{ij}` is a product of nonnegative factors in every form: every
+    sampler, the expected density, the estimators and the kernels take
+    them all.
 
     Args:
         heads (int): number of heads :math:`H`.
@@ -81,8 +103,8 @@ class StochasticBlockModel(Module):
             that starts as full attention). Under :obj:`"mmsb"` the same
             starts are set by the offset :math:`b_h`: about 25% and 99.8%
             of the pairs. (default: :obj:`"paper"`)
-        parametrization (str): :obj:`"paper"` or :obj:`"mmsb"`, see above.
-            (default: :obj:`"paper"`)
+        parametrization (str): :obj:`"paper"`, :obj:`"mmsb"` or
+            :obj:`"sharp"`, see above. (default: :obj:`"paper"`)
 
     Shapes:
         - **input:** query :math:`(N_q, H, d)`, key :math:`(N_k, H, d)`
@@ -118,7 +140,11 @@ class StochasticBlockModel(Module):
         # The paper's parametrization has no offset: its state dict (and the
         # checkpoints saved with it) keep their keys.
         self.block_bias = (Parameter(torch.empty(heads, 1, 1))
-                           if parametrization == "mmsb" else None)
+                           if parametrization != "paper" else None)
+        sharp = parametrization == "sharp"
+        self.key_clusters = (Parameter(torch.empty(heads, num_clusters, channels))
+                             if sharp else None)
+        self.log_temperature = Parameter(torch.empty(heads, 1, 1)) if sharp else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -142,14 +168,21 @@ class StochasticBlockModel(Module):
         over many clusters), and the offset sets the start: :math:`b_h =
         \mathrm{logit}(0.25)` (about 25% of the pairs, as the paper's
         start) or, with :obj:`init="dense"`, :math:`b_h = 6` (every
-        :math:`p_{ij} \approx 0.998`)."""
+        :math:`p_{ij} \approx 0.998`). :obj:`"sharp"` starts as
+        :obj:`"mmsb"` but for its query and key clusters,
+        :math:`\mathcal{N}(0, 0.3^2)` each, and its temperature 1."""
         bound = 1.0 / math.sqrt(self.channels)
         for weight, bias in ((self.weight1, self.bias1),
                              (self.weight2, self.bias2)):
             torch.nn.init.uniform_(weight, -bound, bound)
             torch.nn.init.uniform_(bias, -bound, bound)
-        if self.block_bias is not None:
+        if self.key_clusters is not None and self.log_temperature is not None:
+            for clusters in (self.clusters, self.key_clusters):
+                torch.nn.init.normal_(clusters, std=SHARP_INIT_STD)
+            torch.nn.init.zeros_(self.log_temperature)
+        elif self.block_bias is not None:
             torch.nn.init.kaiming_normal_(self.clusters)
+        if self.block_bias is not None:
             torch.nn.init.constant_(self.block_bias, _MMSB_BIAS[self.init])
             return
         if self.init == "paper":
@@ -163,25 +196,33 @@ class StochasticBlockModel(Module):
 
     def block(self) -> Tensor:
         r""":math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`: each head summing to
-        1 (:obj:`"paper"`), or each entry in :math:`(0, 1)` (:obj:`"mmsb"`)."""
-        logits = torch.bmm(self.clusters, self.clusters.transpose(1, 2))
+        1 (:obj:`"paper"`), or each entry in :math:`(0, 1)`."""
+        keys = self.clusters if self.key_clusters is None else self.key_clusters
+        logits = torch.bmm(self.clusters, keys.transpose(1, 2))
         if self.block_bias is not None:
             return (logits + self.block_bias).sigmoid()
         return logits.flatten(1).softmax(dim=-1).view_as(logits)
 
-    def membership(self, x: Tensor) -> Tensor:
+    def membership(self, x: Tensor, key: bool = False) -> Tensor:
         r""":math:`\sigma(\mathrm{MLP}_h(\mathbf{x}) \mathbf{C}_h^{\top})`
-        (:obj:`"paper"`) or its softmax over the clusters (:obj:`"mmsb"`)
-        for :obj:`x [N, H, d]`; returns :obj:`[N, H, k]`."""
+        (:obj:`"paper"`), its softmax over the clusters (:obj:`"mmsb"`) or
+        the sharp form's (with the key clusters where :obj:`key`) for
+        :obj:`x [N, H, d]`; returns :obj:`[N, H, k]`."""
         N = x.size(0)
         x, S = _row_chunks(x.transpose(0, 1))  # [H S, L, d]
         x = torch.baddbmm(_per_chunk(self.bias1, S), x,
                           _per_chunk(self.weight1, S)).relu()
         x = torch.baddbmm(_per_chunk(self.bias2, S), x,
                           _per_chunk(self.weight2, S))
-        logits = torch.bmm(x, _per_chunk(self.clusters, S).transpose(1, 2))
-        memb = (logits.softmax(dim=-1) if self.block_bias is not None
-                else logits.sigmoid())
+        clusters = self.key_clusters if key and self.key_clusters is not None \
+            else self.clusters
+        logits = torch.bmm(x, _per_chunk(clusters, S).transpose(1, 2))
+        if self.log_temperature is not None:
+            memb = _top(logits * _per_chunk(self.log_temperature, S).exp())
+        elif self.block_bias is not None:
+            memb = logits.softmax(dim=-1)
+        else:
+            memb = logits.sigmoid()
         # Contiguous: torch.compile (2.13) fails to replay a transposed view
         # returned across the graph break at the sampler.
         memb = memb.view(self.heads, -1, memb.size(-1))[:, :N]
@@ -193,7 +234,7 @@ class StochasticBlockModel(Module):
             if x.shape[1:] != (self.heads, self.channels):
                 raise ValueError(f"{name} must have shape [N, {self.heads}, "
                                  f"{self.channels}], got {tuple(x.shape)}")
-        return self.membership(query), self.block(), self.membership(key)
+        return self.membership(query), self.block(), self.membership(key, key=True)
 
     def __repr__(self) -> str:
         extra = "" if self.init == "paper" else f", init={self.init!r}"
@@ -208,6 +249,15 @@ class StochasticBlockModel(Module):
 # handful of 32 x 32 tiles (3.6 ms at N = 16384 on an H200), as one product
 # per chunk of rows on H N / ROW_CHUNK tiles, their sum a small reduction.
 ROW_CHUNK = 1024
+
+
+def _top(logits: Tensor) -> Tensor:
+    # The softmax over the clusters kept on its SHARP_TOP largest entries,
+    # renormalized: a token in at most SHARP_TOP clusters.
+    memb = logits.softmax(dim=-1)
+    top = memb.topk(min(SHARP_TOP, memb.size(-1)), dim=-1)
+    kept = torch.zeros_like(memb).scatter(-1, top.indices, top.values)
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def _row_chunks(x: Tensor) -> Tuple[Tensor, int]:

@@ -64,7 +64,11 @@ def test_kaiming_normal_cluster_init():
 
 @pytest.mark.parametrize("parametrization,init,low,high,floor", [
     ("paper", "paper", 0.2, 0.3, 0.1), ("paper", "dense", 0.98, 1.0, 0.9),
-    ("mmsb", "paper", 0.2, 0.3, 0.2), ("mmsb", "dense", 0.99, 1.0, 0.99)])
+    ("mmsb", "paper", 0.2, 0.3, 0.2), ("mmsb", "dense", 0.99, 1.0, 0.99),
+    # The sharp form's wide clusters spread the block's entries around its
+    # offset (C C'^T of std 0.3^2 sqrt(32) = 0.51), and a token's top query
+    # and key clusters lean together: 30% at the start here.
+    ("sharp", "paper", 0.2, 0.35, 0.05), ("sharp", "dense", 0.99, 1.0, 0.98)])
 def test_initial_edge_probability(parametrization, init, low, high, floor):
     # Queries of unit scale per coordinate, as after a LayerNorm.
     torch.manual_seed(5)
@@ -247,7 +251,7 @@ def test_mmsb_paper_init_draws_as_the_paper_does():
         assert torch.equal(getattr(paper, name), getattr(mmsb, name)), name
 
 
-@pytest.mark.parametrize("parametrization", ["paper", "mmsb"])
+@pytest.mark.parametrize("parametrization", ["paper", "mmsb", "sharp"])
 def test_row_chunks_are_the_same_products(monkeypatch, parametrization):
     # The memberships in chunks of 4 rows (the last padded) against one
     # product per head: the same values and gradients (the weights' summed
@@ -267,3 +271,61 @@ def test_row_chunks_are_the_same_products(monkeypatch, parametrization):
                                     sbm.bias2, sbm.clusters])))
     for chunked, whole in zip(*results):
         torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-14)
+
+
+def test_sharp_exact_values_on_a_tiny_head():
+    # k = 3, d = 3, the MLP passing its input through: query logits
+    # (log 4, log 2, 0) at temperature 1 give the softmax (4, 2, 1) / 7, kept
+    # on its top two and renormalized: (2/3, 1/3, 0); at temperature
+    # e^{log 2} = 2 the logits double: (16, 4, 1) / 21 -> (0.8, 0.2, 0). The
+    # key clusters are the query clusters' reversal, and the block is
+    # sigmoid(C C'^T + b).
+    sbm = StochasticBlockModel(1, 3, 3, parametrization="sharp")
+    with torch.no_grad():
+        for w in (sbm.weight1, sbm.weight2):
+            w.copy_(torch.eye(3)[None])
+        sbm.bias1.zero_()
+        sbm.bias2.zero_()
+        sbm.clusters.copy_(torch.eye(3)[None])
+        sbm.key_clusters.copy_(torch.eye(3).flip(0)[None])
+        sbm.block_bias.fill_(-1.0)
+    x = torch.tensor([[[math.log(4), math.log(2), 0.0]]])
+    q_memb, block, k_memb = sbm(x, x)
+    torch.testing.assert_close(q_memb, torch.tensor([[[2 / 3, 1 / 3, 0.0]]]))
+    # The key clusters reverse the logits: (0, log 2, log 4) -> (0, 1/3, 2/3).
+    torch.testing.assert_close(k_memb, torch.tensor([[[0.0, 1 / 3, 2 / 3]]]))
+    torch.testing.assert_close(block[0], torch.sigmoid(torch.eye(3).flip(0) - 1.0))
+    with torch.no_grad():
+        sbm.log_temperature.fill_(math.log(2))
+    torch.testing.assert_close(sbm(x, x)[0], torch.tensor([[[0.8, 0.2, 0.0]]]))
+
+
+def test_sharp_memberships_keep_two_clusters_and_learn_their_temperature():
+    torch.manual_seed(2)
+    sbm = StochasticBlockModel(2, 8, 16, parametrization="sharp")
+    q_memb, block, k_memb = sbm(torch.randn(30, 2, 8), torch.randn(20, 2, 8))
+    for memb in (q_memb, k_memb):
+        assert ((memb > 0).sum(-1) == 2).all()
+        torch.testing.assert_close(memb.sum(-1), torch.ones(memb.shape[:2]))
+    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb)
+    p.mean().backward()
+    for name in ("clusters", "key_clusters", "log_temperature", "block_bias",
+                 "weight1"):
+        assert getattr(sbm, name).grad.abs().sum() > 0, name
+    # Its parameters beside the MLP's: the key clusters and the temperature.
+    assert set(sbm.state_dict()) - set(StochasticBlockModel(
+        2, 8, 16, parametrization="mmsb").state_dict()) == {
+        "key_clusters", "log_temperature"}
+    assert repr(sbm).endswith("parametrization='sharp')")
+
+
+def test_sharp_init_draws_its_clusters_wide():
+    # N(0, 0.3^2) for the query and the key clusters (the library's other
+    # forms start at the kaiming std, about 0.02 here).
+    torch.manual_seed(0)
+    sbm = StochasticBlockModel(4, 32, 128, parametrization="sharp")
+    for c in (sbm.clusters, sbm.key_clusters):
+        n = c.numel()
+        std = float(c.detach().pow(2).mean().sqrt())
+        assert abs(std / 0.3 - 1) < z_bound(1) * math.sqrt(1 / (2 * n))
+    assert float(sbm.log_temperature.abs().max()) == 0.0
