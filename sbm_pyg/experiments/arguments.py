@@ -143,8 +143,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "(about 99%%: the heads start as full attention)")
     add("--sbm-parametrization", choices=PARAMETRIZATIONS, default="paper",
         help="the SBM's block matrix: the paper's (a softmax over its k^2 "
-             "entries: one unit of mass shared by all blocks) or mmsb "
-             "(memberships on the simplex, each block entry in (0, 1))")
+             "entries: one unit of mass shared by all blocks), mmsb "
+             "(memberships on the simplex, each block entry in (0, 1)) or "
+             "sharp (mmsb with memberships on two clusters at a learned "
+             "temperature and separate key clusters)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, required=True, help="run directory")
     add("--resume", action="store_true", help="continue from OUT/checkpoint.pt")

@@ -143,10 +143,12 @@ class SBMConv(MessagePassing):
             :math:`p = 1` and the others toward 0, the SBM's scale, which
             the cross-entropy leaves to the density. (default: :obj:`0.0`)
         sbm_parametrization (str): :obj:`"paper"` (the paper's block
-            matrix, a softmax over its :math:`k^2` entries) or
+            matrix, a softmax over its :math:`k^2` entries),
             :obj:`"mmsb"` (memberships on the simplex, each block entry in
-            :math:`(0, 1)`: many sparse blocks can each be dense), see
-            :class:`StochasticBlockModel`. (default: :obj:`"paper"`)
+            :math:`(0, 1)`: many sparse blocks can each be dense) or
+            :obj:`"sharp"` (that with each membership on its two largest
+            clusters at a learned temperature, and separate key clusters),
+            see :class:`StochasticBlockModel`. (default: :obj:`"paper"`)
         sink (bool): a learned attention sink per head (a logit
             :math:`b_h`, zero at first): one more term in every row's
             softmax denominator, of value zero, so that a row can attend to

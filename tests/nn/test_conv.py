@@ -104,7 +104,7 @@ def test_bipartite_input():
 
 @pytest.mark.parametrize("ste,parametrization,sink", [
     ("paper", "paper", False), ("published", "paper", False),
-    ("paper", "mmsb", False), ("paper", "mmsb", True)])
+    ("paper", "mmsb", False), ("paper", "mmsb", True), ("paper", "sharp", True)])
 def test_fused_path_equals_pyg_message_passing(monkeypatch, ste,
                                                parametrization, sink):
     sparse_only(monkeypatch)
@@ -142,11 +142,11 @@ def test_fused_path_equals_pyg_message_passing(monkeypatch, ste,
     assert not torch.allclose(grad_other[0], grad_fused, atol=1e-5)
 
 
-@pytest.mark.parametrize("parametrization", ["paper", "mmsb"])
+@pytest.mark.parametrize("parametrization", ["paper", "mmsb", "sharp"])
 def test_gradients_reach_the_sbm_through_ste_and_regularizer(parametrization):
     conv = make_conv(sbm_parametrization=parametrization)
     sbm_params = [p for _, p in conv.sbm.named_parameters()]
-    assert len(sbm_params) == (6 if parametrization == "mmsb" else 5)
+    assert len(sbm_params) == {"paper": 5, "mmsb": 6, "sharp": 8}[parametrization]
     out = run(conv, x_input(), batch=BATCH)
     grads = torch.autograd.grad(out.pow(2).sum(), sbm_params, retain_graph=True)
     assert all(float(g.abs().sum()) > 0 for g in grads)
@@ -177,7 +177,7 @@ def test_no_straight_through_work_without_grad(monkeypatch):
     assert given == [False, True]  # the SBM reaches the attention with grad only
 
 
-@pytest.mark.parametrize("parametrization", ["paper", "mmsb"])
+@pytest.mark.parametrize("parametrization", ["paper", "mmsb", "sharp"])
 def test_density_statistics(parametrization):
     conv = make_conv(sbm_parametrization=parametrization)
     conv.eval()
