@@ -9,6 +9,7 @@ clamped so that nothing indexes out of bounds.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -27,6 +28,27 @@ __all__ = ["MODES", "PtrLike", "check_sampler_options", "check_sbm",
 
 MODES = ("poisson", "exact")
 PtrLike = Union[None, Tensor, Sequence[int]]
+# The pointers that as_ptr made valid, by identity, row count and version:
+# valid by construction whatever the check of the input they came from
+# says, so a later check of the same tensor (a layer's sampler or dense
+# kernel taking the pointers its regime choice made valid) is skipped: a
+# dozen kernel launches fewer each. An in-place change bumps the version.
+_VALID: weakref.WeakValueDictionary[Tuple[int, int, int], Tensor] = \
+    weakref.WeakValueDictionary()
+
+
+def _version_key(ptr: Tensor, num_rows: int) -> Optional[Tuple[int, int, int]]:
+    try:
+        return id(ptr), num_rows, ptr._version
+    except RuntimeError:  # inference tensors have no version counter
+        return None
+
+
+def _made_valid(ptr: PtrLike, num_rows: int, device: torch.device) -> bool:
+    if not isinstance(ptr, Tensor) or ptr.device != device:
+        return False
+    key = _version_key(ptr, num_rows)
+    return key is not None and _VALID.get(key) is ptr
 
 
 def check_sampler_options(mode: str, exploration: float,
@@ -113,20 +135,30 @@ def as_ptr(name: str, ptr: PtrLike, num_rows: int,
     safe = torch.cat([ptr.new_zeros(1), safe, ptr.new_full((1,), num_rows)])
     if ptr.numel() == 1:
         safe = safe[1:]
+    key = _version_key(safe, num_rows)
+    if key is not None:
+        _VALID[key] = safe
     return safe, (bad, f"{name} must start at 0, end at the number of rows "
                        f"({num_rows}) and be non-decreasing")
 
 
 def check_pointers(ptr_q: PtrLike, ptr_k: PtrLike, Nq: int, Nk: int,
                    device: torch.device) -> Tuple[Tensor, Tensor, List[Check]]:
-    r"""Query and key pointers of the same sequences, and their checks."""
-    ptr_q, check_q = as_ptr("ptr_q", ptr_q, Nq, device)
-    ptr_k, check_k = as_ptr("ptr_k", ptr_k, Nk, device)
+    r"""Query and key pointers of the same sequences, and their checks
+    (none for a pointer that :func:`as_ptr` made valid)."""
+    checks: List[Check] = []
+    if not _made_valid(ptr_q, Nq, device):
+        ptr_q, check_q = as_ptr("ptr_q", ptr_q, Nq, device)
+        checks.append(check_q)
+    if not _made_valid(ptr_k, Nk, device):
+        ptr_k, check_k = as_ptr("ptr_k", ptr_k, Nk, device)
+        checks.append(check_k)
+    assert isinstance(ptr_q, Tensor) and isinstance(ptr_k, Tensor)
     if ptr_q.numel() != ptr_k.numel():
         raise ValueError(f"ptr_q and ptr_k must describe the same number of "
                          f"sequences, got {ptr_q.numel() - 1} and "
                          f"{ptr_k.numel() - 1}")
-    return ptr_q, ptr_k, [check_q, check_k]
+    return ptr_q, ptr_k, checks
 
 
 def included_pairs(edges: object, ptr_q: Tensor, ptr_k: Tensor, Nq: int,

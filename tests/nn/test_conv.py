@@ -504,7 +504,7 @@ def test_dense_kernel_trains_the_layer_like_the_sparse_one(monkeypatch,
         assert g is not None and g.abs().sum() > 0, name
     # Zero memberships (p = 0): only the self-loops and the included pairs,
     # the same graph on both kernels, so the same output.
-    monkeypatch.setattr(conv.sbm, "membership", lambda h: torch.zeros(
+    monkeypatch.setattr(conv.sbm, "membership", lambda h, key=False: torch.zeros(
         h.size(0), 2, 4))
     include = torch.tensor([[1, 0, 150], [0, 2, 170]])
     outs = []
