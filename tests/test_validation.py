@@ -25,3 +25,13 @@ def test_sync_raises_the_first_failing_check():
         sync([good, bad, other], torch.tensor(3))
     with pytest.raises(ValueError, match="^second$"):
         sync([good, other])
+
+
+@pytest.mark.parametrize("value,ok", [
+    (0.0, True), (3.5, True), (float("nan"), False), (float("inf"), False),
+    (float("-inf"), False), (-1e-30, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_nonnegative_finite_flags_nan_inf_and_negatives(value, ok, dtype):
+    x = torch.tensor([1.0, value, 2.0], dtype=dtype)
+    bad, message = nonnegative_finite("block", x)
+    assert bool(bad) == (not ok) and message.startswith("block must be finite")

@@ -126,15 +126,20 @@ def as_ptr(name: str, ptr: PtrLike, num_rows: int,
     if ptr.numel() < 1:
         raise ValueError(f"{name} must have at least one entry")
     ptr = ptr.to(device=device, dtype=torch.long)
-    bad = (ptr[0] != 0) | (ptr[-1] != num_rows) | (ptr.diff() < 0).any()
     # The check raises only at the next sync; until then the kernels run on a
     # pointer made valid, so that a bad one cannot index out of bounds.
     # Its ends are written by concatenation: an item assignment would copy a
     # host scalar into device memory, a sync on CUDA.
     safe = torch.cummax(ptr[1:-1].clamp(0, num_rows), dim=0).values
     safe = torch.cat([ptr.new_zeros(1), safe, ptr.new_full((1,), num_rows)])
-    if ptr.numel() == 1:
+    if ptr.numel() == 1:  # no sequence: valid only as [0] over no rows
         safe = safe[1:]
+        bad = (ptr != 0).any() | (num_rows != 0)
+    else:
+        # Valid exactly where nothing was made valid: a pointer that starts
+        # at 0, ends at num_rows and never decreases is its own valid form,
+        # and every other one differs from it somewhere.
+        bad = (ptr != safe).any()
     key = _version_key(safe, num_rows)
     if key is not None:
         _VALID[key] = safe

@@ -33,3 +33,25 @@ def test_only_that_tensor_at_its_row_count_and_version_is_trusted():
     safe[1] = 9  # in place: its version moves on
     ptr, _, checks = check_pointers(safe, safe, 5, 5, device)
     assert len(checks) == 2 and ptr.tolist() == [0, 5, 5]
+
+
+@pytest.mark.parametrize("ptr,rows,valid", [
+    ([0, 6], 6, True), ([0, 2, 2, 6], 6, True), ([0], 0, True),
+    ([0, 0, 0], 0, True),
+    ([1, 6], 6, False),  # starts past 0
+    ([0, 5], 6, False),  # ends short of the rows
+    ([0, 4, 2, 6], 6, False),  # decreases
+    ([0, 7, 6], 6, False),  # past the rows, then back
+    ([0, -1, 6], 6, False),  # negative
+    ([0], 3, False), ([2], 2, False),  # no sequence over rows
+])
+def test_the_pointer_check_flags_exactly_the_invalid_ones(ptr, rows, valid):
+    device = torch.get_default_device()
+    safe, (bad, message) = as_ptr("ptr", torch.tensor(ptr), rows, device)
+    assert bool(bad) == (not valid), message
+    # The valid form: from 0 to the rows, never decreasing; the input itself
+    # where that was valid.
+    assert safe[0] == (0 if len(ptr) > 1 else rows) and safe[-1] == rows
+    assert bool((safe.diff() >= 0).all())
+    if valid:
+        assert safe.tolist() == ptr
