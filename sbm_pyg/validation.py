@@ -7,7 +7,6 @@ count in a single host sync, instead of one sync per check.
 from __future__ import annotations
 
 import math
-
 import os
 from typing import List, Optional, Sequence, Tuple
 
