@@ -67,8 +67,8 @@ def test_kaiming_normal_cluster_init():
     ("mmsb", "paper", 0.2, 0.3, 0.2), ("mmsb", "dense", 0.99, 1.0, 0.99),
     # The sharp form's wide clusters spread the block's entries around its
     # offset (C C'^T of std 0.3^2 sqrt(32) = 0.51), and a token's top query
-    # and key clusters lean together: 30% at the start here.
-    ("sharp", "paper", 0.2, 0.35, 0.05), ("sharp", "dense", 0.99, 1.0, 0.98)])
+    # and key clusters lean together: 30-33% at the start over seeds 0-7.
+    ("sharp", "paper", 0.2, 0.4, 0.05), ("sharp", "dense", 0.99, 1.0, 0.98)])
 def test_initial_edge_probability(parametrization, init, low, high, floor):
     # Queries of unit scale per coordinate, as after a LayerNorm.
     torch.manual_seed(5)
