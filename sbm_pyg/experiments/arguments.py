@@ -66,6 +66,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--budget-delay", type=int, default=0,
         help="steps before the budget acts (e.g. during --dense-steps); its "
              "warm-up then starts from that step's density")
+    add("--budget-per-head", action="store_true",
+        help="hold every SBM head to --target-density, not their mean (a "
+             "mean lets one head take the edges another head needs)")
     add("--budget-ceiling", action="store_true",
         help="hold the density at or below --target-density only: without "
              "the floor that keeps it from falling below")
@@ -77,6 +80,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --distill, the weight of the edge fit added to it "
              "(sbm_pyg.nn.edge_fit: a binary cross-entropy that pulls the "
              "edges the attention uses toward p = 1, the others toward 0)")
+    add("--distill-recall", type=float, default=0.0,
+        help="with --distill, the weight of the recall fit added to it "
+             "(sbm_pyg.nn.recall_fit: the attention mass the SBM's "
+             "probabilities miss, each row alike)")
     add("--sink", action="store_true",
         help="a learned attention sink per head in every SBM layer "
              "(SBMConv(sink=True)): a row may attend to nothing")
@@ -243,6 +250,9 @@ def validate_train_arguments(args) -> None:
     edges = getattr(args, "distill_edges", 0.0)
     if not edges >= 0 or (edges > 0 and not distill > 0):
         raise ValueError("--distill-edges must be >= 0 and needs --distill")
+    recall = getattr(args, "distill_recall", 0.0)
+    if not recall >= 0 or (recall > 0 and not distill > 0):
+        raise ValueError("--distill-recall must be >= 0 and needs --distill")
     if getattr(args, "distill_start", 0) < 0 or getattr(args, "dense_steps", 0) < 0:
         raise ValueError("--distill-start and --dense-steps must be >= 0")
     if getattr(args, "lam_start", 0) < 0:
@@ -254,9 +264,10 @@ def validate_train_arguments(args) -> None:
     target = getattr(args, "target_density", None)
     if target is None and (getattr(args, "budget_warmup", None) is not None
                            or getattr(args, "budget_ceiling", False)
+                           or getattr(args, "budget_per_head", False)
                            or getattr(args, "budget_delay", 0)):
-        raise ValueError("--budget-warmup, --budget-delay and --budget-ceiling "
-                         "need --target-density")
+        raise ValueError("--budget-warmup, --budget-delay, --budget-ceiling and "
+                         "--budget-per-head need --target-density")
     if target is not None:
         if not 0 < target <= 1:  # NaN fails too
             raise ValueError(f"--target-density must lie in (0, 1], got {target}")

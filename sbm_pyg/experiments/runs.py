@@ -45,6 +45,7 @@ def build_model(args) -> SBMTransformer:
                                             "paper"),
                 distill=getattr(args, "distill", 0.0),
                 distill_edges=getattr(args, "distill_edges", 0.0),
+                distill_recall=getattr(args, "distill_recall", 0.0),
                 sink=getattr(args, "sink", False))
            if args.attention == "sbm" else {}),
     )

@@ -8,7 +8,7 @@ from sbm_pyg.nn.baselines import FullAttention, LinearAttention
 from sbm_pyg.nn.bigbird import BigBirdAttention, bigbird_graph, bigbird_sizes
 from sbm_pyg.nn.block_model import StochasticBlockModel
 from sbm_pyg.nn.conv import SBMConv
-from sbm_pyg.nn.distillation import attention_distillation, edge_fit
+from sbm_pyg.nn.distillation import attention_distillation, edge_fit, recall_fit
 from sbm_pyg.nn.gated_gcn import GatedGCNConv
 from sbm_pyg.nn.gps import EdgeGPSConv, SBMGPSConv
 from sbm_pyg.nn.losses import DensityBudget, density_loss, distillation_loss
@@ -21,4 +21,5 @@ __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "LinearAttention", "density_loss", "DensityBudget", "functional", "sbm_attention",
            "SBMAttention", "SBMAttentionOptions", "EdgeGPSConv", "GatedGCNConv", "AddLaplacianPE",
            "LapPEEncoder", "attention_distillation", "distillation_loss", "edge_fit",
+           "recall_fit",
            "BigBirdAttention", "bigbird_graph", "bigbird_sizes"]

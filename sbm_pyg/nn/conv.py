@@ -19,7 +19,8 @@ from torch_geometric.utils import scatter, softmax
 
 from sbm_pyg.nn._sbm_attention import sbm_attention
 from sbm_pyg.nn.block_model import StochasticBlockModel
-from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, attention_distillation, edge_fit
+from sbm_pyg.nn.distillation import (DISTILL_SMOOTHING, attention_distillation, edge_fit,
+                                     recall_fit)
 from sbm_pyg.nn.functional import straight_through_probability, with_sink
 from sbm_pyg.nn.inputs import (
     check_layer_options,
@@ -142,6 +143,11 @@ class SBMConv(MessagePassing):
             edge fit): it pulls the edges the attention uses toward
             :math:`p = 1` and the others toward 0, the SBM's scale, which
             the cross-entropy leaves to the density. (default: :obj:`0.0`)
+        distill_recall (float): with :obj:`distill`, the weight of
+            :func:`~sbm_pyg.nn.recall_fit` added to the distillation: the
+            attention mass the SBM's probabilities miss, each row alike,
+            which pulls a row's heavy keys toward :math:`p = 1` within the
+            density. (default: :obj:`0.0`)
         sbm_parametrization (str): :obj:`"paper"` (the paper's block
             matrix, a softmax over its :math:`k^2` entries),
             :obj:`"mmsb"` (memberships on the simplex, each block entry in
@@ -210,13 +216,15 @@ class SBMConv(MessagePassing):
                  sampler_backend: str = "auto",
                  attention_backend: str = "auto",
                  sbm_parametrization: str = "paper",
-                 distill_edges: float = 0.0, sink: bool = False, **kwargs):
+                 distill_edges: float = 0.0, sink: bool = False,
+                 distill_recall: float = 0.0, **kwargs):
         check_layer_options(kwargs, sbm_init=sbm_init,
                             sbm_parametrization=sbm_parametrization,
                             attention_backend=attention_backend,
                             eval_seed=eval_seed)
         for name, value in (("distill", distill),
-                            ("distill_edges", distill_edges)):
+                            ("distill_edges", distill_edges),
+                            ("distill_recall", distill_recall)):
             if not (isinstance(value, (int, float)) and value >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         super().__init__(node_dim=0, **kwargs)
@@ -226,6 +234,7 @@ class SBMConv(MessagePassing):
         self.exploration, self.self_loops = exploration, self_loops
         self.mode, self.max_edges, self.ste = mode, max_edges, ste
         self.distill, self.distill_edges = float(distill), float(distill_edges)
+        self.distill_recall = float(distill_recall)
         # A dense warm-up (set by a training loop): in training, every pair
         # is sampled (exploration 1) whatever the SBM says.
         self.attend_all = False
@@ -288,6 +297,7 @@ class SBMConv(MessagePassing):
             query, key, value, *memb, ptr_q.to(device), ptr_k.to(device),
             dropout=self.dropout, distill=distilling,
             smoothing=DISTILL_SMOOTHING, distill_edges=self.distill_edges,
+            distill_recall=self.distill_recall,
             generator=generator, sink=self.sink)
         self.expected_density, self.sampled_density = expected, sampled
         self.distillation = distill
@@ -434,6 +444,9 @@ class SBMConv(MessagePassing):
             if self.distill_edges > 0:
                 self.distillation = self.distillation + self.distill_edges * \
                     edge_fit(res.alpha, qd, bd, kd, res.graph)
+            if self.distill_recall > 0:
+                self.distillation = self.distillation + self.distill_recall * \
+                    recall_fit(res.alpha, qd, bd, kd, res.graph)
         self.last_backends = res.backends
         out = res.out.reshape(-1, H * C) if self.concat else res.out.mean(1)
         if self.lin_skip is not None:

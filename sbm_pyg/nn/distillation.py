@@ -19,7 +19,7 @@ from sbm_pyg.ops.csr import row_index
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["attention_distillation", "edge_fit", "DISTILL_SMOOTHING"]
+__all__ = ["attention_distillation", "edge_fit", "recall_fit", "DISTILL_SMOOTHING"]
 
 #: The smoothing of :class:`~sbm_pyg.nn.SBMConv`'s distillation: label
 #: smoothing's usual 0.1, so that a key the SBM misses pulls at most
@@ -172,3 +172,54 @@ def edge_fit(alpha: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
     per_head = loss.new_zeros(H).index_add_(0, head, loss)
     count = loss.new_zeros(H).index_add_(0, head, torch.ones_like(loss))
     return per_head / count.clamp(min=1)
+
+
+def recall_fit(alpha: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
+               graph: SampledGraph) -> Tensor:
+    r"""The attention mass that the SBM's probabilities miss, averaged over
+    each head's queries with an edge:
+
+    .. math::
+        \mathcal{L}_h = \frac{1}{|\mathcal{I}_h|} \sum_{i \in \mathcal{I}_h}
+        \Big(1 - \sum_{j \in \mathcal{N}_h(i)} \bar{\alpha}_{hij}\,
+        \min(p_{hij}, 1)\Big)
+
+    with :math:`\bar{\alpha}` the weights, detached. On the graph of every
+    pair it is one minus the selector's expected recall
+    (:mod:`sbm_pyg.experiments.recall`): each edge is pulled toward
+    :math:`p = 1` in proportion to the weight its row gives it, so a row
+    whose attention sits on one key spends its probability there. Unlike
+    :func:`attention_distillation` it sees the SBM's scale, and unlike
+    :func:`edge_fit` it weighs each row alike rather than each edge (a
+    row's one needed key among :math:`n` is not :math:`1/n` of its
+    signal); the density is held by the budget. Probabilities above one
+    (the exact mode clips them) count as one and pass no gradient.
+
+    Args:
+        alpha (Tensor): :obj:`[E]` attention weights in :obj:`graph`'s edge
+            order; not differentiated.
+        q_memb (Tensor): :math:`\hat{\mathbf{Q}}` :obj:`[N_q, H, k]`.
+        block (Tensor): :math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`.
+        k_memb (Tensor): :math:`\hat{\mathbf{K}}` :obj:`[N_k, H, k]`.
+        graph (SampledGraph): the sampled edges.
+
+    Returns:
+        Tensor :obj:`[H]` (0 for a head without edges), differentiable in
+        the memberships and the block.
+
+    Example:
+        >>> memb = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])  # [N, H, k]
+        >>> block = torch.tensor([[[0.5, 0.1], [0.1, 0.5]]])
+        >>> graph = SampledGraph.from_edge_index(torch.tensor([[0, 1], [0, 0]]), 2, 2)
+        >>> recall_fit(torch.tensor([0.75, 0.25]), memb, block, memb, graph)
+        tensor([0.6000])
+    """
+    _check_inputs(alpha, q_memb, block, k_memb, graph)
+    H, Nq = q_memb.size(1), graph.num_queries
+    dtype = torch.promote_types(q_memb.dtype, torch.float32)
+    rows = graph.csr.row().long()  # heads first: h * Nq + i
+    p = edge_probability(*(t.to(dtype) for t in (q_memb, block, k_memb)), graph)
+    kept = alpha.detach().to(dtype) * p.clamp(max=1)
+    per_row = kept.new_zeros(H * Nq).index_add_(0, rows, kept).view(H, Nq)
+    has_edges = (graph.csr.rowptr.diff() > 0).to(dtype).view(H, Nq)
+    return ((1 - per_row) * has_edges).sum(1) / has_edges.sum(1).clamp(min=1)

@@ -118,9 +118,11 @@ class DensityBudget:
     edges, where it learns nothing. Both multipliers are :math:`\ge 0`;
     without :obj:`floor` the budget is a ceiling only.
 
-    With per-head budgets (a :obj:`target` of shape :obj:`[L, H]`) each head
-    has its own multipliers, density and penalty, and the penalty is the
-    mean over heads.
+    With per-head budgets (a :obj:`target` of shape :obj:`[L, H]`, or a
+    number with :obj:`per_head`) each head has its own multipliers, density
+    and penalty, and the penalty is the mean over heads: a mean budget lets
+    the heads trade edges, so that one head may take most of them while
+    another, whose few needed keys matter, is left none.
 
     :meth:`penalty` is to be added to the loss after the forward pass;
     :meth:`step`, after the optimizer's step, updates :math:`\lambda` from
@@ -146,6 +148,8 @@ class DensityBudget:
         lam_max (float): largest :math:`\lambda`. (default: :obj:`100.0`)
         delay (int): steps before the budget acts; the warm-up then starts
             from that step's density. (default: :obj:`0`)
+        per_head (bool): hold every head to a number :obj:`target`, not
+            their mean. (default: :obj:`False`)
 
     Example:
         >>> from sbm_pyg.nn import SBMMultiheadAttention
@@ -164,9 +168,19 @@ class DensityBudget:
                  warmup: int = 0, floor: bool = True, lam: float = 1e-3,
                  kp: float = 1.0,
                  ki: float = 0.02, lam_min: Optional[float] = None,
-                 lam_max: float = 100.0, delay: int = 0):
+                 lam_max: float = 100.0, delay: int = 0, per_head: bool = False):
         self.convs = _sbm_convs(model)
         heads = [conv.heads for conv in self.convs]
+        if not isinstance(per_head, bool):
+            raise TypeError(f"per_head must be a bool, got {type(per_head).__name__}")
+        if per_head and not isinstance(target, Tensor):
+            if not isinstance(target, (int, float)) or isinstance(target, bool):
+                raise TypeError(f"target must be a float or a tensor, got "
+                                f"{type(target).__name__}")
+            if len(set(heads)) > 1:
+                raise ValueError(f"per_head needs every SBM layer to have the "
+                                 f"same number of heads, got {heads}")
+            target = torch.full((len(heads), heads[0]), float(target))
         if isinstance(target, Tensor):
             if target.dtype.is_complex or not target.dtype.is_floating_point:
                 raise TypeError(f"target must be a float tensor, got {target.dtype}")

@@ -51,6 +51,7 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # n
                  block: Tensor, k_memb: Tensor, ptr_q: Tensor, ptr_k: Tensor,
                  *, dropout: float = 0.0, distill: bool = True,
                  smoothing: float = 0.0, distill_edges: float = 0.0,
+                 distill_recall: float = 0.0,
                  generator: Optional[torch.Generator] = None,
                  sink: Optional[Tensor] = None
                  ) -> Tuple[Tensor, Optional[Tensor], Tensor, Tensor]:
@@ -61,7 +62,8 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # n
     :math:`1/\sqrt{D}`, attention dropout by counter as every kernel
     draws it: the same mask for the same seed), and
     :func:`~sbm_pyg.nn.attention_distillation` (plus :obj:`distill_edges`
-    times :func:`~sbm_pyg.nn.edge_fit`) of its weights, in
+    times :func:`~sbm_pyg.nn.edge_fit` and :obj:`distill_recall` times
+    :func:`~sbm_pyg.nn.recall_fit`) of its weights, in
     :math:`O(G H n^2 (D + k) + N H k^2)` with :math:`[G, H, n, n]` tensors
     for the longest sequence :math:`n`.
 
@@ -80,6 +82,7 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # n
         smoothing (float): the distillation's smoothing.
             (default: :obj:`0.0`)
         distill_edges (float): the edge fit's weight. (default: :obj:`0.0`)
+        distill_recall (float): the recall fit's weight. (default: :obj:`0.0`)
         generator (torch.Generator, optional): the dropout's seed (two
             draws, as :func:`~sbm_pyg.nn.sbm_attention` takes them in a
             warm-up step).
@@ -176,4 +179,7 @@ def dense_warmup(query: Tensor, key: Tensor, value: Tensor, q_memb: Tensor,  # n
                                      reduction="none") * pairs
         loss = loss + distill_edges * fit.sum((0, 2, 3)) / pairs.sum(
             (0, 2, 3)).clamp(min=1).to(dtype)
+    if distill_recall > 0:
+        missed = 1 - (weights * p.clamp(max=1)).sum(-1)  # [G, H, i]
+        loss = loss + distill_recall * (missed * rows_used).sum((0, 2)) / count
     return out, loss, expected, sampled

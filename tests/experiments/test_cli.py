@@ -214,6 +214,8 @@ def test_listops_task(tmp_path):
      "--lam-start must be >= 0"),
     (["train", "--task", "repeat", "--out", "x", "--distill-edges", "1"],
      "--distill-edges must be >= 0 and needs --distill"),
+    (["train", "--task", "repeat", "--out", "x", "--distill-recall", "1"],
+     "--distill-recall must be >= 0 and needs --distill"),
     (["train", "--task", "repeat", "--out", "x", "--sbm-parametrization",
       "rate"], "argument --sbm-parametrization: invalid choice: 'rate'"),
     (["train", "--task", "repeat", "--out", "x", "--diagnose-every", "-1"],
@@ -233,8 +235,10 @@ def test_listops_task(tmp_path):
       "--attention", "full"], "--target-density needs --attention sbm"),
     (["train", "--task", "repeat", "--out", "x", "--target-density", "0.1",
       "--budget-warmup", "-1"], "--budget-warmup must be >= 0"),
-    (["train", "--task", "repeat", "--out", "x", "--budget-ceiling"],
-     "--budget-warmup, --budget-delay and --budget-ceiling need --target-density"),
+    *[(["train", "--task", "repeat", "--out", "x", flag],
+       "--budget-warmup, --budget-delay, --budget-ceiling and --budget-per-head "
+       "need --target-density")
+      for flag in ("--budget-ceiling", "--budget-per-head")],
     (["train", "--task", "repeat", "--out", "x", "--distill", "-1"],
      "--distill must be >= 0 and needs --attention sbm"),
     (["train", "--task", "repeat", "--out", "x", "--distill", "1",

@@ -182,6 +182,36 @@ def test_per_head_budgets_move_each_head_its_own_way():
     assert (budget.lam_floor[target == 1.0] > 1e-2).all()
 
 
+def test_a_number_held_by_every_head():
+    # per_head: the same multipliers and penalty as the [L, H] tensor of that
+    # number, so that a head above the budget is pulled down even where the
+    # mean over heads sits below it.
+    torch.manual_seed(0)
+    model = torch.nn.ModuleList([SBMConv(8, 4, heads=2, num_clusters=3)
+                                 for _ in range(2)])
+    x = torch.randn(24, 8)
+    for conv in model:
+        conv(x, generator=seeded(0))
+    d = torch.stack([conv.expected_density for conv in model]).detach()
+    rho = float(d.mean())
+    each = DensityBudget(model, target=rho, lam=1e-2, per_head=True)
+    table = DensityBudget(model, target=torch.full((2, 2), rho), lam=1e-2)
+    assert each.per_head and each.target.shape == (2, 2)
+    assert torch.equal(each.penalty(), table.penalty())
+    assert torch.allclose(each.penalty(), (1e-2 * (d - rho).abs()).mean())
+    each.step()
+    table.step()
+    assert torch.equal(each.lams, table.lams)
+    assert ((each.lam > 1e-2) == (d > rho)).all()
+    with pytest.raises(TypeError, match="per_head must be a bool"):
+        DensityBudget(model, target=0.1, per_head=1)
+    with pytest.raises(ValueError, match=r"target must lie in \(0, 1\]"):
+        DensityBudget(model, target=1.5, per_head=True)
+    mixed = torch.nn.ModuleList([SBMConv(8, 4, heads=2), SBMConv(8, 4, heads=1)])
+    with pytest.raises(ValueError, match="per_head needs every SBM layer"):
+        DensityBudget(mixed, target=0.1, per_head=True)
+
+
 @pytest.mark.slow
 def test_budget_holds_the_density_against_a_force_toward_full_attention():
     # The loss pulls the density up with strength 0.05; the budget must find

@@ -12,6 +12,7 @@ from sbm_pyg.nn import (
     attention_distillation,
     distillation_loss,
     edge_fit,
+    recall_fit,
     sbm_attention,
 )
 from sbm_pyg.nn.distillation import DISTILL_SMOOTHING
@@ -356,3 +357,69 @@ def test_the_layer_adds_the_edge_fit_to_its_distillation():
     torch.testing.assert_close(conv.distillation, expected)
     with pytest.raises(ValueError, match="distill_edges"):
         SBMConv(8, 4, distill_edges=-1.0)
+
+
+def test_recall_fit_exact_value_on_a_tiny_graph():
+    alpha, q, block, k, graph = tiny()
+    got = recall_fit(alpha, q, block, k, graph)
+    # p = 0.5, 0.25 on row 0's edges, 0.125 on row 1's, 0.4 on row 3's; row 2
+    # has no edge and does not count.
+    missed = [1 - (0.75 * 0.5 + 0.25 * 0.25), 1 - 0.125, 1 - 0.4]
+    assert got.shape == (1,)
+    assert got.item() == pytest.approx(sum(missed) / 3, rel=1e-12)
+    # A probability above one counts as one, with no gradient through it.
+    q2 = (q * 5).requires_grad_()  # row 0's p = 2.5 and 1.25 on its edges
+    got = recall_fit(alpha, q2, block, k, graph)
+    missed = [0.0, 1 - 0.625, 1 - 1.0]  # row 3: p = 2 -> 1
+    assert got.item() == pytest.approx(sum(missed) / 3, rel=1e-12)
+    got.sum().backward()
+    assert q2.grad[[0, 3]].abs().max() == 0 and q2.grad[1].item() < 0
+
+
+def test_recall_fit_per_head_gradient_and_bad_input():
+    torch.manual_seed(1)
+    q = torch.rand(6, 2, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.rand(6, 2, 3, dtype=torch.float64)
+    block = torch.rand(2, 3, 3, dtype=torch.float64) * 0.2
+    from sbm_pyg.nn.functional import edge_probability
+    from sbm_pyg.sampling import fastrg
+    graph = fastrg(q.detach(), block, k, mode="exact", exploration=0.3,
+                   generator=seeded(2))
+    alpha = torch.rand(graph.num_edges, dtype=torch.float64, requires_grad=True)
+    out = recall_fit(alpha, q, block, k, graph)
+    rows = graph.csr.row().long()
+    p = edge_probability(q, block, k, graph).detach()
+    assert float(p.max()) < 1  # every edge inside the clip: a smooth loss
+    for h in range(2):  # each head's mean over its rows with an edge
+        mine = rows // 6 == h
+        kept = torch.zeros(6, dtype=torch.float64).index_add_(
+            0, rows[mine] % 6, alpha.detach()[mine] * p[mine])
+        used = torch.zeros(6, dtype=torch.bool)
+        used[rows[mine] % 6] = True
+        assert out[h].item() == pytest.approx((1 - kept[used]).mean().item(),
+                                              rel=1e-12)
+    torch.autograd.gradcheck(lambda q_: recall_fit(alpha, q_, block, k, graph),
+                             (q,))
+    out.sum().backward()
+    assert alpha.grad is None
+    with pytest.raises(ValueError, match="alpha"):
+        recall_fit(alpha[:3], q, block, k, graph)
+
+
+def test_the_layer_adds_the_recall_fit_to_its_distillation():
+    torch.manual_seed(0)
+    conv = SBMConv(8, 4, heads=2, num_clusters=3, distill=0.5,
+                   distill_recall=3.0, sbm_parametrization="mmsb")
+    x = torch.randn(11, 8, generator=seeded(6))
+    batch = torch.tensor([0] * 5 + [1] * 6)
+    _, (graph, alpha) = conv(x, batch, return_attention_weights=True,
+                             generator=seeded(7))
+    H, C = conv.heads, conv.out_channels
+    memb = conv.sbm(conv.lin_query(x).view(-1, H, C),
+                    conv.lin_key(x).view(-1, H, C))
+    expected = (attention_distillation(alpha, *memb, graph,
+                                       smoothing=DISTILL_SMOOTHING)
+                + 3.0 * recall_fit(alpha, *memb, graph))
+    torch.testing.assert_close(conv.distillation, expected)
+    with pytest.raises(ValueError, match="distill_recall"):
+        SBMConv(8, 4, distill_recall=-1.0)

@@ -16,7 +16,8 @@ def _warm_conv(**kwargs):
 @pytest.mark.parametrize("kwargs", [
     dict(), dict(dropout=0.3), dict(distill_edges=0.5, concat=False),
     dict(sbm_parametrization="mmsb", dropout=0.2),
-    dict(sbm_parametrization="mmsb", sink=True)])
+    dict(sbm_parametrization="mmsb", sink=True),
+    dict(sbm_parametrization="mmsb", distill_recall=2.0, sink=True)])
 def test_dense_warmup_equals_the_graph_of_every_pair(kwargs):
     # The same layer, the same seed: the dense products (no one asks for
     # the graph) against sbm_attention on the graph of every pair (asked
