@@ -3,6 +3,7 @@ r"""The options of ``python -m sbm_pyg train``, their checks, and what
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 from typing import Optional, Sequence
@@ -66,6 +67,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--budget-delay", type=int, default=0,
         help="steps before the budget acts (e.g. during --dense-steps); its "
              "warm-up then starts from that step's density")
+    add("--budget-lam", type=float, default=1e-3,
+        help="the budget's starting (and least) multiplier lambda_0: a "
+             "distillation that sets the SBM's scale (--distill-recall) "
+             "needs lambda near 1, which from 1e-3 the controller takes "
+             "hundreds of steps to reach")
     add("--budget-per-head", action="store_true",
         help="hold every SBM head to --target-density, not their mean (a "
              "mean lets one head take the edges another head needs)")
@@ -265,9 +271,10 @@ def validate_train_arguments(args) -> None:
     if target is None and (getattr(args, "budget_warmup", None) is not None
                            or getattr(args, "budget_ceiling", False)
                            or getattr(args, "budget_per_head", False)
+                           or getattr(args, "budget_lam", 1e-3) != 1e-3
                            or getattr(args, "budget_delay", 0)):
-        raise ValueError("--budget-warmup, --budget-delay, --budget-ceiling and "
-                         "--budget-per-head need --target-density")
+        raise ValueError("--budget-warmup, --budget-delay, --budget-ceiling, "
+                         "--budget-lam and --budget-per-head need --target-density")
     if target is not None:
         if not 0 < target <= 1:  # NaN fails too
             raise ValueError(f"--target-density must lie in (0, 1], got {target}")
@@ -275,6 +282,8 @@ def validate_train_arguments(args) -> None:
             raise ValueError("--budget-warmup must be >= 0")
         if getattr(args, "budget_delay", 0) < 0:
             raise ValueError("--budget-delay must be >= 0")
+        if not 0 < getattr(args, "budget_lam", 1e-3) < math.inf:  # NaN fails too
+            raise ValueError("--budget-lam must be a finite number > 0")
         if args.attention != "sbm" or args.lam != 0:
             raise ValueError("--target-density needs --attention sbm and sets "
                              "lambda itself: leave --lam at 0")

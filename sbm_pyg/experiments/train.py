@@ -67,7 +67,8 @@ def train(args) -> dict:
                                warmup=args.steps // 10 if warmup is None else warmup,
                                floor=not getattr(args, "budget_ceiling", False),
                                delay=recipe.budget_delay(getattr(args, "budget_delay", 0)),
-                               per_head=getattr(args, "budget_per_head", False))
+                               per_head=getattr(args, "budget_per_head", False),
+                               lam=getattr(args, "budget_lam", 1e-3))
     args.out.mkdir(parents=True, exist_ok=True)
     recipe.path = args.out / "recipe.json"
     checkpoint_path = args.out / "checkpoint.pt"

@@ -236,9 +236,15 @@ def test_listops_task(tmp_path):
     (["train", "--task", "repeat", "--out", "x", "--target-density", "0.1",
       "--budget-warmup", "-1"], "--budget-warmup must be >= 0"),
     *[(["train", "--task", "repeat", "--out", "x", flag],
-       "--budget-warmup, --budget-delay, --budget-ceiling and --budget-per-head "
-       "need --target-density")
+       "--budget-warmup, --budget-delay, --budget-ceiling, --budget-lam and "
+       "--budget-per-head need --target-density")
       for flag in ("--budget-ceiling", "--budget-per-head")],
+    (["train", "--task", "repeat", "--out", "x", "--budget-lam", "1"],
+     "--budget-warmup, --budget-delay, --budget-ceiling, --budget-lam and "
+     "--budget-per-head need --target-density"),
+    *[(["train", "--task", "repeat", "--out", "x", "--target-density", "0.1",
+        "--budget-lam", lam], "--budget-lam must be a finite number > 0")
+      for lam in ("0", "inf", "nan")],
     (["train", "--task", "repeat", "--out", "x", "--distill", "-1"],
      "--distill must be >= 0 and needs --attention sbm"),
     (["train", "--task", "repeat", "--out", "x", "--distill", "1",
