@@ -112,6 +112,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "recall reaches this share of the oracle's at the same edge count")
     add("--selector-check", type=int, default=25,
         help="teacher recipe: measure the recall every K selector steps")
+    add("--freeze-selector", action="store_true",
+        help="teacher recipe: after the switch the SBMs stay as the "
+             "selector phase left them, the model alone learning on their "
+             "graphs")
     add("--switch-steps", type=int, default=0,
         help="a gradual switch: over the first M sampled steps the "
              "exploration falls geometrically from 1 (every pair) to "
@@ -306,6 +310,8 @@ def _validate_recipe(args) -> None:
     if getattr(args, "switch_steps", 0) < 0:
         raise ValueError(f"--switch-steps must be >= 0, got {args.switch_steps}")
     if getattr(args, "recipe", "end-to-end") != "teacher":
+        if getattr(args, "freeze_selector", False):
+            raise ValueError("--freeze-selector needs --recipe teacher")
         return
     if args.attention != "sbm" or not getattr(args, "distill", 0.0) > 0 \
             or getattr(args, "dense_steps", 0) < 1:

@@ -22,7 +22,9 @@ Two recipes (``--recipe``):
      times the oracle's at the same edge count, checked every
      ``--selector-check`` steps, or ``--selector-steps`` have passed;
   3. **sparse**: sampled graphs, everything learning, the SBMs still
-     distilled on their sampled edges.
+     distilled on their sampled edges; with ``--freeze-selector`` the SBMs
+     stay as the selector phase left them and the model alone learns on
+     their graphs (the density the budget held is then kept as it was).
 
 The switch's step and reason are written to ``OUT/recipe.json`` (read back
 on ``--resume``) and logged to ``metrics.jsonl`` (``"split": "recipe"``).
@@ -55,8 +57,8 @@ SWITCH_FLOOR = 1e-3
 class Recipe:
     r"""The phase of each step of a run with arguments :obj:`args`
     (:obj:`recipe`, :obj:`dense_steps`, :obj:`selector_steps`,
-    :obj:`selector_recall`, :obj:`selector_check`, :obj:`switch_steps`)
-    in directory :obj:`out`.
+    :obj:`selector_recall`, :obj:`selector_check`, :obj:`switch_steps`,
+    :obj:`freeze_selector`) in directory :obj:`out`.
 
     Example:
         >>> import argparse
@@ -77,6 +79,7 @@ class Recipe:
         self.threshold = getattr(args, "selector_recall", 0.9)
         self.check = getattr(args, "selector_check", 25)
         self.switch_steps = getattr(args, "switch_steps", 0)
+        self.freeze_selector = getattr(args, "freeze_selector", False)
         self.path = None if out is None else Path(out) / "recipe.json"
         self.state: dict = {}
         if self.path is not None and self.path.exists():
@@ -118,11 +121,16 @@ class Recipe:
 
     def trainable(self, model: torch.nn.Module, step: int) -> Optional[Set[int]]:
         """The ids of the parameters that learn at :obj:`step`: the SBMs'
-        alone in the selector phase, all (:obj:`None`) otherwise."""
-        if self.phase(step) != "selector":
+        alone in the selector phase, all but the SBMs' in the sparse phase
+        with :obj:`freeze_selector`, all (:obj:`None`) otherwise."""
+        phase = self.phase(step)
+        if phase == "dense" or (phase == "sparse" and not self.freeze_selector):
             return None
-        return {id(p) for m in model.modules() if isinstance(m, SBMConv)
-                for p in m.sbm.parameters()}
+        sbm = {id(p) for m in model.modules() if isinstance(m, SBMConv)
+               for p in m.sbm.parameters()}
+        if phase == "selector":
+            return sbm
+        return {id(p) for p in model.parameters()} - sbm
 
     def after_step(self, step: int, measure) -> Optional[dict]:
         r"""After :obj:`step` steps: in the selector phase, every

@@ -100,6 +100,30 @@ def test_the_selector_phase_trains_the_sbms_alone(tmp_path):
     assert moved and moved <= sbm
 
 
+def test_a_frozen_selector_leaves_the_sbms_after_the_switch(tmp_path):
+    torch.manual_seed(0)
+    args = train_arguments(task="repeat", out=tmp_path, seq_len=8, batch_size=4,
+                           distill=1.0, dense_steps=1, recipe="teacher",
+                           num_clusters=4, freeze_selector=True)
+    model = build_model(args)
+    recipe = Recipe(args)
+    recipe.state = dict(sparse_start=2)
+    optimizer = build_optimizer(model, args)
+    schedule = build_schedule(optimizer, args)
+    conv = next(m for m in model.modules() if isinstance(m, SBMConv))
+    conv.distill = 1.0
+    sbm = {id(p) for p in conv.sbm.parameters()}
+    rest = {id(p) for p in model.parameters()} - sbm
+    assert recipe.trainable(model, 1) == sbm and recipe.trainable(model, 2) == rest
+    before = {id(p): p.detach().clone() for p in model.parameters()}
+    train_step(model, model, optimizer, schedule, make_task(args, seeded(0)), args,
+               torch.device("cpu"), seeded(1), trainable=recipe.trainable(model, 2))
+    moved = {id(p) for p in model.parameters() if not torch.equal(p, before[id(p)])}
+    assert moved and moved <= rest and conv.distillation is not None
+    with pytest.raises(ValueError, match="--freeze-selector needs --recipe teacher"):
+        train_arguments(task="repeat", out=tmp_path / "x", freeze_selector=True)
+
+
 def test_a_teacher_run_switches_and_resumes(tmp_path):
     out = tmp_path / "run"
     args = dict(task="repeat", out=out, seq_len=8, batch_size=4, num_clusters=4,
