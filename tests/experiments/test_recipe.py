@@ -184,3 +184,22 @@ def test_sparse_presets(tmp_path, preset, task, seq_len):
     assert args.switch_steps == (400 if task == "repeat" else 0)
     over = train_arguments(preset, out=tmp_path, target_density=0.02, seed=2)
     assert (over.target_density, over.seed) == (0.02, 2)
+
+
+def test_a_per_head_budget_from_its_starting_multiplier(tmp_path):
+    # --budget-per-head and --budget-lam reach the run's DensityBudget: each
+    # of the two heads held to the budget (the checkpoint's [L, H] target),
+    # lambda never below its start once the budget acts.
+    out = tmp_path / "run"
+    final = train(train_arguments(
+        task="repeat", out=out, seq_len=8, batch_size=4, num_clusters=4, heads=2,
+        channels=8, distill=1.0, distill_recall=1.0, dense_steps=1, recipe="teacher",
+        selector_steps=1, selector_check=100, target_density=0.2, budget_per_head=True,
+        budget_lam=0.5, steps=4, log_every=1, no_progress=True, checkpoint_every=1))
+    state = torch.load(out / "checkpoint.pt", weights_only=False)["budget"]
+    assert state["target"].shape == (1, 2) and state["lam0"] == 0.5
+    assert bool((state["lams"] >= 0.5).all())
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    lams = [r["lam"] for r in records if r["split"] == "train"]
+    assert len(lams) == 4 and min(lams) >= 0.5
+    assert final["args"]["budget_per_head"] and final["args"]["distill_recall"] == 1.0
