@@ -72,7 +72,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "distillation that sets the SBM's scale (--distill-recall) "
              "needs lambda near 1, which from 1e-3 the controller takes "
              "hundreds of steps to reach")
-    add("--budget-per-head", action="store_true",
+    add("--budget-per-head", action=argparse.BooleanOptionalAction, default=False,
         help="hold every SBM head to --target-density, not their mean (a "
              "mean lets one head take the edges another head needs)")
     add("--budget-ceiling", action="store_true",
@@ -90,7 +90,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --distill, the weight of the recall fit added to it "
              "(sbm_pyg.nn.recall_fit: the attention mass the SBM's "
              "probabilities miss, each row alike)")
-    add("--sink", action="store_true",
+    add("--sink", action=argparse.BooleanOptionalAction, default=False,
         help="a learned attention sink per head in every SBM layer "
              "(SBMConv(sink=True)): a row may attend to nothing")
     add("--distill-start", type=int, default=0,

@@ -184,6 +184,16 @@ def test_sparse_presets(tmp_path, preset, task, seq_len):
     assert args.switch_steps == (400 if task == "repeat" else 0)
     over = train_arguments(preset, out=tmp_path, target_density=0.02, seed=2)
     assert (over.target_density, over.seed) == (0.02, 2)
+    # MQAR's: the recall fit, a budget per head from lambda 1, the SBMs
+    # learning from the selector phase on, for up to 1500 steps, and a sink;
+    # each can be switched back off (the runs made before it).
+    mqar = task == "mqar"
+    assert (args.distill_recall, args.budget_per_head, args.budget_lam, args.sink) == \
+        ((1.0, True, 1.0, True) if mqar else (0.0, False, 1e-3, False))
+    assert (args.distill_start, args.selector_steps, args.steps) == \
+        ((500, 1500, 2100) if mqar else (0, 400, 2000))
+    off = train_arguments(preset, out=tmp_path, budget_per_head=False, sink=False)
+    assert not off.budget_per_head and not off.sink
 
 
 def test_a_per_head_budget_from_its_starting_multiplier(tmp_path):
