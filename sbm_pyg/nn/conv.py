@@ -19,8 +19,7 @@ from torch_geometric.utils import scatter, softmax
 
 from sbm_pyg.nn._sbm_attention import sbm_attention
 from sbm_pyg.nn.block_model import StochasticBlockModel
-from sbm_pyg.nn.distillation import (DISTILL_SMOOTHING, attention_distillation, edge_fit,
-                                     recall_fit)
+from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, attention_distillation, edge_fit, recall_fit
 from sbm_pyg.nn.functional import straight_through_probability, with_sink
 from sbm_pyg.nn.inputs import (
     check_layer_options,
