@@ -162,14 +162,19 @@ def test_budget_lambda_stays_within_its_bounds():
     assert float(high.lam) < 3.0
 
 
-def test_per_head_budgets_move_each_head_its_own_way():
+def _two_layers_run():
+    # Two layers of two heads after a forward, and their densities [2, 2].
     torch.manual_seed(0)
     model = torch.nn.ModuleList([SBMConv(8, 4, heads=2, num_clusters=3)
                                  for _ in range(2)])
     x = torch.randn(24, 8)
     for conv in model:
         conv(x, generator=seeded(0))
-    d = torch.stack([conv.expected_density for conv in model]).detach()
+    return model, torch.stack([conv.expected_density for conv in model]).detach()
+
+
+def test_per_head_budgets_move_each_head_its_own_way():
+    model, d = _two_layers_run()
     target = torch.tensor([[1e-3, 1.0], [1.0, 1e-3]])
     budget = DensityBudget(model, target=target, lam=1e-2, lam_min=1e-4)
     assert budget.lam.shape == (2, 2)
@@ -186,13 +191,7 @@ def test_a_number_held_by_every_head():
     # per_head: the same multipliers and penalty as the [L, H] tensor of that
     # number, so that a head above the budget is pulled down even where the
     # mean over heads sits below it.
-    torch.manual_seed(0)
-    model = torch.nn.ModuleList([SBMConv(8, 4, heads=2, num_clusters=3)
-                                 for _ in range(2)])
-    x = torch.randn(24, 8)
-    for conv in model:
-        conv(x, generator=seeded(0))
-    d = torch.stack([conv.expected_density for conv in model]).detach()
+    model, d = _two_layers_run()
     rho = float(d.mean())
     each = DensityBudget(model, target=rho, lam=1e-2, per_head=True)
     table = DensityBudget(model, target=torch.full((2, 2), rho), lam=1e-2)

@@ -340,25 +340,6 @@ def test_edge_fit_per_head_gradient_and_bad_input():
         edge_fit(alpha[:3], q, block, k, graph)
 
 
-def test_the_layer_adds_the_edge_fit_to_its_distillation():
-    torch.manual_seed(0)
-    conv = SBMConv(8, 4, heads=2, num_clusters=3, distill=0.5,
-                   distill_edges=2.0, sbm_parametrization="mmsb")
-    x = torch.randn(11, 8, generator=seeded(6))
-    batch = torch.tensor([0] * 5 + [1] * 6)
-    _, (graph, alpha) = conv(x, batch, return_attention_weights=True,
-                             generator=seeded(7))
-    H, C = conv.heads, conv.out_channels
-    memb = conv.sbm(conv.lin_query(x).view(-1, H, C),
-                    conv.lin_key(x).view(-1, H, C))
-    expected = (attention_distillation(alpha, *memb, graph,
-                                       smoothing=DISTILL_SMOOTHING)
-                + 2.0 * edge_fit(alpha, *memb, graph))
-    torch.testing.assert_close(conv.distillation, expected)
-    with pytest.raises(ValueError, match="distill_edges"):
-        SBMConv(8, 4, distill_edges=-1.0)
-
-
 def test_recall_fit_exact_value_on_a_tiny_graph():
     alpha, q, block, k, graph = tiny()
     got = recall_fit(alpha, q, block, k, graph)
@@ -406,10 +387,12 @@ def test_recall_fit_per_head_gradient_and_bad_input():
         recall_fit(alpha[:3], q, block, k, graph)
 
 
-def test_the_layer_adds_the_recall_fit_to_its_distillation():
+@pytest.mark.parametrize("option,fit", [("distill_edges", edge_fit),
+                                        ("distill_recall", recall_fit)])
+def test_the_layer_adds_its_fits_to_its_distillation(option, fit):
     torch.manual_seed(0)
     conv = SBMConv(8, 4, heads=2, num_clusters=3, distill=0.5,
-                   distill_recall=3.0, sbm_parametrization="mmsb")
+                   sbm_parametrization="mmsb", **{option: 2.0})
     x = torch.randn(11, 8, generator=seeded(6))
     batch = torch.tensor([0] * 5 + [1] * 6)
     _, (graph, alpha) = conv(x, batch, return_attention_weights=True,
@@ -419,7 +402,7 @@ def test_the_layer_adds_the_recall_fit_to_its_distillation():
                     conv.lin_key(x).view(-1, H, C))
     expected = (attention_distillation(alpha, *memb, graph,
                                        smoothing=DISTILL_SMOOTHING)
-                + 3.0 * recall_fit(alpha, *memb, graph))
+                + 2.0 * fit(alpha, *memb, graph))
     torch.testing.assert_close(conv.distillation, expected)
-    with pytest.raises(ValueError, match="distill_recall"):
-        SBMConv(8, 4, distill_recall=-1.0)
+    with pytest.raises(ValueError, match=option):
+        SBMConv(8, 4, **{option: -1.0})
