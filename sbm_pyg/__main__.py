@@ -56,7 +56,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "train":
         check_train_arguments(train_parser, args)
         if args.resume:
-            from sbm_pyg.experiments.arguments import resolve_resume
+            from sbm_pyg.experiments.resume import resolve_resume
             resolve_resume(train_parser, args,
                            list(sys.argv[1:] if argv is None else argv))
         from sbm_pyg.experiments.train import train
@@ -96,7 +96,7 @@ def _gps(parser, gps_parser, presets, args, argv) -> int:
     except ValueError as e:
         gps_parser.error(str(e))
     if args.resume:
-        from sbm_pyg.experiments.arguments import resolve_resume
+        from sbm_pyg.experiments.resume import resolve_resume
         resolve_resume(gps_parser, args, list(sys.argv[1:] if argv is None else argv),
                        resumable=RESUMABLE)
     final = train_gps(args)
