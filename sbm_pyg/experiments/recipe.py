@@ -24,7 +24,8 @@ Two recipes (``--recipe``):
   3. **sparse**: sampled graphs, everything learning, the SBMs still
      distilled on their sampled edges; with ``--freeze-selector`` the SBMs
      stay as the selector phase left them and the model alone learns on
-     their graphs (the density the budget held is then kept as it was).
+     their graphs (which still move with the queries and keys the SBMs
+     read).
 
 The switch's step and reason are written to ``OUT/recipe.json`` (read back
 on ``--resume``) and logged to ``metrics.jsonl`` (``"split": "recipe"``).
