@@ -149,7 +149,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "half cosine, or constant")
     add("--warmup-steps", type=int, default=0,
         help="linear warm-up from 0 over this many steps")
-    add("--dropout", type=float, default=0.0)
+    add("--dropout", type=float, default=0.0,
+        help="dropout after attention and the MLP")
+    add("--attn-dropout", type=float, default=0.0,
+        help="dropout on the attention weights (sbm, full and bigbird "
+             "heads; an SBM head's dense phases included)")
     add("--exploration", type=float, default=None,
         help="random exploration rate added to every pair's probability "
              "in training (default: 0.01, or a tenth of --target-density "
@@ -261,6 +265,12 @@ def validate_train_arguments(args) -> None:
     if args.lr <= 0 or args.lam < 0 or not 0 <= args.dropout < 1 or args.exploration < 0:
         raise ValueError("--lr must be > 0, --lam >= 0, --dropout in [0, 1), "
                          "--exploration >= 0")
+    attn_dropout = getattr(args, "attn_dropout", 0.0)
+    if not 0 <= attn_dropout < 1 or (
+            attn_dropout > 0 and args.attention in ("linear", "performer")):
+        raise ValueError(f"--attn-dropout must be in [0, 1) and needs "
+                         f"--attention sbm, full or bigbird, got "
+                         f"{attn_dropout} with {args.attention}")
     distill = getattr(args, "distill", 0.0)
     if not distill >= 0 or (distill > 0 and args.attention != "sbm"):
         raise ValueError("--distill must be >= 0 and needs --attention sbm")

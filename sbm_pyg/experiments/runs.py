@@ -37,6 +37,7 @@ def build_model(args) -> SBMTransformer:
         heads=args.heads, attention=args.attention,
         num_clusters=args.num_clusters,
         token_classes=token_classes, seq_classes=10, dropout=args.dropout,
+        attn_dropout=getattr(args, "attn_dropout", 0.0),
         short_conv=getattr(args, "short_conv", 0),
         bigbird_density=getattr(args, "bigbird_density", 0.05),
         **(dict(exploration=args.exploration, mode=args.mode,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sbm_pyg.__main__ import main
-from sbm_pyg.experiments.runs import load_checkpoint
+from sbm_pyg.experiments.runs import load_checkpoint, load_run
 
 # Host-side tools: on the CPU whatever SBM_PYG_TEST_DEVICE says.
 pytestmark = pytest.mark.host
@@ -257,6 +257,11 @@ def test_listops_task(tmp_path):
      "vocab_size must give num_pairs distinct keys"),
     (["train", "--task", "repeat", "--out", "x", "--bigbird-density", "0"],
      "--bigbird-density must lie in (0, 1]"),
+    *[(["train", "--task", "repeat", "--out", "x", "--attention", attention,
+        "--attn-dropout", p], "--attn-dropout must be in [0, 1) and needs "
+       f"--attention sbm, full or bigbird, got {float(p)} with {attention}")
+      for attention, p in (("sbm", "1"), ("full", "-0.1"), ("linear", "0.1"),
+                           ("performer", "0.5"))],
 ])
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -609,3 +614,19 @@ def test_exploration_defaults_to_a_tenth_of_the_budget(tmp_path, target, given,
     gps_args = parser.parse_args(argv)
     validate_gps_arguments(gps_args)
     assert gps_args.exploration == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("attention", ["sbm", "full"])
+def test_attn_dropout_reaches_the_heads(tmp_path, attention):
+    # The dense phase of an SBM head too: its warm-up kernel drops weights.
+    common = ("--steps", "2", "--log-every", "1", "--attention", attention,
+              *(("--dense-steps", "2") if attention == "sbm" else ()))
+    plain = run(tmp_path, "plain", *common)
+    dropped = run(tmp_path, "dropped", *common, "--attn-dropout", "0.5")
+    model, args = load_run(dropped)
+    assert args["attn_dropout"] == 0.5
+    head = model.blocks[0].attention
+    assert (head.conv.dropout if attention == "sbm" else head.dropout) == 0.5
+    first = [next(r for r in metrics(out) if r["split"] == "train")["loss"]
+             for out in (plain, dropped)]
+    assert first[0] != first[1]  # same seed, same batch: only the dropout differs
