@@ -11,12 +11,16 @@ memberships :math:`\mathbf{Y} \in \mathbb{R}_+^{n_q \times k}`, block matrix
 :func:`fastrg` samples all sequences and heads of a ragged batch at once, in
 time and memory linear in the number of edges; :func:`bernoulli` and
 :func:`expected_adjacency` are dense :math:`O(N_q N_k)` references for tests
-and small inputs.
+and small inputs. :func:`plan_tiles` splits a sharp head's law into dense
+tiles of cluster-sorted tokens and a rest for fastRG;
+:func:`sample_tiled` draws a graph through that split.
 """
 from sbm_pyg.sampling.edges import edge_pairs
 from sbm_pyg.sampling.fastrg import BACKENDS, MODES, fastrg
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.sampling.reference import bernoulli, expected_adjacency
+from sbm_pyg.sampling.tiles import TilePlan, plan_tiles, sample_tiled
 
 __all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency",
-           "edge_pairs", "MODES", "BACKENDS"]
+           "edge_pairs", "MODES", "BACKENDS", "TilePlan", "plan_tiles",
+           "sample_tiled"]

@@ -1,0 +1,189 @@
+"""The tile plan: the order, the tiles, the split of the law, and a graph
+drawn through it."""
+import pytest
+import torch
+
+from sbm_pyg.sampling import expected_adjacency
+from sbm_pyg.sampling.tiles import in_tiles, plan_tiles, sample_tiled, tile_pairs
+from tests.helpers import max_binomial_z, seeded, z_bound
+from tests.sampling.cases import TRIALS, pair_counts, repeated
+
+
+def sharp_sbm(clusters, H=2, k=3, share=0.8, dtype=torch.float64):
+    """Memberships with ``share`` on each token's cluster (the list gives
+    them, head h shifted by h) and the rest spread; a block with 0.8 on its
+    diagonal and 0.05 off it: every rate in (0.05, 0.95)."""
+    top = (torch.tensor(clusters)[:, None] + torch.arange(H)) % k
+    memb = torch.full((len(clusters), H, k), (1 - share) / (k - 1), dtype=dtype)
+    memb.scatter_(-1, top[..., None], share)
+    block = torch.full((H, k, k), 0.05, dtype=dtype)
+    block += 0.75 * torch.eye(k, dtype=dtype)
+    return memb, block
+
+
+def all_pairs(ptr_q, ptr_k, H):
+    """Every (head, query, key) pair within a sequence."""
+    pairs = [(h, i, j) for h in range(H) for g in range(len(ptr_q) - 1)
+             for i in range(ptr_q[g], ptr_q[g + 1])
+             for j in range(ptr_k[g], ptr_k[g + 1])]
+    return [torch.tensor(x) for x in zip(*pairs)]
+
+
+def test_two_blocks_in_shuffled_order():
+    # Tokens of cluster 1 and 0 interleaved: the order sorts them, stably.
+    memb = torch.eye(2)[torch.tensor([1, 0, 1, 0, 0, 1])][:, None]
+    block = torch.tensor([[[0.9, 0.0], [0.0, 0.9]]])
+    plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
+    assert plan.q_order.tolist() == [[1, 3, 4, 0, 2, 5]]
+    assert torch.equal(plan.q_order[0, plan.q_pos[0]], torch.arange(6))
+    assert plan.selected.tolist() == [[[True, False], [False, True]]]
+    assert (plan.tile_ptr.tolist(), plan.tile_col.tolist()) == ([0, 1, 2], [0, 1])
+    # The rest: no mass between the blocks' own clusters, all of it across.
+    q_rest, block_rest, k_rest = plan.rest
+    assert torch.equal(block_rest[0], 0.9 * torch.tensor(
+        [[0., 0, 1, 0], [0, 0, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1]]))
+    assert torch.equal(q_rest[:, 0, :2], memb[:, 0]) and (q_rest[..., 2:] == 0).all()
+
+
+def test_tiles_of_two_sequences_and_heads():
+    # Sequence 0: 5 tokens of clusters [0, 0, 1, 2, 2]; sequence 1: 4 of
+    # [1, 1, 1, 0]; tiles of 2 x 2. Head 1's clusters are shifted by 1.
+    memb, block = sharp_sbm([0, 0, 1, 2, 2, 1, 1, 1, 0])
+    plan = plan_tiles(memb, block, memb, ptr_q=[0, 5, 9], ptr_k=[0, 5, 9],
+                      tile_q=2, tile_k=2, min_fill=0.5)
+    assert plan.q_tiles.tolist() == [0, 3, 5] and plan.k_tiles.tolist() == [0, 3, 5]
+    # Only the diagonal pairs: 0.8 * 0.8 * 0.8 = 0.512 >= 0.5 (across:
+    # 0.8 * 0.05 * 0.8 = 0.032).
+    assert torch.equal(plan.selected, torch.eye(3, dtype=torch.bool).expand(2, 3, 3))
+    # Head 0, sequence 0, sorted [0, 0 | 1, 2 | 2]: blocks (0,0) -> tile
+    # (0,0); (1,1) -> (1,1); (2,2) -> tiles (1,1), (1,2), (2,1), (2,2).
+    # Sequence 1 sorted [0, 1 | 1, 1]: (0,0) -> (3,3); (1,1) -> (3,3),
+    # (3,4), (4,3), (4,4). Head 1 (clusters + 1): sequence 0 is [1, 1, 2,
+    # 0, 0] -> sorted [0, 0 | 1, 1 | 2]; sequence 1 [2, 2, 2, 1] -> [1, 2 | 2, 2].
+    rows = [plan.tile_col[plan.tile_ptr[r]:plan.tile_ptr[r + 1]].tolist()
+            for r in range(10)]
+    assert rows == [[0], [1, 2], [1, 2], [3, 4], [3, 4],
+                    [0], [1], [2], [3, 4], [3, 4]]
+    assert plan.num_tiles == 16
+
+
+@pytest.mark.parametrize("min_fill", [0.02, 0.5, 10.0])
+def test_split_is_exact_outside_the_tiles(min_fill):
+    # The rest's rate equals p wherever no tile is, never exceeds it, and
+    # the cut (p minus the rest) is the top clusters' share on the
+    # selected cluster pairs.
+    memb, block = sharp_sbm([0, 2, 1, 1, 0, 2, 1, 0, 0, 2, 1])
+    ptr = [0, 6, 6, 11]  # one sequence empty
+    plan = plan_tiles(memb, block, memb, ptr_q=ptr, ptr_k=ptr, tile_q=2,
+                      tile_k=3, min_fill=min_fill)
+    full = expected_adjacency(memb, block, memb, ptr_q=ptr, ptr_k=ptr)
+    rest = expected_adjacency(*plan.rest, ptr_q=ptr, ptr_k=ptr)
+    head, query, key = all_pairs(ptr, ptr, 2)
+    tiled = in_tiles(plan, head, query, key)
+    rate = lambda m: -torch.log1p(-m[head, query, key])  # noqa: E731
+    gap = rate(full) - rate(rest)
+    assert (gap > -1e-12).all()
+    assert (gap[~tiled].abs() < 1e-12).all()
+    top = memb.argmax(-1)
+    main = memb.max(-1).values
+    cut = (plan.selected[head, top[query, head], top[key, head]]
+           * main[query, head] * block[head, top[query, head], top[key, head]]
+           * main[key, head])
+    assert torch.allclose(gap, cut)
+    if min_fill == 10.0:  # no cluster pair that full: no tile, all rest
+        assert plan.num_tiles == 0 and not tiled.any()
+    elif min_fill == 0.02:  # every cluster pair (across: 0.032): all tiles
+        assert plan.selected.all() and tiled.all()
+    else:
+        assert tiled.any() and (~tiled).any() and (cut[tiled] > 0).any()
+
+
+def test_in_tiles_and_tile_pairs_agree_with_a_grid():
+    memb, block = sharp_sbm([2, 0, 1, 1, 0, 2, 1, 0, 2, 2, 1, 0, 0])
+    ptr_q, ptr_k = [0, 7, 13], [0, 5, 13]
+    keys = torch.roll(memb, 3, 0)
+    plan = plan_tiles(memb, block, keys, ptr_q=ptr_q, ptr_k=ptr_k,
+                      tile_q=3, tile_k=2, min_fill=0.1)
+    head, query, key = all_pairs(ptr_q, ptr_k, 2)
+    got = in_tiles(plan, head, query, key)
+    # The grid, pair by pair: sorted positions in the sequence, tiles.
+    Tq, Tk = plan.num_q_tiles, plan.num_k_tiles
+    grid = torch.zeros(2 * Tq, Tk, dtype=torch.bool)
+    for r in range(2 * Tq):
+        grid[r, plan.tile_col[plan.tile_ptr[r]:plan.tile_ptr[r + 1]]] = True
+    want = []
+    for h, i, j in zip(head.tolist(), query.tolist(), key.tolist()):
+        g = 0 if i < ptr_q[1] else 1
+        a = (int(plan.q_pos[h, i]) - ptr_q[g]) // 3
+        b = (int(plan.k_pos[h, j]) - ptr_k[g]) // 2
+        want.append(bool(grid[h * Tq + plan.q_tiles[g] + a, plan.k_tiles[g] + b]))
+    assert got.tolist() == want and any(want) and not all(want)
+    # The enumerated tile pairs are those pairs, each once.
+    h, i, j = tile_pairs(plan)
+    listed = sorted(zip(h.tolist(), i.tolist(), j.tolist()))
+    assert listed == sorted(zip(head[got].tolist(), query[got].tolist(),
+                                key[got].tolist()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,exploration,self_loops", [
+    ("poisson", 0.0, False), ("exact", 0.0, False), ("exact", 0.03, True)])
+def test_graph_through_the_plan_has_the_law(mode, exploration, self_loops):
+    # Repeated copies of one sequence drawn through one plan: each pair's
+    # frequency against the mode's probability (z-test, Bonferroni), tiles
+    # and rest both exercised; the other mode's marginals are rejected.
+    memb, block = sharp_sbm([0, 2, 1, 1, 0, 2, 1])
+    q, b, k, ptr_q, ptr_k = repeated(memb, block, memb)
+    plan = plan_tiles(q, b, k, ptr_q=ptr_q, ptr_k=ptr_k, tile_q=2, tile_k=2,
+                      min_fill=0.3)
+    graph = sample_tiled(q, b, k, plan, mode=mode, exploration=exploration,
+                         self_loops=self_loops, generator=seeded(3))
+    counts = pair_counts(graph, 7, 7)
+    kwargs = dict(mode=mode, exploration=exploration, self_loops=self_loops)
+    prob = expected_adjacency(memb, block, memb, **kwargs)
+    bound = z_bound(prob.numel())
+    assert max_binomial_z(counts, TRIALS, prob) < bound
+    other = "exact" if mode == "poisson" else "poisson"
+    wrong = expected_adjacency(memb, block, memb, **dict(kwargs, mode=other))
+    assert max_binomial_z(counts, TRIALS, wrong) > bound
+    head, query, key = all_pairs([0, 7], [0, 7], 2)
+    tiled = in_tiles(plan, head, query, key)
+    assert tiled.any() and (~tiled).any()
+
+
+@pytest.mark.parametrize("case", ["one token", "one cluster", "wide tiles"])
+def test_small_and_degenerate_sequences(case):
+    clusters = {"one token": [1], "one cluster": [2] * 5,
+                "wide tiles": [0, 1, 0, 1]}[case]
+    memb, block = sharp_sbm(clusters)
+    plan = plan_tiles(memb, block, memb, tile_q=64, tile_k=64, min_fill=0.3)
+    # One tile per head holds the whole sequence.
+    assert plan.tile_ptr.tolist() == [0, 1, 2] and plan.tile_col.tolist() == [0, 0]
+    graph = sample_tiled(memb, block, memb, plan, mode="exact", self_loops=True,
+                         generator=seeded(0))
+    n = len(clusters)
+    assert graph.num_edges <= 2 * n * n
+    head, query, key = all_pairs([0, n], [0, n], 2)
+    assert in_tiles(plan, head, query, key).all()
+
+
+def test_bad_arguments_name_themselves():
+    memb, block = sharp_sbm([0, 1, 2])
+    for kwargs, message in [
+        (dict(tile_q=0), "tile_q must be an int >= 1, got 0"),
+        (dict(tile_k=True), "tile_k must be an int >= 1, got True"),
+        (dict(tile_q=2.0), "tile_q must be an int >= 1, got 2.0"),
+        (dict(min_fill=0.0), "min_fill must be a finite number > 0, got 0.0"),
+        (dict(min_fill=float("nan")), "min_fill must be a finite number > 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            plan_tiles(memb, block, memb, **kwargs)
+    with pytest.raises(ValueError, match=r"block must have shape \[H, k, k\]"):
+        plan_tiles(torch.cat([memb, memb[..., :1]], -1), block, memb)
+    with pytest.raises(ValueError, match="q_memb must be finite and >= 0|q_memb"):
+        plan_tiles(-memb, block, memb)
+    plan = plan_tiles(memb, block, memb)
+    with pytest.raises(ValueError, match="plan must be made from these memberships"):
+        sample_tiled(memb[:2], block, memb[:2], plan)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        sample_tiled(memb, block, memb, plan, mode="bernoulli")
