@@ -4,13 +4,13 @@ change: :mod:`~sbm_pyg.experiments.resume`)."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from sbm_pyg.experiments.budget_arguments import add_budget_arguments, validate_budget
 from sbm_pyg.experiments.optim import OPTIMIZERS, SCHEDULES
 from sbm_pyg.experiments.presets import (  # noqa: F401 (the options' module re-exports them)
     BUDGET_PRESETS,
@@ -25,31 +25,6 @@ from sbm_pyg.nn.block_model import INITS, PARAMETRIZATIONS
 __all__ = ["PRESETS", "BUDGET_PRESETS", "preset_defaults", "RESUMABLE",
            "add_train_arguments", "train_arguments",
            "check_train_arguments", "validate_train_arguments", "resolve_resume"]
-
-def _add_budget_arguments(add) -> None:
-    # The density budget's options (sbm_pyg.nn.DensityBudget).
-    add("--target-density", type=float, default=None,
-        help="hold the SBM heads' mean expected density at this budget in "
-             "(0, 1], adjusting lambda as training goes "
-             "(sbm_pyg.nn.DensityBudget); replaces --lam")
-    add("--budget-warmup", type=int, default=None,
-        help="steps over which the budget comes down from the first step's "
-             "density to --target-density (default: a tenth of --steps)")
-    add("--budget-delay", type=int, default=0,
-        help="steps before the budget acts (e.g. during --dense-steps); its "
-             "warm-up then starts from that step's density")
-    add("--budget-lam", type=float, default=1e-3,
-        help="the budget's starting (and least) multiplier lambda_0: a "
-             "distillation that sets the SBM's scale (--distill-recall) "
-             "needs lambda near 1, which from 1e-3 the controller takes "
-             "hundreds of steps to reach")
-    add("--budget-per-head", action=argparse.BooleanOptionalAction, default=False,
-        help="hold every SBM head to --target-density, not their mean (a "
-             "mean lets one head take the edges another head needs)")
-    add("--budget-ceiling", action="store_true",
-        help="hold the density at or below --target-density only: without "
-             "the floor that keeps it from falling below")
-
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     def add(*names, **kwargs):
@@ -84,7 +59,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--lam-start", type=int, default=0,
         help="the step from which --lam acts (e.g. --dense-steps: in a "
              "dense warm-up the penalty only pulls the SBM sparse)")
-    _add_budget_arguments(add)
+    add_budget_arguments(add)
     add("--distill", type=float, default=0.0,
         help="strength beta of the attention distillation in every SBM "
              "layer: the SBM learns to put its edges where the attention "
@@ -288,7 +263,7 @@ def validate_train_arguments(args) -> None:
         if getattr(args, flag, 0) and args.attention != "sbm":
             raise ValueError(f"--{flag.replace('_', '-')} needs --attention sbm")
     _validate_recipe(args)
-    _validate_budget(args)
+    validate_budget(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda: CUDA is not available")
     if args.diagnose_every < 0 or (args.diagnose_every and (
@@ -302,29 +277,6 @@ def validate_train_arguments(args) -> None:
             and args.out.is_dir() and any(args.out.iterdir())):
         raise ValueError(f"--out {args.out} is not empty: pass --resume to "
                          f"continue the run in it, or choose another directory")
-
-
-def _validate_budget(args) -> None:
-    target = getattr(args, "target_density", None)
-    if target is None and (getattr(args, "budget_warmup", None) is not None
-                           or getattr(args, "budget_ceiling", False)
-                           or getattr(args, "budget_per_head", False)
-                           or getattr(args, "budget_lam", 1e-3) != 1e-3
-                           or getattr(args, "budget_delay", 0)):
-        raise ValueError("--budget-warmup, --budget-delay, --budget-ceiling, "
-                         "--budget-lam and --budget-per-head need --target-density")
-    if target is not None:
-        if not 0 < target <= 1:  # NaN fails too
-            raise ValueError(f"--target-density must lie in (0, 1], got {target}")
-        if getattr(args, "budget_warmup", None) is not None and args.budget_warmup < 0:
-            raise ValueError("--budget-warmup must be >= 0")
-        if getattr(args, "budget_delay", 0) < 0:
-            raise ValueError("--budget-delay must be >= 0")
-        if not 0 < getattr(args, "budget_lam", 1e-3) < math.inf:  # NaN fails too
-            raise ValueError("--budget-lam must be a finite number > 0")
-        if args.attention != "sbm" or args.lam != 0:
-            raise ValueError("--target-density needs --attention sbm and sets "
-                             "lambda itself: leave --lam at 0")
 
 
 def _validate_recipe(args) -> None:

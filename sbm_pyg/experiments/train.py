@@ -14,6 +14,7 @@ from typing import Dict, Optional, Set, Tuple, Union
 import torch
 from torch import Tensor
 
+from sbm_pyg.experiments.budget_arguments import BUDGET_LAM
 from sbm_pyg.experiments.diagnose import repeat_diagnostics
 from sbm_pyg.experiments.optim import (
     build_optimizer,
@@ -68,7 +69,7 @@ def train(args) -> dict:
                                floor=not getattr(args, "budget_ceiling", False),
                                delay=recipe.budget_delay(getattr(args, "budget_delay", 0)),
                                per_head=getattr(args, "budget_per_head", False),
-                               lam=getattr(args, "budget_lam", 1e-3))
+                               lam=getattr(args, "budget_lam", BUDGET_LAM))
     args.out.mkdir(parents=True, exist_ok=True)
     recipe.path = args.out / "recipe.json"
     checkpoint_path = args.out / "checkpoint.pt"
