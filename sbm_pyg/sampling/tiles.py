@@ -34,7 +34,8 @@ in a tile dropped. Outside the tiles the rest's rate is :math:`p_{ij}`
 itself, so each pair is an edge with the mode's probability, independently,
 in both modes; fastRG draws only the rest's mass, which for a sharp head is
 a small part (the draws it wastes in tiles are the rest's mass there).
-:func:`sample_tiled` is that construction as a reference.
+:func:`draw_tiled` is that construction (a reference: its tiles draw
+with torch's generator), :func:`sample_tiled` its graph.
 
 Tiles are numbered per sequence in the sorted order: query tile :math:`a` of
 sequence :math:`g` holds its sorted positions :math:`[a\,t_q, (a + 1)\,t_q)`
@@ -56,8 +57,8 @@ from sbm_pyg.sampling.fastrg import fastrg
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator, sync
 
-__all__ = ["TilePlan", "plan_tiles", "in_tiles", "tile_rows", "tile_pairs",
-           "sample_tiled"]
+__all__ = ["TilePlan", "TiledGraph", "plan_tiles", "in_tiles", "tile_rows",
+           "tile_pairs", "draw_tiled", "sample_tiled"]
 
 
 class TilePlan(NamedTuple):
@@ -323,27 +324,52 @@ def tile_pairs(plan: TilePlan) -> Tuple[Tensor, Tensor, Tensor]:
     return (head[:, None, None].expand_as(query)[real], query[real], key[real])
 
 
-def sample_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
-                 plan: TilePlan, *, mode: str = "poisson",
-                 exploration: float = 0.0, self_loops: bool = False,
-                 generator: Optional[torch.Generator] = None) -> SampledGraph:
+class TiledGraph(NamedTuple):
+    r"""A graph drawn through a :class:`TilePlan` (:func:`draw_tiled`):
+    the edges of the plan's tiles as a mask :obj:`[P, t_q, t_k]` over the
+    pairs of :func:`tile_rows` (false on padding), and the rest's edges,
+    none of them in a tile, as a :class:`~sbm_pyg.sampling.SampledGraph`;
+    the two are disjoint and their union is the graph
+    (:meth:`graph`)."""
+
+    plan: TilePlan
+    mask: Tensor
+    rest: SampledGraph
+
+    def graph(self) -> SampledGraph:
+        r"""The whole graph, tiles and rest, as one :class:`SampledGraph`."""
+        rest = self.rest
+        H, Nq, Nk = rest.num_heads, rest.num_queries, rest.num_keys
+        key, query = rest.edge_index
+        head, q_rows, k_rows = tile_rows(self.plan)
+        pair = ((head[:, None, None] * Nq + q_rows[:, :, None]) * Nk
+                + k_rows[:, None, :])
+        keys = torch.cat([(rest.head * Nq + query) * Nk + key, pair[self.mask]])
+        return SampledGraph.from_keys(torch.sort(keys).values, H, Nq, Nk,
+                                      ptr_q=rest.ptr_q, ptr_k=rest.ptr_k)
+
+
+def draw_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
+               plan: TilePlan, *, mode: str = "poisson",
+               exploration: float = 0.0, self_loops: bool = False,
+               generator: Optional[torch.Generator] = None) -> TiledGraph:
     r"""A graph of :func:`~sbm_pyg.sampling.fastrg`'s law drawn through
     :obj:`plan` (made from the same SBM and sequences): one Bernoulli per
     pair of the active tiles, the rest's SBM by fastRG with its edges in
-    tiles dropped (the module's text proves the law the same). The
-    reference of the tiled path: each tile's probabilities one product
+    tiles dropped (the module's text proves the law the same); self-loops
+    in a tile are its mask's. Each tile's probabilities are one product
     :math:`(\hat{\mathbf{Q}}\hat{\mathbf{S}})_{\text{rows}}
     \hat{\mathbf{K}}_{\text{cols}}^{\top}`, drawn with :obj:`generator`
-    (not yet the dense-regime kernel's per-pair stream); no
+    (not the dense-regime kernel's per-pair stream); no
     :obj:`include_edges`.
 
     Example:
         >>> memb = torch.eye(2).repeat_interleave(3, 0)[:, None]
         >>> block = torch.eye(2)[None]
         >>> plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
-        >>> graph = sample_tiled(memb, block, memb, plan, mode="exact")
-        >>> graph.num_edges  # the two blocks, complete
-        18
+        >>> tiled = draw_tiled(memb, block, memb, plan, mode="exact")
+        >>> int(tiled.mask.sum()), tiled.rest.num_edges  # the blocks, complete
+        (18, 0)
     """
     check_sampler_options(mode, exploration, None)
     check_generator(generator, q_memb.device)
@@ -358,23 +384,40 @@ def sample_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
                   exploration=exploration, self_loops=self_loops,
                   generator=generator)
     key, query = rest.edge_index
-    head = rest.head
-    keep = ~in_tiles(plan, head, query, key)
-    if self_loops:  # forced, wherever they lie
-        keep |= query == key
-    rest_keys = ((head * Nq + query) * Nk + key)[keep]
+    keep = ~in_tiles(plan, rest.head, query, key)
+    rest = SampledGraph.from_keys(
+        ((rest.head * Nq + query) * Nk + key)[keep], H, Nq, Nk,
+        ptr_q=plan.ptr_q, ptr_k=plan.ptr_k)
 
-    # Each tile's probabilities as one product (Q S)[rows] K[cols]^T.
     head, q_rows, k_rows = tile_rows(plan)
     qs = torch.einsum("nhk,hkl->nhl", q_memb, block)
     p = torch.bmm(qs[q_rows.clamp(min=0), head[:, None]],
                   k_memb[k_rows.clamp(min=0), head[:, None]].transpose(1, 2))
     p = p + exploration
     prob = p.clamp(max=1) if mode == "exact" else -torch.expm1(-p)
-    drawn = torch.rand(p.shape, generator=generator, device=p.device,
-                       dtype=p.dtype) < prob
-    drawn &= (q_rows[:, :, None] >= 0) & (k_rows[:, None, :] >= 0)
-    pair = (head[:, None, None] * Nq + q_rows[:, :, None]) * Nk + k_rows[:, None, :]
-    tile_keys = pair[drawn]
-    return SampledGraph.from_keys(sorted_unique(torch.cat([rest_keys, tile_keys])),
-                                  H, Nq, Nk, ptr_q=plan.ptr_q, ptr_k=plan.ptr_k)
+    mask = torch.rand(p.shape, generator=generator, device=p.device,
+                      dtype=p.dtype) < prob
+    if self_loops:
+        mask |= q_rows[:, :, None] == k_rows[:, None, :]
+    mask &= (q_rows[:, :, None] >= 0) & (k_rows[:, None, :] >= 0)
+    return TiledGraph(plan, mask, rest)
+
+
+def sample_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
+                 plan: TilePlan, *, mode: str = "poisson",
+                 exploration: float = 0.0, self_loops: bool = False,
+                 generator: Optional[torch.Generator] = None) -> SampledGraph:
+    r"""The graph of :func:`draw_tiled`, tiles and rest in one
+    :class:`SampledGraph`.
+
+    Example:
+        >>> memb = torch.eye(2).repeat_interleave(3, 0)[:, None]
+        >>> block = torch.eye(2)[None]
+        >>> plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
+        >>> graph = sample_tiled(memb, block, memb, plan, mode="exact")
+        >>> graph.num_edges  # the two blocks, complete
+        18
+    """
+    return draw_tiled(q_memb, block, k_memb, plan, mode=mode,
+                      exploration=exploration, self_loops=self_loops,
+                      generator=generator).graph()

@@ -1,0 +1,144 @@
+r"""Attention over a graph drawn through a tile plan: the tiles as dense
+batched products, the rest's edges by the sparse kernels, merged row by row
+through their log-sum-exps.
+
+For each (head, query) row :math:`i` with tile edges :math:`\mathcal{T}(i)`
+and rest edges :math:`\mathcal{R}(i)` (disjoint,
+:class:`~sbm_pyg.sampling.tiles.TiledGraph`):
+
+.. math::
+    \mathbf{o}_i = \frac{\sum_{j \in \mathcal{T}(i)} e^{a_{ij}} \mathbf{v}_j
+    + e^{\mathrm{lse}^{\mathcal{R}}_i} \mathbf{o}^{\mathcal{R}}_i}
+    {\sum_{j \in \mathcal{T}(i)} e^{a_{ij}} + e^{\mathrm{lse}^{\mathcal{R}}_i}},
+
+with :math:`\mathbf{o}^{\mathcal{R}}` and :math:`\mathrm{lse}^{\mathcal{R}}`
+the sparse kernels' output and log-sum-exp on the rest: the softmax over
+the union, as :func:`~sbm_pyg.nn.functional.sparse_attention` computes it
+on :meth:`TiledGraph.graph`, with the same straight-through gradients to
+the SBM. This is the PyTorch path of the tiled regime (one batched product
+per tile where the edge path gathers a row per edge; the tiles' scores are
+kept for backward, :math:`4 P t_q t_k` bytes); the fused kernels are to
+follow it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from sbm_pyg.nn.functional import (
+    STE_MODES,
+    _fused_attention,
+    _torch_attention,
+    check_sbm_shapes,
+)
+from sbm_pyg.ops.backend_info import resolve_backend
+from sbm_pyg.ops.csr import heads_first, nodes_first
+from sbm_pyg.ops.torch_attention import clip_grad
+from sbm_pyg.sampling.tiles import TiledGraph, tile_rows
+from sbm_pyg.validation import require_tensor
+
+__all__ = ["tiled_attention"]
+
+
+def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
+                    tiled: TiledGraph, *,
+                    sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+                    ste: str = "paper", backend: Optional[str] = "auto") -> Tensor:
+    r"""Softmax attention over the edges of :obj:`tiled` (see the module's
+    text): equal to :func:`~sbm_pyg.nn.functional.sparse_attention` on
+    :obj:`tiled.graph()`, its gradients included.
+
+    Args:
+        query (Tensor): :obj:`[N_q, H, D]`.
+        key (Tensor): :obj:`[N_k, H, D]`.
+        value (Tensor): :obj:`[N_k, H, D_v]`.
+        tiled (TiledGraph): the graph, from
+            :func:`~sbm_pyg.sampling.tiles.draw_tiled`.
+        sbm ((Tensor, Tensor, Tensor), optional): the SBM the graph was
+            drawn from, for the straight-through gradient to each edge's
+            probability :math:`p_{ij} = \hat{\mathbf{Q}}_i \hat{\mathbf{S}}
+            \hat{\mathbf{K}}_j^{\top}` (as :obj:`sparse_attention`'s).
+        ste (str): :obj:`"paper"` or :obj:`"published"`, as
+            :obj:`sparse_attention`'s.
+        backend (str, optional): the rest's sparse kernel, as
+            :obj:`sparse_attention`'s.
+
+    Returns:
+        Tensor :obj:`[N_q, H, D_v]`.
+
+    Example:
+        >>> from sbm_pyg.sampling.tiles import draw_tiled, plan_tiles
+        >>> memb = torch.eye(2).repeat_interleave(3, 0)[:, None]  # [6, 1, 2]
+        >>> block = torch.eye(2)[None]
+        >>> plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
+        >>> tiled = draw_tiled(memb, block, memb, plan, mode="exact")
+        >>> q = k = v = torch.randn(6, 1, 4)
+        >>> tiled_attention(q, k, v, tiled).shape
+        torch.Size([6, 1, 4])
+    """
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        require_tensor(name, x, 3, floating=True)
+    Nq, H, D = query.shape
+    rest = tiled.rest
+    if (key.shape != (key.size(0), H, D) or value.shape[:2] != key.shape[:2]
+            or (rest.num_queries, rest.num_keys, rest.num_heads)
+            != (Nq, key.size(0), H)):
+        raise ValueError(f"query [N_q, H, D], key [N_k, H, D] and value "
+                         f"[N_k, H, D_v] must match each other and the "
+                         f"graph's [{rest.num_queries}, {rest.num_keys}, "
+                         f"{rest.num_heads}], got {tuple(query.shape)}, "
+                         f"{tuple(key.shape)} and {tuple(value.shape)}")
+    if ste not in STE_MODES:
+        raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
+    if sbm is not None:
+        check_sbm_shapes(sbm, Nq, key.size(0), H)
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    q, k, v = (heads_first(x.to(dtype)) for x in (query, key, value))
+    scale = 1.0 / math.sqrt(D)
+
+    # The rest: normalized output and log-sum-exp per heads-first row.
+    backend = resolve_backend("attention", backend, query.device)
+    if backend in ("cpp", "triton"):
+        out_r, _, lse_r = _fused_attention(
+            rest.csr, q, k, v, None, sbm, scale, ste, False, 0.0, 0,
+            triton=backend == "triton",
+            triton_on_cpu=backend == "triton" and query.device.type == "cpu")
+    else:
+        out_r, _, lse_r = _torch_attention(rest, q, k, v, None, sbm, scale,
+                                           0.0, 0, ste)
+
+    # The tiles: scores, the straight-through term, masked exponentials
+    # relative to each row's largest tile score (a constant: it cancels).
+    head, q_rows, k_rows = tile_rows(tiled.plan)
+    qi = head[:, None] * Nq + q_rows.clamp(min=0)  # heads-first rows
+    kj = head[:, None] * key.size(0) + k_rows.clamp(min=0)
+    score = torch.bmm(q[qi], k[kj].transpose(1, 2)) * scale
+    if sbm is not None:
+        q_memb, block, k_memb = (x.to(dtype) for x in sbm)
+        qs = torch.bmm(q_memb.transpose(0, 1), block).reshape(H * Nq, -1)
+        p = torch.bmm(qs[qi], heads_first(k_memb)[kj].transpose(1, 2))
+        score = (score + score.detach() * (p - p.detach()) if ste == "paper"
+                 else score + clip_grad(p - p.detach()))
+    score = score.masked_fill(~tiled.mask, -math.inf)
+    R = H * Nq
+    top = score.new_full((R,), -math.inf).scatter_reduce(
+        0, qi.flatten(), score.detach().amax(-1).flatten(), "amax")
+    # A row with no rest edge takes no weight from it (the Triton kernel
+    # writes its log-sum-exp as 0, the others as -inf).
+    has_rest = rest.csr.rowptr.diff() > 0
+    lse_r = torch.where(has_rest, lse_r, -math.inf)
+    # The merge's reference point: the larger of the two parts' maxima.
+    ref = torch.maximum(top, lse_r.detach())
+    ref = torch.where(torch.isfinite(ref), ref, 0.0)
+    weight = torch.exp(score - ref[qi][..., None])  # 0 off the mask
+    num = q.new_zeros(R, v.size(-1)).index_add_(
+        0, qi.flatten(), torch.bmm(weight, v[kj]).flatten(0, 1))
+    den = q.new_zeros(R).index_add_(0, qi.flatten(), weight.sum(-1).flatten())
+    rest_weight = torch.exp(lse_r - ref)  # 0 for a row with no rest edge
+    total = den + rest_weight
+    total = torch.where(total > 0, total, 1.0)  # a row with no edge: 0
+    out = (num + rest_weight[:, None] * out_r) / total[:, None]
+    return nodes_first(out.to(value.dtype), H)

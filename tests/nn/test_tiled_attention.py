@@ -1,0 +1,101 @@
+"""Attention over a tiled graph equals the edge path on the same graph:
+output and every gradient, the straight-through estimator's included."""
+import pytest
+import torch
+
+from sbm_pyg.nn.functional import sparse_attention
+from sbm_pyg.nn.tiled_attention import tiled_attention
+from sbm_pyg.sampling.tiles import draw_tiled, plan_tiles, tile_rows
+from tests.helpers import seeded
+from tests.markers import needs_cpp, needs_triton
+
+BACKENDS = ["torch", pytest.param("cpp", marks=needs_cpp),
+            pytest.param("triton", marks=needs_triton)]
+
+
+CLUSTERS = [0, 2, 1, 1, 0, 2, 1, 0, 0, 2, 1, 3, 2, 2, 1, 0, 1,
+            2, 0, 0, 1, 3, 2, 0, 1, 2, 2, 0]
+PTR = [0, 17, 17, 28]  # three sequences, one empty
+
+
+def tiled_case(kind, self_loops, seed=1):
+    """A 2-head SBM on :data:`CLUSTERS` drawn through 4 x 8 tiles (float64).
+
+    ``"deterministic"``: one-hot memberships and rates 0 or at least 1 in
+    the exact mode, so every draw is the same graph: clusters 0 and 1 are
+    tiled (rate 2, fill 2 >= 1.5), cluster 0's queries also reach cluster
+    2's keys and cluster 2 its own (rate 1, fill 1: the rest), cluster 3
+    nothing. ``"sharp"``: 0.9 on the cluster, rates in (0, 1), exploration.
+    """
+    top = (torch.tensor(CLUSTERS)[:, None] + torch.arange(2)) % 4
+    share = 1.0 if kind == "deterministic" else 0.9
+    memb = torch.full((28, 2, 5), (1 - share) / 4, dtype=torch.float64)
+    memb.scatter_(-1, top[..., None], share)
+    block = torch.zeros(2, 5, 5, dtype=torch.float64)
+    block[:, 0, 0] = block[:, 1, 1] = 2.0
+    block[:, 0, 2] = block[:, 2, 2] = 1.0
+    if kind == "sharp":
+        block = block * 0.4 + 0.02
+    plan = plan_tiles(memb, block, memb, ptr_q=PTR, ptr_k=PTR, tile_q=4,
+                      tile_k=8, min_fill=1.5 if kind == "deterministic" else 0.3)
+    tiled = draw_tiled(memb, block, memb, plan, mode="exact",
+                       exploration=0.0 if kind == "deterministic" else 0.01,
+                       self_loops=self_loops, generator=seeded(seed))
+    return (memb, block, memb.clone()), tiled
+
+
+def row_kinds(tiled):
+    """Each (head, query) row's (has tile edges, has rest edges)."""
+    head, q_rows, _ = tile_rows(tiled.plan)
+    in_tiles = torch.zeros(2 * 28, dtype=torch.long)
+    in_tiles.index_add_(0, (head[:, None] * 28 + q_rows.clamp(min=0)).flatten(),
+                        tiled.mask.sum(-1).flatten())
+    in_rest = tiled.rest.csr.rowptr.diff().long()
+    return {(bool(t), bool(r)) for t, r in zip(in_tiles.tolist(), in_rest.tolist())}
+
+
+def run(fn, graph_arg, inputs, sbm, weight, **kwargs):
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    sbm = [x.detach().clone().requires_grad_() for x in sbm] if sbm else None
+    out = fn(*inputs, graph_arg, sbm=tuple(sbm) if sbm else None, **kwargs)
+    (out * weight).sum().backward()
+    return out, [x.grad for x in inputs + (sbm or [])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ste", ["paper", "published", None])
+@pytest.mark.parametrize("self_loops", [False, True])
+@pytest.mark.parametrize("kind", ["deterministic", "sharp"])
+def test_equals_the_edge_path_on_the_same_graph(backend, ste, self_loops, kind):
+    sbm, tiled = tiled_case(kind, self_loops)
+    graph = tiled.graph()
+    if kind == "deterministic":  # rows of every kind, whatever the draw
+        kinds = row_kinds(tiled)
+        assert {(True, False), (False, True), (True, True)} <= kinds
+        assert ((False, False) in kinds) == (not self_loops)
+    g = seeded(0)
+    inputs = [torch.randn(28, 2, 4, dtype=torch.float64, generator=g,
+                          device=g.device) for _ in range(3)]
+    weight = torch.randn(28, 2, 4, dtype=torch.float64, generator=g, device=g.device)
+    kwargs = dict(ste=ste or "paper", backend=backend)
+    got, grads = run(tiled_attention, tiled, inputs, sbm if ste else None,
+                     weight, **kwargs)
+    want, want_grads = run(sparse_attention, graph, inputs, sbm if ste else None,
+                           weight, **kwargs)
+    assert torch.allclose(got, want, atol=1e-12)
+    assert len(grads) == (6 if ste else 3)
+    for a, b in zip(grads, want_grads):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_bad_arguments_name_themselves():
+    sbm, tiled = tiled_case("sharp", False)
+    x = torch.randn(28, 2, 4)
+    with pytest.raises(ValueError, match="ste must be one of"):
+        tiled_attention(x, x, x, tiled, ste="clip")
+    with pytest.raises(ValueError, match=r"must match each other and the graph's"):
+        tiled_attention(x[:5], x[:5], x[:5], tiled)
+    with pytest.raises(ValueError, match=r"must match each other"):
+        tiled_attention(x, x[..., :3], x, tiled)
+    with pytest.raises(ValueError, match="sbm"):
+        tiled_attention(x, x, x, tiled, sbm=(sbm[0][:3], sbm[1], sbm[2]))
