@@ -11,7 +11,11 @@ sampling and the straight-through backward into the memberships and the
 block, fwd+bwd) against SDPA on the same queries, keys and values, in
 turns; the regime that ran is recorded (``backends``), and on the CPU the
 profiler's parts: the sampler, the attention's forward and its backward
-(the estimator's membership gradients included)."""
+(the estimator's membership gradients included). Beside them the tiled
+path in PyTorch, the same law and estimator: the plan
+(:func:`~sbm_pyg.sampling.tiles.plan_tiles`, 64 x 64 tiles), the draw
+(:func:`~sbm_pyg.sampling.tiles.draw_tiled`) and
+:func:`~sbm_pyg.nn.tiled_attention`, fwd+bwd."""
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
@@ -23,11 +27,14 @@ from benchmarks.attention import batched, run_sdpa
 from benchmarks.cases import CLUSTERS, HEADS, backward, qkv
 from benchmarks.layer import breakdown, format_breakdown
 from benchmarks.measure import median_times
-from sbm_pyg.nn import SBMAttentionOptions, sbm_attention
+from sbm_pyg.nn import SBMAttentionOptions, sbm_attention, tiled_attention
+from sbm_pyg.sampling.tiles import draw_tiled, plan_tiles
 
 #: A token's membership of its own cluster, and the edge probability inside
 #: a cluster.
 OWN, INSIDE = 0.98, 0.8
+#: The tiled path's tiles and the least expected fill of a tiled cluster pair.
+TILE, MIN_FILL = 64, 0.5
 
 
 def num_clusters(density: float) -> int:
@@ -70,16 +77,38 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
                         backends=dict(res.backends))
             backward(res.out, (q, k, v, *sbm))
 
-        times = median_times(dict(sbm=run_sbm, sdpa=lambda: run_sdpa(q4, k4, v4)),
+        def run_tiles() -> None:
+            fixed = [t.detach() for t in sbm]
+            plan = plan_tiles(*fixed, tile_q=TILE, tile_k=TILE, min_fill=MIN_FILL)
+            tiled = draw_tiled(*fixed, plan, mode="exact", generator=gen)
+            out = tiled_attention(q, k, v, tiled, sbm=sbm)
+            tile_edges = int(tiled.mask.sum())
+            last.update(tiles=plan.num_tiles, tile_edges=tile_edges,
+                        rest_edges=tiled.rest.num_edges,
+                        tiled_density=(tile_edges + tiled.rest.num_edges)
+                        / (HEADS * n * n))
+            backward(out, (q, k, v, *sbm))
+
+        times = median_times(dict(sbm=run_sbm, tiles=run_tiles,
+                                  sdpa=lambda: run_sdpa(q4, k4, v4)),
                              device, repeats)
         row = dict(n=n, density=density, clusters=num_clusters(density),
                    sampled_density=last["density"], backends=last["backends"],
                    sbm_time=times["sbm"], sdpa_time=times["sdpa"],
-                   ratio=times["sbm"] / times["sdpa"])
+                   ratio=times["sbm"] / times["sdpa"],
+                   tiles_time=times["tiles"],
+                   tiles_ratio=times["tiles"] / times["sdpa"],
+                   tiles=last["tiles"], tiled_density=last["tiled_density"],
+                   tile_fill=last["tile_edges"] / max(last["tiles"] * TILE**2, 1),
+                   rest_share=last["rest_edges"] / max(
+                       last["rest_edges"] + last["tile_edges"], 1))
         log(f"  n={n:>6} target {density:<5} sampled {row['sampled_density']:.4f} "
             f"({row['backends']['sampler']}/{row['backends']['attention']}): "
             f"sbm_attention {row['sbm_time'] * 1e3:.1f} ms vs SDPA "
-            f"{row['sdpa_time'] * 1e3:.1f} ms: {row['ratio']:.3f}x")
+            f"{row['sdpa_time'] * 1e3:.1f} ms: {row['ratio']:.3f}x; tiled "
+            f"{row['tiles_time'] * 1e3:.1f} ms ({row['tiles_ratio']:.3f}x, "
+            f"density {row['tiled_density']:.4f}, {row['tiles']} tiles filled "
+            f"{row['tile_fill']:.2f}, rest {row['rest_share']:.3f} of the edges)")
         if device.type == "cpu":
             parts = breakdown(run_sbm, calls=1)
             row["breakdown"] = parts

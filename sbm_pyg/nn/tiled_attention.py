@@ -36,11 +36,36 @@ from sbm_pyg.nn.functional import (
 )
 from sbm_pyg.ops.backend_info import resolve_backend
 from sbm_pyg.ops.csr import heads_first, nodes_first
-from sbm_pyg.ops.torch_attention import clip_grad
 from sbm_pyg.sampling.tiles import TiledGraph, tile_rows
 from sbm_pyg.validation import require_tensor
 
 __all__ = ["tiled_attention"]
+
+
+class _TileEstimator(torch.autograd.Function):
+    # The straight-through estimator on the tiles: the scores pass
+    # unchanged, and each pair's probability p = (Q S)_i K_j^T takes the
+    # gradient dL/ds * s ("paper") or clip(dL/ds, -1, 1) ("published"),
+    # summed into Q S and K as two batched products per tile. The forward
+    # never forms p: its value does not enter the output.
+
+    @staticmethod
+    def forward(ctx, score: Tensor, qs: Tensor, k_memb: Tensor, qi: Tensor,
+                kj: Tensor, paper: bool) -> Tensor:
+        ctx.save_for_backward(score, qs, k_memb, qi, kj)
+        ctx.paper = paper
+        return score.view_as(score)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        score, qs, k_memb, qi, kj = ctx.saved_tensors
+        # Off the mask the scores' gradient is 0 (masked_fill's backward).
+        g = grad * score if ctx.paper else grad.clamp(-1.0, 1.0)
+        d_qs = torch.zeros_like(qs).index_add_(
+            0, qi.flatten(), torch.bmm(g, k_memb[kj]).flatten(0, 1))
+        d_k = torch.zeros_like(k_memb).index_add_(
+            0, kj.flatten(), torch.bmm(g.transpose(1, 2), qs[qi]).flatten(0, 1))
+        return grad, d_qs, d_k, None, None, None
 
 
 def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
@@ -119,9 +144,8 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
     if sbm is not None:
         q_memb, block, k_memb = (x.to(dtype) for x in sbm)
         qs = torch.bmm(q_memb.transpose(0, 1), block).reshape(H * Nq, -1)
-        p = torch.bmm(qs[qi], heads_first(k_memb)[kj].transpose(1, 2))
-        score = (score + score.detach() * (p - p.detach()) if ste == "paper"
-                 else score + clip_grad(p - p.detach()))
+        score = _TileEstimator.apply(score, qs, heads_first(k_memb), qi, kj,
+                                     ste == "paper")
     score = score.masked_fill(~tiled.mask, -math.inf)
     R = H * Nq
     top = score.new_full((R,), -math.inf).scatter_reduce(

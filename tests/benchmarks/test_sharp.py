@@ -34,4 +34,9 @@ def test_a_quick_row():
     assert row["ratio"] == row["sbm_time"] / row["sdpa_time"]
     assert row["backends"]["sampler"] in ("cpp", "torch", "dense")
     assert set(row["breakdown"]) >= {"sampler", "attention_forward", "attention_backward"}
+    # The tiled path beside it: the same law (its density near the edge
+    # path's), its tiles at least partly filled, a sliver left to fastRG.
+    assert row["tiles_ratio"] == row["tiles_time"] / row["sdpa_time"]
+    assert row["tiles"] >= 1 and 0 < row["tile_fill"] <= 1
+    assert 0.1 < row["tiled_density"] < 0.4 and 0 <= row["rest_share"] < 0.2
     assert len(lines) == 2
