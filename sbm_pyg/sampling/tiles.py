@@ -37,11 +37,12 @@ a small part (the draws it wastes in tiles are the rest's mass there).
 :func:`draw_tiled` is that construction (a reference: its tiles draw
 with torch's generator), :func:`sample_tiled` its graph.
 
-Tiles are numbered per sequence in the sorted order: query tile :math:`a` of
-sequence :math:`g` holds its sorted positions :math:`[a\,t_q, (a + 1)\,t_q)`
-(the last one shorter), globally :obj:`q_tiles[g] + a`; the active tile pairs
-are a CSR over (head, query tile) rows, as FlexAttention's block mask lists
-key blocks by query block.
+Each (sequence, head, top cluster)'s tokens are cut into tiles of their own
+(the last one shorter), as FlashMoBA gathers the queries of a key block and
+variable-block kernels take k-means clusters: a tile pair lies inside one
+cluster pair's block, and the tiles are exactly the selected blocks. The
+active tile pairs are a CSR over query tiles, as FlexAttention's block
+mask lists key blocks by query block.
 """
 from __future__ import annotations
 
@@ -52,7 +53,6 @@ import torch
 from torch import Tensor
 
 from sbm_pyg.sampling.checks import PtrLike, check_sampler_options, check_sbm
-from sbm_pyg.sampling.edges import sorted_unique
 from sbm_pyg.sampling.fastrg import fastrg
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator, sync
@@ -62,22 +62,23 @@ __all__ = ["TilePlan", "TiledGraph", "plan_tiles", "in_tiles", "tile_rows",
 
 
 class TilePlan(NamedTuple):
-    r"""What :func:`plan_tiles` returns.
+    r"""What :func:`plan_tiles` returns. Tiles are numbered over the whole
+    batch, query tiles by (sequence, head, top cluster) and then by their
+    place in the cluster, key tiles alike.
 
     Attributes:
         q_order (LongTensor): :obj:`[H, N_q]`, each head's query rows sorted
-            by (sequence, top cluster); :obj:`q_pos` its inverse
-            (:obj:`q_pos[h, q_order[h, r]] == r`).
-        k_order (LongTensor): :obj:`[H, N_k]`, the same for the keys, and
-            :obj:`k_pos` its inverse.
-        q_tiles (LongTensor): :obj:`[G + 1]`, the query tiles of each
-            sequence (:math:`\lceil n_g / t_q \rceil`), :obj:`k_tiles` the
-            key tiles'.
-        tile_ptr (LongTensor): :obj:`[H T_q + 1]`, CSR pointer over the
-            (head, query tile) rows :math:`h T_q + a` (:math:`T_q` the
-            query tiles of the batch).
+            by (sequence, top cluster), stably.
+        q_tile (LongTensor): :obj:`[H, N_q]`, the query tile of each row in
+            each head.
+        q_start (LongTensor): :obj:`[T_q]`, each query tile's first place
+            in its head's :obj:`q_order`; :obj:`q_len` :obj:`[T_q]` its rows
+            (:math:`\leq t_q`); :obj:`q_head` :obj:`[T_q]` its head.
+        k_order, k_tile, k_start, k_len, k_head: the same for the keys.
+        tile_ptr (LongTensor): :obj:`[T_q + 1]`, CSR pointer over the query
+            tiles.
         tile_col (LongTensor): :obj:`[P]`, the key tile of each active tile
-            pair, increasing within its row.
+            pair, increasing within its query tile.
         selected (BoolTensor): :obj:`[H, k, k]`, the cluster pairs whose
             blocks the tiles hold.
         rest (tuple): the SBM :obj:`([N_q, H, 2k], [H, 2k, 2k], [N_k, H,
@@ -85,16 +86,18 @@ class TilePlan(NamedTuple):
         ptr_q (LongTensor): :obj:`[G + 1]`, the query sequences;
             :obj:`ptr_k` the keys'.
         tile_q (int): :math:`t_q`; :obj:`tile_k`: :math:`t_k`.
-        num_q_tiles (int): :math:`T_q`, the query tiles of the batch;
-            :obj:`num_k_tiles`: :math:`T_k`, the key tiles'.
     """
 
     q_order: Tensor
-    q_pos: Tensor
+    q_tile: Tensor
+    q_start: Tensor
+    q_len: Tensor
+    q_head: Tensor
     k_order: Tensor
-    k_pos: Tensor
-    q_tiles: Tensor
-    k_tiles: Tensor
+    k_tile: Tensor
+    k_start: Tensor
+    k_len: Tensor
+    k_head: Tensor
     tile_ptr: Tensor
     tile_col: Tensor
     selected: Tensor
@@ -103,8 +106,6 @@ class TilePlan(NamedTuple):
     ptr_k: Tensor
     tile_q: int
     tile_k: int
-    num_q_tiles: int
-    num_k_tiles: int
 
     @property
     def num_tiles(self) -> int:
@@ -118,19 +119,20 @@ def _rows_of(ptr: Tensor, num_rows: int) -> Tensor:
                                    ptr.diff(), output_size=num_rows)
 
 
-def _tile_ptr(ptr: Tensor, tile: int) -> Tensor:
-    # The tiles of each sequence, as a pointer [G + 1].
-    tiles = torch.zeros_like(ptr)
-    tiles[1:] = torch.cumsum(torch.div(ptr.diff() + tile - 1, tile,
-                                       rounding_mode="floor"), 0)
-    return tiles
+class _Side(NamedTuple):
+    # One side's order, its (sequence, head, cluster) segments and their
+    # tiles: each segment's main mass, count, first sorted place, tiles
+    # and first tile.
+    order: Tensor
+    pos: Tensor
+    mass: Tensor
+    count: Tensor
+    first: Tensor
+    tiles: Tensor
+    first_tile: Tensor
 
 
-def _sorted_side(memb: Tensor, ptr: Tensor
-                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    # One side's order by (sequence, top cluster), the inverse, and each
-    # (sequence, head, cluster)'s main mass, count and first sorted
-    # position.
+def _sorted_side(memb: Tensor, ptr: Tensor, tile: int) -> _Side:
     N, H, k = memb.shape
     G = ptr.numel() - 1
     seq = _rows_of(ptr, N)
@@ -140,13 +142,37 @@ def _sorted_side(memb: Tensor, ptr: Tensor
     order = torch.argsort((seq[:, None] * k + top).t(), dim=1, stable=True)
     pos = torch.empty_like(order)
     pos.scatter_(1, order, torch.arange(N, device=memb.device).expand(H, N))
-    cell = (seq[:, None] * H + torch.arange(H, device=memb.device)) * k + top
-    mass = memb.new_zeros(G * H * k).index_add_(0, cell.flatten(), main.flatten())
+    cell = ((seq[:, None] * H + torch.arange(H, device=memb.device)) * k + top).flatten()
+    mass = memb.new_zeros(G * H * k).index_add_(0, cell, main.flatten())
     count = torch.zeros(G * H * k, dtype=torch.long, device=memb.device)
-    count.index_add_(0, cell.flatten(), torch.ones_like(cell.flatten()))
+    count.index_add_(0, cell, torch.ones_like(cell))
     count = count.view(G, H, k)
-    first = ptr[:-1, None, None] + count.cumsum(-1) - count
-    return order, pos, mass.view(G, H, k), count, first
+    first = count.cumsum(-1) - count + ptr[:-1, None, None]
+    tiles = torch.div(count + tile - 1, tile, rounding_mode="floor")
+    first_tile = (tiles.flatten().cumsum(0) - tiles.flatten()).view(G, H, k)
+    return _Side(order, pos, mass.view(G, H, k), count, first, tiles, first_tile)
+
+
+def _tile_table(side: _Side, total: int, tile: int, memb: Tensor, ptr: Tensor
+                ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    # Each row's tile [H, N] and each tile's first sorted place, rows and
+    # head [T].
+    N, H, k = memb.shape
+    seq = _rows_of(ptr, N)
+    top = memb.argmax(-1)
+    heads = torch.arange(H, device=memb.device)
+    rank = side.pos.t() - side.first[seq[:, None], heads, top]  # [N, H]
+    row_tile = side.first_tile[seq[:, None], heads, top] + torch.div(
+        rank, tile, rounding_mode="floor")
+    segment = torch.repeat_interleave(
+        torch.arange(side.tiles.numel(), device=memb.device),
+        side.tiles.flatten(), output_size=total)
+    local = torch.arange(total, device=memb.device) - side.first_tile.flatten()[segment]
+    start = side.first.flatten()[segment] + local * tile
+    length = torch.minimum(side.count.flatten()[segment] - local * tile,
+                           torch.full_like(local, tile))
+    head = torch.div(segment, k, rounding_mode="floor") % H
+    return row_tile.t().contiguous(), start, length, head
 
 
 def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
@@ -154,17 +180,20 @@ def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
                tile_q: int = 64, tile_k: int = 64,
                min_fill: float = 0.5) -> TilePlan:
     r"""The tile plan of an SBM (see the module's text): each head's tokens
-    sorted by their top cluster, the cluster pairs :math:`(u, v)` whose
-    expected fill over the batch, :math:`\sum_g a_{guv} / \sum_g n_{gu}
-    m_{gv}` with :math:`a_{guv}` the cut part's expected edges between the
-    queries of top cluster :math:`u` and the keys of top cluster :math:`v`
-    of sequence :math:`g` (:math:`n_{gu}`, :math:`m_{gv}` their counts),
-    reaches :obj:`min_fill`, the tiles that cover their blocks, and the SBM
-    of the rest.
+    sorted by their top cluster, each (sequence, head, cluster)'s tokens
+    cut into tiles of :obj:`tile_q` queries (:obj:`tile_k` keys), the
+    cluster pairs :math:`(u, v)` whose expected fill over the batch,
+    :math:`\sum_g a_{guv} / \sum_g t_q \lceil n_{gu} / t_q \rceil \, t_k
+    \lceil m_{gv} / t_k \rceil` with :math:`a_{guv}` the cut part's
+    expected edges between the queries of top cluster :math:`u` and the
+    keys of top cluster :math:`v` of sequence :math:`g` (:math:`n_{gu}`,
+    :math:`m_{gv}` their counts: the tiles' pairs, padding counted),
+    reaches :obj:`min_fill`, the tile pairs of their blocks, and the SBM of
+    the rest.
 
     Everything comes from per-(sequence, head, cluster) sums: time
-    :math:`O((N_q + N_k) H k + G H k^2)` plus the tiles enumerated; no
-    per-pair pass. The plan's sizes are read in one host sync.
+    :math:`O((N_q + N_k) H k + G H k^2)` plus the tile pairs; no per-pair
+    pass. The checks and the plan's sizes take three host reads.
 
     Args:
         q_memb (Tensor): query memberships :obj:`[N_q, H, k]`, :math:`\geq 0`.
@@ -181,9 +210,11 @@ def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
         :class:`TilePlan`.
 
     Example:
-        >>> memb = torch.eye(2).repeat_interleave(3, 0)[:, None]  # [6, 1, 2]
+        >>> memb = torch.eye(2)[torch.tensor([1, 0, 1, 0, 0, 1])][:, None]
         >>> block = torch.tensor([[[0.9, 0.0], [0.0, 0.9]]])
         >>> plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
+        >>> plan.q_order.tolist()  # cluster 0, then cluster 1
+        [[1, 3, 4, 0, 2, 5]]
         >>> plan.tile_ptr.tolist(), plan.tile_col.tolist()  # the two blocks
         ([0, 1, 2], [0, 1])
     """
@@ -195,50 +226,46 @@ def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
         raise ValueError(f"min_fill must be a finite number > 0, got {min_fill!r}")
     ptr_q, ptr_k, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
                                      self_loops=False)
-    # The checks and the batch's tile counts in one read.
-    q_tiles, k_tiles = _tile_ptr(ptr_q, tile_q), _tile_ptr(ptr_k, tile_k)
-    Tq, Tk = (int(x) for x in sync(checks, q_tiles[-1], k_tiles[-1]))
-    H = q_memb.size(1)
     device = q_memb.device
-    q_order, q_pos, mass_q, count_q, first_q = _sorted_side(q_memb, ptr_q)
-    k_order, k_pos, mass_k, count_k, first_k = _sorted_side(k_memb, ptr_k)
+    qs = _sorted_side(q_memb, ptr_q, tile_q)
+    ks = _sorted_side(k_memb, ptr_k, tile_k)
+    # The checks and the batch's tile counts in one read.
+    Tq, Tk = (int(x) for x in sync(checks, qs.tiles.sum(), ks.tiles.sum()))
+    q_tile, q_start, q_len, q_head = _tile_table(qs, Tq, tile_q, q_memb, ptr_q)
+    k_tile, k_start, k_len, k_head = _tile_table(ks, Tk, tile_k, k_memb, ptr_k)
 
-    # The cut part's expected edges and the pairs of each cluster pair.
-    mass = torch.einsum("ghu,ghv->huv", mass_q, mass_k) * block
-    pairs = torch.einsum("ghu,ghv->huv", count_q.to(block.dtype),
-                         count_k.to(block.dtype))
+    # The cut part's expected edges and the tiles' pairs of each cluster pair.
+    mass = torch.einsum("ghu,ghv->huv", qs.mass, ks.mass) * block
+    pairs = torch.einsum("ghu,ghv->huv", (qs.tiles * tile_q).to(block.dtype),
+                         (ks.tiles * tile_k).to(block.dtype))
     selected = (pairs > 0) & (mass >= min_fill * pairs)
 
-    # The rectangles: every (sequence, head, u, v) with (u, v) selected and
-    # both clusters present, as ranges of tiles.
-    g, h, u = (count_q > 0).nonzero(as_tuple=True)
-    row_pairs = selected[h, u]  # [R, k]: the selected key clusters
-    r, v = (row_pairs & (count_k[g, h] > 0)).nonzero(as_tuple=True)
+    # The blocks: every (sequence, head, u, v) with (u, v) selected and both
+    # clusters present, as a rectangle of tiles.
+    g, h, u = (qs.count > 0).nonzero(as_tuple=True)
+    r, v = (selected[h, u] & (ks.count[g, h] > 0)).nonzero(as_tuple=True)
     g, h, u = g[r], h[r], u[r]
-    a0 = (first_q[g, h, u] - ptr_q[g]) // tile_q
-    a1 = (first_q[g, h, u] + count_q[g, h, u] - 1 - ptr_q[g]) // tile_q
-    b0 = (first_k[g, h, v] - ptr_k[g]) // tile_k
-    b1 = (first_k[g, h, v] + count_k[g, h, v] - 1 - ptr_k[g]) // tile_k
-    wide = b1 - b0 + 1
-    area = (a1 - a0 + 1) * wide
+    wide = ks.tiles[g, h, v]
+    area = qs.tiles[g, h, u] * wide
     total = int(sync([], area.sum())[0]) if area.numel() else 0
     rect = torch.repeat_interleave(torch.arange(area.numel(), device=device),
                                    area, output_size=total)
     offset = torch.arange(total, device=device) - (area.cumsum(0) - area)[rect]
-    a = a0[rect] + torch.div(offset, wide[rect], rounding_mode="floor")
-    b = b0[rect] + offset % wide[rect]
-    row = h[rect] * Tq + q_tiles[g[rect]] + a
-    key = sorted_unique(row * Tk + k_tiles[g[rect]] + b)
+    a = qs.first_tile[g, h, u][rect] + torch.div(offset, wide[rect],
+                                                  rounding_mode="floor")
+    b = ks.first_tile[g, h, v][rect] + offset % wide[rect]
+    key = torch.sort(a * Tk + b).values  # distinct: the blocks are disjoint
     tile_row = torch.div(key, max(Tk, 1), rounding_mode="floor")
-    tile_ptr = torch.searchsorted(tile_row, torch.arange(H * Tq + 1, device=device))
+    tile_ptr = torch.searchsorted(tile_row, torch.arange(Tq + 1, device=device))
     tile_col = key - tile_row * Tk
 
     rest = (_split(q_memb), torch.cat([
         torch.cat([block * ~selected, block], 2),
         torch.cat([block, block], 2)], 1), _split(k_memb))
-    return TilePlan(q_order, q_pos, k_order, k_pos, q_tiles, k_tiles,
+    return TilePlan(qs.order, q_tile, q_start, q_len, q_head,
+                    ks.order, k_tile, k_start, k_len, k_head,
                     tile_ptr, tile_col, selected, rest, ptr_q, ptr_k,
-                    tile_q, tile_k, Tq, Tk)
+                    tile_q, tile_k)
 
 
 def _split(memb: Tensor) -> Tensor:
@@ -249,11 +276,11 @@ def _split(memb: Tensor) -> Tensor:
 
 
 def _tile_keys(plan: TilePlan) -> Tensor:
-    # Each active tile pair as row * T_k + column, increasing.
+    # Each active tile pair as query tile * T_k + key tile, increasing.
     rows = torch.arange(plan.tile_ptr.numel() - 1, device=plan.tile_ptr.device)
     row = torch.repeat_interleave(rows, plan.tile_ptr.diff(),
                                   output_size=plan.num_tiles)
-    return row * plan.num_k_tiles + plan.tile_col
+    return row * plan.k_start.numel() + plan.tile_col
 
 
 def in_tiles(plan: TilePlan, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
@@ -268,13 +295,7 @@ def in_tiles(plan: TilePlan, head: Tensor, query: Tensor, key: Tensor) -> Tensor
         >>> in_tiles(plan, zero, torch.tensor([0, 0]), torch.tensor([1, 4])).tolist()
         [True, False]
     """
-    seq = _rows_of(plan.ptr_q, plan.q_pos.size(1))[query]
-    a = torch.div(plan.q_pos[head, query] - plan.ptr_q[seq], plan.tile_q,
-                  rounding_mode="floor")
-    b = torch.div(plan.k_pos[head, key] - plan.ptr_k[seq], plan.tile_k,
-                  rounding_mode="floor")
-    Tq, Tk = plan.num_q_tiles, plan.num_k_tiles
-    want = (head * Tq + plan.q_tiles[seq] + a) * Tk + plan.k_tiles[seq] + b
+    want = plan.q_tile[head, query] * plan.k_start.numel() + plan.k_tile[head, key]
     keys = _tile_keys(plan)
     if keys.numel() == 0:
         return torch.zeros_like(want, dtype=torch.bool)
@@ -285,32 +306,29 @@ def in_tiles(plan: TilePlan, head: Tensor, query: Tensor, key: Tensor) -> Tensor
 def tile_rows(plan: TilePlan) -> Tuple[Tensor, Tensor, Tensor]:
     r"""The active tiles as a tile kernel reads them: the head of each
     :obj:`[P]`, its query rows :obj:`[P, t_q]` and key rows :obj:`[P, t_k]`
-    (:obj:`-1` past the end of a sequence's last tile).
+    (:obj:`-1` past the end of a cluster's last tile).
 
     Example:
         >>> memb = torch.eye(2)[torch.tensor([1, 0, 1, 0, 0])][:, None]
         >>> plan = plan_tiles(memb, torch.eye(2)[None], memb, tile_q=2, tile_k=2)
         >>> head, rows, cols = tile_rows(plan)
-        >>> rows.tolist()  # sorted [0 0 0 | 1 1]: tiles [1, 3], [4, 0], [2, -1]
-        [[1, 3], [1, 3], [4, 0], [4, 0], [4, 0], [2, -1], [2, -1]]
+        >>> rows.tolist()  # cluster 0: [1, 3], [4]; cluster 1: [0, 2]
+        [[1, 3], [1, 3], [4, -1], [4, -1], [0, 2]]
+        >>> cols.tolist()
+        [[1, 3], [4, -1], [1, 3], [4, -1], [0, 2]]
     """
-    Tq, device = plan.num_q_tiles, plan.tile_ptr.device
-    rows = torch.arange(plan.tile_ptr.numel() - 1, device=device)
-    row = torch.repeat_interleave(rows, plan.tile_ptr.diff(),
-                                  output_size=plan.num_tiles)
-    head = torch.div(row, max(Tq, 1), rounding_mode="floor")
-    qt = row - head * Tq
-    g = torch.searchsorted(plan.q_tiles, qt, right=True) - 1
-    q0 = plan.ptr_q[g] + (qt - plan.q_tiles[g]) * plan.tile_q
-    k0 = plan.ptr_k[g] + (plan.tile_col - plan.k_tiles[g]) * plan.tile_k
-    q = q0[:, None] + torch.arange(plan.tile_q, device=device)
-    k = k0[:, None] + torch.arange(plan.tile_k, device=device)
-    q_in, k_in = q < plan.ptr_q[g + 1, None], k < plan.ptr_k[g + 1, None]
-    q_rows = torch.where(q_in, plan.q_order[head[:, None], q.clamp(
-        max=max(plan.q_order.size(1) - 1, 0))], -1)
-    k_rows = torch.where(k_in, plan.k_order[head[:, None], k.clamp(
-        max=max(plan.k_order.size(1) - 1, 0))], -1)
-    return head, q_rows, k_rows
+    device = plan.tile_ptr.device
+    qt = torch.repeat_interleave(torch.arange(plan.tile_ptr.numel() - 1, device=device),
+                                 plan.tile_ptr.diff(), output_size=plan.num_tiles)
+    kt = plan.tile_col
+    head = plan.q_head[qt]
+    q = torch.arange(plan.tile_q, device=device)
+    k = torch.arange(plan.tile_k, device=device)
+    q_in, k_in = q < plan.q_len[qt, None], k < plan.k_len[kt, None]
+    q_at = (plan.q_start[qt, None] + q).clamp(max=max(plan.q_order.size(1) - 1, 0))
+    k_at = (plan.k_start[kt, None] + k).clamp(max=max(plan.k_order.size(1) - 1, 0))
+    return (head, torch.where(q_in, plan.q_order[head[:, None], q_at], -1),
+            torch.where(k_in, plan.k_order[head[:, None], k_at], -1))
 
 
 def tile_pairs(plan: TilePlan) -> Tuple[Tensor, Tensor, Tensor]:
@@ -375,10 +393,10 @@ def draw_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
     check_generator(generator, q_memb.device)
     Nq, H, _ = q_memb.shape
     Nk = k_memb.size(0)
-    if plan.q_pos.shape != (H, Nq) or plan.k_pos.shape != (H, Nk):
+    if plan.q_tile.shape != (H, Nq) or plan.k_tile.shape != (H, Nk):
         raise ValueError(f"plan must be made from these memberships: it "
-                         f"orders {tuple(plan.q_pos.shape)} queries and "
-                         f"{tuple(plan.k_pos.shape)} keys, got [H, N_q] = "
+                         f"orders {tuple(plan.q_tile.shape)} queries and "
+                         f"{tuple(plan.k_tile.shape)} keys, got [H, N_q] = "
                          f"[{H}, {Nq}] and [H, N_k] = [{H}, {Nk}]")
     rest = fastrg(*plan.rest, ptr_q=plan.ptr_q, ptr_k=plan.ptr_k, mode=mode,
                   exploration=exploration, self_loops=self_loops,
@@ -390,9 +408,11 @@ def draw_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
         ptr_q=plan.ptr_q, ptr_k=plan.ptr_k)
 
     head, q_rows, k_rows = tile_rows(plan)
-    qs = torch.einsum("nhk,hkl->nhl", q_memb, block)
+    dtype = torch.promote_types(torch.promote_types(q_memb.dtype, block.dtype),
+                                k_memb.dtype)
+    qs = torch.einsum("nhk,hkl->nhl", q_memb.to(dtype), block.to(dtype))
     p = torch.bmm(qs[q_rows.clamp(min=0), head[:, None]],
-                  k_memb[k_rows.clamp(min=0), head[:, None]].transpose(1, 2))
+                  k_memb.to(dtype)[k_rows.clamp(min=0), head[:, None]].transpose(1, 2))
     p = p + exploration
     prob = p.clamp(max=1) if mode == "exact" else -torch.expm1(-p)
     mask = torch.rand(p.shape, generator=generator, device=p.device,

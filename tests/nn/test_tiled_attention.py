@@ -23,21 +23,22 @@ def tiled_case(kind, self_loops, seed=1):
 
     ``"deterministic"``: one-hot memberships and rates 0 or at least 1 in
     the exact mode, so every draw is the same graph: clusters 0 and 1 are
-    tiled (rate 2, fill 2 >= 1.5), cluster 0's queries also reach cluster
-    2's keys and cluster 2 its own (rate 1, fill 1: the rest), cluster 3
-    nothing. ``"sharp"``: 0.9 on the cluster, rates in (0, 1), exploration.
+    tiled (rate 8: a fill of at least 8 * 25 / 64 >= 1.5 with the tiles'
+    padding), cluster 0's queries also reach cluster 2's keys and cluster 2
+    its own (rate 1, fill at most 1: the rest), cluster 3 nothing.
+    ``"sharp"``: 0.9 on the cluster, rates in (0, 1), exploration.
     """
     top = (torch.tensor(CLUSTERS)[:, None] + torch.arange(2)) % 4
     share = 1.0 if kind == "deterministic" else 0.9
     memb = torch.full((28, 2, 5), (1 - share) / 4, dtype=torch.float64)
     memb.scatter_(-1, top[..., None], share)
     block = torch.zeros(2, 5, 5, dtype=torch.float64)
-    block[:, 0, 0] = block[:, 1, 1] = 2.0
+    block[:, 0, 0] = block[:, 1, 1] = 8.0
     block[:, 0, 2] = block[:, 2, 2] = 1.0
     if kind == "sharp":
-        block = block * 0.4 + 0.02
+        block = torch.where(block > 0, 0.75, 0.02).double()
     plan = plan_tiles(memb, block, memb, ptr_q=PTR, ptr_k=PTR, tile_q=4,
-                      tile_k=8, min_fill=1.5 if kind == "deterministic" else 0.3)
+                      tile_k=8, min_fill=1.5 if kind == "deterministic" else 0.1)
     tiled = draw_tiled(memb, block, memb, plan, mode="exact",
                        exploration=0.0 if kind == "deterministic" else 0.01,
                        self_loops=self_loops, generator=seeded(seed))

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from sbm_pyg.sampling import expected_adjacency
-from sbm_pyg.sampling.tiles import in_tiles, plan_tiles, sample_tiled, tile_pairs
+from sbm_pyg.sampling.tiles import (
+    in_tiles,
+    plan_tiles,
+    sample_tiled,
+    tile_pairs,
+    tile_rows,
+)
 from tests.helpers import max_binomial_z, seeded, z_bound
 from tests.sampling.cases import TRIALS, pair_counts, repeated
 
@@ -29,13 +35,21 @@ def all_pairs(ptr_q, ptr_k, H):
     return [torch.tensor(x) for x in zip(*pairs)]
 
 
+def in_selected_blocks(plan, memb, keys, head, query, key):
+    """Whether each pair's (query cluster, key cluster) is selected: the
+    tiles hold exactly these blocks."""
+    top_q, top_k = memb.argmax(-1), keys.argmax(-1)
+    return plan.selected[head, top_q[query, head], top_k[key, head]]
+
+
 def test_two_blocks_in_shuffled_order():
     # Tokens of cluster 1 and 0 interleaved: the order sorts them, stably.
     memb = torch.eye(2)[torch.tensor([1, 0, 1, 0, 0, 1])][:, None]
     block = torch.tensor([[[0.9, 0.0], [0.0, 0.9]]])
     plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
     assert plan.q_order.tolist() == [[1, 3, 4, 0, 2, 5]]
-    assert torch.equal(plan.q_order[0, plan.q_pos[0]], torch.arange(6))
+    assert plan.q_tile.tolist() == [[1, 0, 1, 0, 0, 1]]
+    assert (plan.q_start.tolist(), plan.q_len.tolist()) == ([0, 3], [3, 3])
     assert plan.selected.tolist() == [[[True, False], [False, True]]]
     assert (plan.tile_ptr.tolist(), plan.tile_col.tolist()) == ([0, 1, 2], [0, 1])
     # The rest: no mass between the blocks' own clusters, all of it across.
@@ -46,32 +60,34 @@ def test_two_blocks_in_shuffled_order():
 
 
 def test_tiles_of_two_sequences_and_heads():
-    # Sequence 0: 5 tokens of clusters [0, 0, 1, 2, 2]; sequence 1: 4 of
-    # [1, 1, 1, 0]; tiles of 2 x 2. Head 1's clusters are shifted by 1.
+    # Sequence 0: clusters [0, 0, 1, 2, 2]; sequence 1: [1, 1, 1, 0]; head 1
+    # shifted by 1; tiles of 2 x 2. A cluster pair's fill counts its tiles'
+    # padding: head 0's cluster 0 has 2 + 1 tokens, expected edges (1.6^2 +
+    # 0.8^2) * 0.8 = 2.56 in 4 + 4 tile pairs: 0.32; cluster 1 (1 + 3
+    # tokens): 5.12 / 20 = 0.256; cluster 2: 2.048 / 4 = 0.512; across
+    # clusters at most 0.032 * 4 / 4. At 0.2 the diagonal is tiled.
     memb, block = sharp_sbm([0, 0, 1, 2, 2, 1, 1, 1, 0])
-    plan = plan_tiles(memb, block, memb, ptr_q=[0, 5, 9], ptr_k=[0, 5, 9],
-                      tile_q=2, tile_k=2, min_fill=0.5)
-    assert plan.q_tiles.tolist() == [0, 3, 5] and plan.k_tiles.tolist() == [0, 3, 5]
-    # Only the diagonal pairs: 0.8 * 0.8 * 0.8 = 0.512 >= 0.5 (across:
-    # 0.8 * 0.05 * 0.8 = 0.032).
+    ptr = [0, 5, 9]
+    plan = plan_tiles(memb, block, memb, ptr_q=ptr, ptr_k=ptr, tile_q=2,
+                      tile_k=2, min_fill=0.2)
     assert torch.equal(plan.selected, torch.eye(3, dtype=torch.bool).expand(2, 3, 3))
-    # Head 0, sequence 0, sorted [0, 0 | 1, 2 | 2]: blocks (0,0) -> tile
-    # (0,0); (1,1) -> (1,1); (2,2) -> tiles (1,1), (1,2), (2,1), (2,2).
-    # Sequence 1 sorted [0, 1 | 1, 1]: (0,0) -> (3,3); (1,1) -> (3,3),
-    # (3,4), (4,3), (4,4). Head 1 (clusters + 1): sequence 0 is [1, 1, 2,
-    # 0, 0] -> sorted [0, 0 | 1, 1 | 2]; sequence 1 [2, 2, 2, 1] -> [1, 2 | 2, 2].
-    rows = [plan.tile_col[plan.tile_ptr[r]:plan.tile_ptr[r + 1]].tolist()
-            for r in range(10)]
-    assert rows == [[0], [1, 2], [1, 2], [3, 4], [3, 4],
-                    [0], [1], [2], [3, 4], [3, 4]]
-    assert plan.num_tiles == 16
+    # Query tiles by (sequence, head, cluster): head 0 of sequence 0 has
+    # [0 0] [1] [2 2], head 1 (clusters [1, 1, 2, 0, 0]) [3 4] [0 1] [2];
+    # sequence 1, head 0: [8] [5 6] [7]; head 1 ([2, 2, 2, 1]): [8] [5 6] [7].
+    head, rows, cols = tile_rows(plan)
+    assert plan.q_len.tolist() == [2, 1, 2, 2, 2, 1, 1, 2, 1, 1, 2, 1]
+    assert rows.tolist() == [[0, 1], [2, -1], [3, 4], [3, 4], [0, 1], [2, -1],
+                             [8, -1], [5, 6], [5, 6], [7, -1], [7, -1],
+                             [8, -1], [5, 6], [5, 6], [7, -1], [7, -1]]
+    assert head.tolist() == [0] * 3 + [1] * 3 + [0] * 5 + [1] * 5
+    assert plan.num_tiles == 16  # 3 + 3 blocks of one tile, 2 of 2 x 2
 
 
-@pytest.mark.parametrize("min_fill", [0.02, 0.5, 10.0])
+@pytest.mark.parametrize("min_fill", [1e-3, 0.2, 10.0])
 def test_split_is_exact_outside_the_tiles(min_fill):
-    # The rest's rate equals p wherever no tile is, never exceeds it, and
-    # the cut (p minus the rest) is the top clusters' share on the
-    # selected cluster pairs.
+    # The tiles hold exactly the selected blocks; the rest's rate equals p
+    # outside them, never exceeds it, and the cut (p minus the rest) is the
+    # top clusters' share on those blocks.
     memb, block = sharp_sbm([0, 2, 1, 1, 0, 2, 1, 0, 0, 2, 1])
     ptr = [0, 6, 6, 11]  # one sequence empty
     plan = plan_tiles(memb, block, memb, ptr_q=ptr, ptr_k=ptr, tile_q=2,
@@ -80,6 +96,7 @@ def test_split_is_exact_outside_the_tiles(min_fill):
     rest = expected_adjacency(*plan.rest, ptr_q=ptr, ptr_k=ptr)
     head, query, key = all_pairs(ptr, ptr, 2)
     tiled = in_tiles(plan, head, query, key)
+    assert torch.equal(tiled, in_selected_blocks(plan, memb, memb, head, query, key))
     rate = lambda m: -torch.log1p(-m[head, query, key])  # noqa: E731
     gap = rate(full) - rate(rest)
     assert (gap > -1e-12).all()
@@ -92,37 +109,32 @@ def test_split_is_exact_outside_the_tiles(min_fill):
     assert torch.allclose(gap, cut)
     if min_fill == 10.0:  # no cluster pair that full: no tile, all rest
         assert plan.num_tiles == 0 and not tiled.any()
-    elif min_fill == 0.02:  # every cluster pair (across: 0.032): all tiles
+    elif min_fill == 1e-3:  # every cluster pair: all tiles
         assert plan.selected.all() and tiled.all()
     else:
-        assert tiled.any() and (~tiled).any() and (cut[tiled] > 0).any()
+        assert tiled.any() and (~tiled).any() and (cut[tiled] > 0).all()
 
 
-def test_in_tiles_and_tile_pairs_agree_with_a_grid():
+def test_tile_pairs_are_the_selected_blocks_once():
     memb, block = sharp_sbm([2, 0, 1, 1, 0, 2, 1, 0, 2, 2, 1, 0, 0])
     ptr_q, ptr_k = [0, 7, 13], [0, 5, 13]
     keys = torch.roll(memb, 3, 0)
     plan = plan_tiles(memb, block, keys, ptr_q=ptr_q, ptr_k=ptr_k,
                       tile_q=3, tile_k=2, min_fill=0.1)
     head, query, key = all_pairs(ptr_q, ptr_k, 2)
-    got = in_tiles(plan, head, query, key)
-    # The grid, pair by pair: sorted positions in the sequence, tiles.
-    Tq, Tk = plan.num_q_tiles, plan.num_k_tiles
-    grid = torch.zeros(2 * Tq, Tk, dtype=torch.bool)
-    for r in range(2 * Tq):
-        grid[r, plan.tile_col[plan.tile_ptr[r]:plan.tile_ptr[r + 1]]] = True
-    want = []
-    for h, i, j in zip(head.tolist(), query.tolist(), key.tolist()):
-        g = 0 if i < ptr_q[1] else 1
-        a = (int(plan.q_pos[h, i]) - ptr_q[g]) // 3
-        b = (int(plan.k_pos[h, j]) - ptr_k[g]) // 2
-        want.append(bool(grid[h * Tq + plan.q_tiles[g] + a, plan.k_tiles[g] + b]))
-    assert got.tolist() == want and any(want) and not all(want)
-    # The enumerated tile pairs are those pairs, each once.
+    want = in_selected_blocks(plan, memb, keys, head, query, key)
+    assert torch.equal(in_tiles(plan, head, query, key), want)
+    assert want.any() and not want.all()
     h, i, j = tile_pairs(plan)
     listed = sorted(zip(h.tolist(), i.tolist(), j.tolist()))
-    assert listed == sorted(zip(head[got].tolist(), query[got].tolist(),
-                                key[got].tolist()))
+    assert listed == sorted(zip(head[want].tolist(), query[want].tolist(),
+                                key[want].tolist()))
+    # Each tile's rows are one cluster's, in the sorted order.
+    heads, rows, cols = tile_rows(plan)
+    for side, order, memb_side in ((rows, plan.q_order, memb), (cols, plan.k_order, keys)):
+        for t in range(side.size(0)):
+            real = side[t][side[t] >= 0]
+            assert memb_side[real, heads[t]].argmax(-1).unique().numel() == 1
 
 
 @pytest.mark.slow
@@ -156,15 +168,17 @@ def test_small_and_degenerate_sequences(case):
     clusters = {"one token": [1], "one cluster": [2] * 5,
                 "wide tiles": [0, 1, 0, 1]}[case]
     memb, block = sharp_sbm(clusters)
-    plan = plan_tiles(memb, block, memb, tile_q=64, tile_k=64, min_fill=0.3)
-    # One tile per head holds the whole sequence.
-    assert plan.tile_ptr.tolist() == [0, 1, 2] and plan.tile_col.tolist() == [0, 0]
+    n = len(clusters)
+    head, query, key = all_pairs([0, n], [0, n], 2)
+    # 64-token tiles are mostly padding here: at the default fill, none.
+    assert plan_tiles(memb, block, memb).num_tiles == 0
+    plan = plan_tiles(memb, block, memb, min_fill=1e-4)
+    assert plan.selected.any() and plan.q_len.max() <= n
+    assert torch.equal(in_tiles(plan, head, query, key),
+                       in_selected_blocks(plan, memb, memb, head, query, key))
     graph = sample_tiled(memb, block, memb, plan, mode="exact", self_loops=True,
                          generator=seeded(0))
-    n = len(clusters)
-    assert graph.num_edges <= 2 * n * n
-    head, query, key = all_pairs([0, n], [0, n], 2)
-    assert in_tiles(plan, head, query, key).all()
+    assert n * 2 <= graph.num_edges <= 2 * n * n  # the self-loops at least
 
 
 def test_bad_arguments_name_themselves():
@@ -187,3 +201,5 @@ def test_bad_arguments_name_themselves():
         sample_tiled(memb[:2], block, memb[:2], plan)
     with pytest.raises(ValueError, match="mode must be one of"):
         sample_tiled(memb, block, memb, plan, mode="bernoulli")
+    # Mixed precision is computed in the wider one (it raised in einsum).
+    sample_tiled(memb, block.float(), memb, plan, generator=seeded(0))
