@@ -121,12 +121,12 @@ def _rows_of(ptr: Tensor, num_rows: int) -> Tensor:
 
 class _Side(NamedTuple):
     # One side's order, its (sequence, head, cluster) segments and their
-    # tiles: each segment's main mass, count, first sorted place, tiles
+    # tiles: each segment's main mass, size, first sorted place, tiles
     # and first tile.
     order: Tensor
     pos: Tensor
     mass: Tensor
-    count: Tensor
+    size: Tensor
     first: Tensor
     tiles: Tensor
     first_tile: Tensor
@@ -169,7 +169,7 @@ def _tile_table(side: _Side, total: int, tile: int, memb: Tensor, ptr: Tensor
         side.tiles.flatten(), output_size=total)
     local = torch.arange(total, device=memb.device) - side.first_tile.flatten()[segment]
     start = side.first.flatten()[segment] + local * tile
-    length = torch.minimum(side.count.flatten()[segment] - local * tile,
+    length = torch.minimum(side.size.flatten()[segment] - local * tile,
                            torch.full_like(local, tile))
     head = torch.div(segment, k, rounding_mode="floor") % H
     return row_tile.t().contiguous(), start, length, head
@@ -242,8 +242,8 @@ def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
 
     # The blocks: every (sequence, head, u, v) with (u, v) selected and both
     # clusters present, as a rectangle of tiles.
-    g, h, u = (qs.count > 0).nonzero(as_tuple=True)
-    r, v = (selected[h, u] & (ks.count[g, h] > 0)).nonzero(as_tuple=True)
+    g, h, u = (qs.size > 0).nonzero(as_tuple=True)
+    r, v = (selected[h, u] & (ks.size[g, h] > 0)).nonzero(as_tuple=True)
     g, h, u = g[r], h[r], u[r]
     wide = ks.tiles[g, h, v]
     area = qs.tiles[g, h, u] * wide
