@@ -15,10 +15,12 @@ with :math:`\mathbf{o}^{\mathcal{R}}` and :math:`\mathrm{lse}^{\mathcal{R}}`
 the sparse kernels' output and log-sum-exp on the rest: the softmax over
 the union, as :func:`~sbm_pyg.nn.functional.sparse_attention` computes it
 on :meth:`TiledGraph.graph`, with the same straight-through gradients to
-the SBM. This is the PyTorch path of the tiled regime (one batched product
-per tile where the edge path gathers a row per edge; the tiles' scores are
-kept for backward, :math:`4 P t_q t_k` bytes); the fused kernels are to
-follow it.
+the SBM. This is the tiled regime in PyTorch: one batched product per tile
+where the edge path gathers a row per edge, the estimator's gradients two
+more per tile (:math:`O(t_q t_k k)`), the tiles' scores kept for backward
+(:math:`8 P t_q t_k` bytes in float32 with the mask). No fused kernel
+computes it yet, and :func:`~sbm_pyg.nn.sbm_attention` does not choose it:
+it takes a graph drawn by :func:`~sbm_pyg.sampling.tiles.draw_tiled`.
 """
 from __future__ import annotations
 
