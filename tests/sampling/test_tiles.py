@@ -81,6 +81,15 @@ def test_tiles_of_two_sequences_and_heads():
                              [8, -1], [5, 6], [5, 6], [7, -1], [7, -1]]
     assert head.tolist() == [0] * 3 + [1] * 3 + [0] * 5 + [1] * 5
     assert plan.num_tiles == 16  # 3 + 3 blocks of one tile, 2 of 2 x 2
+    # The threshold between those fills: head 0's clusters fill 0.32,
+    # 0.256, 0.512; head 1's (0, 1, 2) 0.512, 0.32, 0.256.
+    for min_fill, diagonal in ((0.3, [[1, 0, 1], [1, 1, 0]]),
+                               (0.33, [[0, 0, 1], [1, 0, 0]]),
+                               (0.52, [[0, 0, 0], [0, 0, 0]])):
+        plan = plan_tiles(memb, block, memb, ptr_q=ptr, ptr_k=ptr, tile_q=2,
+                          tile_k=2, min_fill=min_fill)
+        assert plan.selected.diagonal(dim1=1, dim2=2).long().tolist() == diagonal
+        assert plan.selected.sum() == sum(map(sum, diagonal))
 
 
 @pytest.mark.parametrize("min_fill", [1e-3, 0.2, 10.0])
