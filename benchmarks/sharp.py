@@ -59,8 +59,9 @@ def sharp_sbm(n: int, density: float, device: torch.device,
 
 
 def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
-                repeats: int, log) -> List[dict]:
-    """One row per (n, density): the sharp head's fwd+bwd against SDPA's."""
+                repeats: int, log, tile: int = TILE) -> List[dict]:
+    """One row per (n, density): the sharp head's fwd+bwd against SDPA's,
+    the tiled path's with tiles of :obj:`tile` tokens."""
     rows = []
     options = SBMAttentionOptions(mode="exact")
     for n, density in sizes:
@@ -79,7 +80,7 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
 
         def run_tiles() -> None:
             fixed = [t.detach() for t in sbm]
-            plan = plan_tiles(*fixed, tile_q=TILE, tile_k=TILE, min_fill=MIN_FILL)
+            plan = plan_tiles(*fixed, tile_q=tile, tile_k=tile, min_fill=MIN_FILL)
             tiled = draw_tiled(*fixed, plan, mode="exact", generator=gen)
             out = tiled_attention(q, k, v, tiled, sbm=sbm)
             tile_edges = int(tiled.mask.sum())
@@ -99,7 +100,7 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
                    tiles_time=times["tiles"],
                    tiles_ratio=times["tiles"] / times["sdpa"],
                    tiles=last["tiles"], tiled_density=last["tiled_density"],
-                   tile_fill=last["tile_edges"] / max(last["tiles"] * TILE**2, 1),
+                   tile_fill=last["tile_edges"] / max(last["tiles"] * tile**2, 1),
                    rest_share=last["rest_edges"] / max(
                        last["rest_edges"] + last["tile_edges"], 1))
         log(f"  n={n:>6} target {density:<5} sampled {row['sampled_density']:.4f} "
