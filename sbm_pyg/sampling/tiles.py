@@ -64,29 +64,19 @@ __all__ = ["TilePlan", "TiledGraph", "plan_tiles", "in_tiles", "tile_rows",
 class TilePlan(NamedTuple):
     r"""What :func:`plan_tiles` returns. Tiles are numbered over the whole
     batch, query tiles by (sequence, head, top cluster) and then by their
-    place in the cluster, key tiles alike.
-
-    Attributes:
-        q_order (LongTensor): :obj:`[H, N_q]`, each head's query rows sorted
-            by (sequence, top cluster), stably.
-        q_tile (LongTensor): :obj:`[H, N_q]`, the query tile of each row in
-            each head.
-        q_start (LongTensor): :obj:`[T_q]`, each query tile's first place
-            in its head's :obj:`q_order`; :obj:`q_len` :obj:`[T_q]` its rows
-            (:math:`\leq t_q`); :obj:`q_head` :obj:`[T_q]` its head.
-        k_order, k_tile, k_start, k_len, k_head: the same for the keys.
-        tile_ptr (LongTensor): :obj:`[T_q + 1]`, CSR pointer over the query
-            tiles.
-        tile_col (LongTensor): :obj:`[P]`, the key tile of each active tile
-            pair, increasing within its query tile.
-        selected (BoolTensor): :obj:`[H, k, k]`, the cluster pairs whose
-            blocks the tiles hold.
-        rest (tuple): the SBM :obj:`([N_q, H, 2k], [H, 2k, 2k], [N_k, H,
-            2k])` of the probability the tiles' cluster pairs leave out.
-        ptr_q (LongTensor): :obj:`[G + 1]`, the query sequences;
-            :obj:`ptr_k` the keys'.
-        tile_q (int): :math:`t_q`; :obj:`tile_k`: :math:`t_k`.
-    """
+    place in the cluster, key tiles alike. For the queries: :obj:`q_order`
+    :obj:`[H, N_q]`, each head's rows sorted by (sequence, top cluster),
+    stably; :obj:`q_tile` :obj:`[H, N_q]`, each row's tile in each head;
+    and per tile :obj:`[T_q]` its first place in its head's order
+    (:obj:`q_start`), its rows (:obj:`q_len`, :math:`\leq t_q`) and its head
+    (:obj:`q_head`); the keys' fields alike (:obj:`k_*`, :obj:`[T_k]`). The
+    active tile pairs: :obj:`tile_ptr` :obj:`[T_q + 1]`, a CSR pointer over
+    the query tiles, and :obj:`tile_col` :obj:`[P]`, each pair's key tile,
+    increasing within its query tile. :obj:`selected` :obj:`[H, k, k]`: the
+    cluster pairs whose blocks the tiles hold; :obj:`rest`: the SBM
+    :obj:`([N_q, H, 2k], [H, 2k, 2k], [N_k, H, 2k])` of the probability they
+    leave out; :obj:`ptr_q`, :obj:`ptr_k` :obj:`[G + 1]`: the sequences;
+    :obj:`tile_q`, :obj:`tile_k`: :math:`t_q`, :math:`t_k`."""
 
     q_order: Tensor
     q_tile: Tensor
