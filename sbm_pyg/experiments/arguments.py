@@ -81,27 +81,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dense-steps", type=int, default=0,
         help="a dense warm-up: for the first steps every SBM head attends "
              "every pair (its SBM still learns, e.g. from --distill)")
-    add("--recipe", choices=RECIPES, default="end-to-end",
-        help="end-to-end: sampled graphs from --dense-steps on; teacher: "
-             "after --dense-steps the model is frozen and the SBMs alone "
-             "learn from its attention (--distill) under the budget until "
-             "their recall is ready, then sampled graphs "
-             "(sbm_pyg.experiments.recipe)")
-    add("--selector-steps", type=int, default=400,
-        help="teacher recipe: the most steps of the selector phase")
-    add("--selector-recall", type=float, default=0.9,
-        help="teacher recipe: switch to sampled graphs once the selector's "
-             "recall reaches this share of the oracle's at the same edge count")
-    add("--selector-check", type=int, default=25,
-        help="teacher recipe: measure the recall every K selector steps")
-    add("--freeze-selector", action="store_true",
-        help="teacher recipe: after the switch the SBMs stay as the "
-             "selector phase left them, the model alone learning on their "
-             "graphs")
-    add("--switch-steps", type=int, default=0,
-        help="a gradual switch: over the first M sampled steps the "
-             "exploration falls geometrically from 1 (every pair) to "
-             "--exploration (0: the budget's graphs at once)")
+    _add_recipe_arguments(add)
     add("--steps", type=int, default=1000)
     add("--batch-size", type=int, default=32)
     add("--lr", type=float, default=1e-3)
@@ -170,6 +150,39 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--listops-min-length", type=int, default=20)
     add("--data-dir", type=Path, default=Path("data"))
     add("--no-progress", action="store_true")
+
+
+def _add_recipe_arguments(add) -> None:
+    # The teacher recipe's phases and the switch (sbm_pyg.experiments.recipe).
+    add("--recipe", choices=RECIPES, default="end-to-end",
+        help="end-to-end: sampled graphs from --dense-steps on; teacher: "
+             "after --dense-steps the model is frozen and the SBMs alone "
+             "learn from its attention (--distill) under the budget until "
+             "their recall is ready, then sampled graphs "
+             "(sbm_pyg.experiments.recipe)")
+    add("--teacher-accuracy", type=float, default=0.0,
+        help="teacher recipe: the dense phase goes on past --dense-steps "
+             "until the model's validation accuracy reaches this (checked "
+             "every --selector-check steps; 0: it ends at --dense-steps), so "
+             "that the selector learns from a model that has learned the task")
+    add("--dense-max-steps", type=int, default=None,
+        help="teacher recipe with --teacher-accuracy: the dense phase's "
+             "last step (default --steps - --selector-steps)")
+    add("--selector-steps", type=int, default=400,
+        help="teacher recipe: the most steps of the selector phase")
+    add("--selector-recall", type=float, default=0.9,
+        help="teacher recipe: switch to sampled graphs once the selector's "
+             "recall reaches this share of the oracle's at the same edge count")
+    add("--selector-check", type=int, default=25,
+        help="teacher recipe: measure the recall every K selector steps")
+    add("--freeze-selector", action="store_true",
+        help="teacher recipe: after the switch the SBMs stay as the "
+             "selector phase left them, the model alone learning on their "
+             "graphs")
+    add("--switch-steps", type=int, default=0,
+        help="a gradual switch: over the first M sampled steps the "
+             "exploration falls geometrically from 1 (every pair) to "
+             "--exploration (0: the budget's graphs at once)")
 
 
 def train_arguments(preset: Optional[str] = None, **overrides) -> argparse.Namespace:
@@ -283,14 +296,22 @@ def _validate_recipe(args) -> None:
     if getattr(args, "switch_steps", 0) < 0:
         raise ValueError(f"--switch-steps must be >= 0, got {args.switch_steps}")
     if getattr(args, "recipe", "end-to-end") != "teacher":
-        if getattr(args, "freeze_selector", False):
-            raise ValueError("--freeze-selector needs --recipe teacher")
+        for flag in ("freeze_selector", "teacher_accuracy", "dense_max_steps"):
+            if getattr(args, flag, None):
+                raise ValueError(f"--{flag.replace('_', '-')} needs --recipe teacher")
         return
     if args.attention != "sbm" or not getattr(args, "distill", 0.0) > 0 \
             or getattr(args, "dense_steps", 0) < 1:
         raise ValueError("--recipe teacher needs --attention sbm, --distill > 0 "
                          "(what the selector learns from) and --dense-steps >= 1 "
                          "(the phase in which the teacher learns the task)")
+    accuracy, dense_max = getattr(args, "teacher_accuracy", 0.0), \
+        getattr(args, "dense_max_steps", None)
+    if not 0 <= accuracy <= 1:
+        raise ValueError(f"--teacher-accuracy must lie in [0, 1], got {accuracy}")
+    if dense_max is not None and (not accuracy > 0 or dense_max < args.dense_steps):
+        raise ValueError("--dense-max-steps needs --teacher-accuracy and must be "
+                         f">= --dense-steps ({args.dense_steps}), got {dense_max}")
     if args.selector_steps < 1 or args.selector_check < 1:
         raise ValueError("--selector-steps and --selector-check must be >= 1")
     if not 0 < args.selector_recall <= 1:

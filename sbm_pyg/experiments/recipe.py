@@ -13,7 +13,14 @@ Two recipes (``--recipe``):
   SeerAttention its gate). Three phases:
 
   1. **dense** (``--dense-steps``): every pair attended, the model learns
-     the task;
+     the task; with ``--teacher-accuracy`` A the phase goes on past
+     ``--dense-steps`` until the model's accuracy on a validation batch,
+     checked every ``--selector-check`` steps, reaches A (or until
+     ``--dense-max-steps``), so that the selector does not learn an
+     untrained model's rows, which are easy to hold and useless. The steps
+     it adds train the model alone: neither the distillation nor the
+     budget acts in them, so that the selector phase begins as it would
+     have at ``--dense-steps``;
   2. **selector**: every pair still attended, the model frozen (its
      gradients dropped before the optimizer sees them), the SBMs alone
      learning by the distillation under the density budget (which acts
@@ -81,10 +88,25 @@ class Recipe:
         self.check = getattr(args, "selector_check", 25)
         self.switch_steps = getattr(args, "switch_steps", 0)
         self.freeze_selector = getattr(args, "freeze_selector", False)
+        self.teacher_accuracy = getattr(args, "teacher_accuracy", 0.0)
+        dense_max = getattr(args, "dense_max_steps", None)
+        self.dense_max = dense_max if dense_max is not None else max(
+            self.dense_steps, getattr(args, "steps", 0) - self.selector_steps)
         self.path = None if out is None else Path(out) / "recipe.json"
         self.state: dict = {}
         if self.path is not None and self.path.exists():
             self.state = json.loads(self.path.read_text())
+
+    @property
+    def gated(self) -> bool:
+        """Whether the dense phase ends on the teacher's accuracy."""
+        return self.name == "teacher" and self.teacher_accuracy > 0
+
+    @property
+    def selector_start(self) -> Optional[int]:
+        """The selector phase's first step (:obj:`None` while a gated dense
+        phase goes on)."""
+        return self.state.get("selector_start") if self.gated else self.dense_steps
 
     @property
     def sparse_start(self) -> Optional[int]:
@@ -98,8 +120,17 @@ class Recipe:
             return "dense"
         if self.name == "end-to-end":
             return "sparse"
+        start = self.selector_start
+        if start is None or step < start:
+            return "dense"
         start = self.sparse_start
         return "sparse" if start is not None and step >= start else "selector"
+
+    def held(self, step: int) -> bool:
+        """Whether :obj:`step` is one a gated dense phase added past
+        ``--dense-steps``: the model learns alone, without the distillation
+        or the budget."""
+        return self.gated and step >= self.dense_steps and self.phase(step) == "dense"
 
     def attend_all(self, step: int) -> bool:
         """Whether the SBM heads attend every pair at :obj:`step`."""
@@ -136,12 +167,16 @@ class Recipe:
     def after_step(self, step: int, measure) -> Optional[dict]:
         r"""After :obj:`step` steps: in the selector phase, every
         :obj:`selector_check` steps, :obj:`measure()` (a validation's
-        result, with :obj:`recall` and :obj:`oracle_recall`) decides the
-        switch; returns the record of a switch, else :obj:`None`."""
+        result, with :obj:`accuracy`, :obj:`recall` and
+        :obj:`oracle_recall`) decides the switch to sampled graphs, and in a
+        gated dense phase its accuracy the start of the selector phase;
+        returns the record of either, else :obj:`None`."""
+        if self.gated and self.selector_start is None and step >= self.dense_steps:
+            return self._gate(step, measure)
         if self.name != "teacher" or self.phase(step) != "selector" \
-                or step == self.dense_steps:
+                or step == self.selector_start:
             return None
-        done = step - self.dense_steps
+        done = step - self.selector_start
         capped = done >= self.selector_steps
         if not capped and done % self.check:
             return None
@@ -150,10 +185,30 @@ class Recipe:
         ready = recall is not None and recall >= self.threshold * oracle
         if not (ready or capped):
             return None
-        self.state = dict(sparse_start=step, reason="recall" if ready else "cap",
+        self.state.update(sparse_start=step, reason="recall" if ready else "cap",
                           recall=recall, oracle_recall=oracle,
                           selector_steps=done)
+        self._save()
+        return dict(step=step, split="recipe", phase="sparse", **{
+            k: v for k, v in self.state.items()
+            if k in ("reason", "recall", "oracle_recall", "selector_steps")})
+
+    def _gate(self, step: int, measure) -> Optional[dict]:
+        # The gated dense phase's end: every selector_check steps from
+        # dense_steps on, or at dense_max.
+        capped = step >= self.dense_max
+        if not capped and (step - self.dense_steps) % self.check:
+            return None
+        accuracy = measure()["accuracy"]
+        if not (accuracy >= self.teacher_accuracy or capped):
+            return None
+        self.state = dict(selector_start=step, teacher_accuracy=accuracy,
+                          dense_reason="accuracy" if accuracy >= self.teacher_accuracy
+                          else "cap")
+        self._save()
+        return dict(step=step, split="recipe", phase="selector",
+                    teacher_accuracy=accuracy, reason=self.state["dense_reason"])
+
+    def _save(self) -> None:
         if self.path is not None:
             self.path.write_text(json.dumps(self.state, indent=1) + "\n")
-        return dict(step=step, split="recipe", phase="sparse", **{
-            k: v for k, v in self.state.items() if k != "sparse_start"})

@@ -90,8 +90,11 @@ def train(args) -> dict:
         # The density penalty from --lam-start on (e.g. after a dense
         # warm-up, in which it would only pull the SBM sparse).
         lam = args.lam if step >= getattr(args, "lam_start", 0) else 0.0
+        # A gated dense phase's added steps leave the budget as it was: its
+        # delay and warm-up count from the selector phase as without them.
         record = train_step(net, model, optimizer, schedule, task, args,
-                            device, graph_generator, budget, lam=lam,
+                            device, graph_generator,
+                            None if recipe.held(step) else budget, lam=lam,
                             trainable=recipe.trainable(model, step))
         step += 1
         switch = recipe.after_step(step, lambda: evaluate_model(
@@ -261,9 +264,9 @@ def _schedule_layers(model: SBMTransformer, args, step: int, recipe: Recipe) -> 
     # The SBM layers' settings of this step: every pair attended while the
     # recipe says so (a dense warm-up, and the teacher recipe's selector
     # phase), the exploration a gradual switch anneals, the distillation
-    # from --distill-start on.
+    # from --distill-start on (not in the steps a gated dense phase adds).
     beta = getattr(args, "distill", 0.0) if step >= getattr(
-        args, "distill_start", 0) else 0.0
+        args, "distill_start", 0) and not recipe.held(step) else 0.0
     dense = recipe.attend_all(step)
     base = getattr(args, "exploration", None)
     for module in model.modules():

@@ -61,6 +61,50 @@ def test_switch_at_the_cap():
     assert record["reason"] == "cap" and record["selector_steps"] == 5
 
 
+def test_a_gated_dense_phase_ends_on_the_teachers_accuracy():
+    # Dense until 4, then checks every 2 steps: 0.5 at 4 and 6, 0.95 at 8.
+    recipe, calls = _recipe(teacher_accuracy=0.9, dense_max_steps=20), []
+
+    def measure(accuracy):
+        def f():
+            calls.append(accuracy)
+            return dict(accuracy=accuracy, recall=0.0, oracle_recall=1.0)
+        return f
+
+    assert recipe.after_step(3, measure(1.0)) is None and calls == []
+    assert recipe.after_step(4, measure(0.5)) is None  # not yet learned
+    assert [recipe.phase(s) for s in (3, 4, 7)] == ["dense"] * 3
+    assert [recipe.held(s) for s in (3, 4, 7)] == [False, True, True]
+    assert recipe.after_step(5, measure(1.0)) is None  # not a check step
+    assert recipe.after_step(6, measure(0.5)) is None
+    record = recipe.after_step(8, measure(0.95))
+    assert calls == [0.5, 0.5, 0.95]
+    assert record == dict(step=8, split="recipe", phase="selector",
+                          teacher_accuracy=0.95, reason="accuracy")
+    assert recipe.selector_start == 8 and recipe.phase(8) == "selector"
+    assert not recipe.held(8) and recipe.attend_all(8)
+    # The selector phase counts from its own start: the cap of 6 at 14.
+    assert recipe.after_step(13, measure(0.0)) is None
+    record = recipe.after_step(14, measure(0.0))
+    assert record["reason"] == "cap" and record["selector_steps"] == 6
+    assert recipe.phase(14) == "sparse" and recipe.state["selector_start"] == 8
+
+
+def test_a_gated_dense_phase_at_its_cap_and_at_once():
+    # Never learned: the selector phase starts at --dense-max-steps (7, not
+    # a check step); learned by --dense-steps: it starts there, as ungated.
+    recipe = _recipe(teacher_accuracy=0.9, dense_max_steps=7)
+    assert recipe.after_step(6, lambda: dict(accuracy=0.1)) is None
+    record = recipe.after_step(7, lambda: dict(accuracy=0.1))
+    assert record["reason"] == "cap" and recipe.selector_start == 7
+    recipe = _recipe(teacher_accuracy=0.9)
+    assert recipe.after_step(4, lambda: dict(accuracy=0.9))["reason"] == "accuracy"
+    assert recipe.selector_start == 4 and not recipe.held(4)
+    # Ungated, the selector phase starts at --dense-steps without a check.
+    assert _recipe().selector_start == 4 and not _recipe().gated
+    assert not _recipe("end-to-end", teacher_accuracy=0.9).gated
+
+
 def test_a_gradual_switch_anneals_the_exploration():
     # End-to-end: sampled from step 4; over 4 steps 1, 0.1^(1/4), ... then 0.1.
     recipe = _recipe("end-to-end", switch_steps=4)
@@ -159,6 +203,40 @@ def test_a_gradual_switch_in_a_run(tmp_path):
     assert density[3] > density[5] and density[4] > density[6]
 
 
+def test_a_gated_run_holds_the_budget_and_the_distillation(tmp_path):
+    # Asked for accuracy 1.0, which an untrained model does not score on a
+    # validation batch of 32 tokens of both classes, the dense phase runs to
+    # its cap at step 5 (dense_steps 2), and in steps 2-4 neither the budget
+    # nor the distillation acts; the budget's delay and warm-up then count
+    # from step 5 as they would from step 2 ungated.
+    out = tmp_path / "run"
+    args = dict(task="repeat", out=out, seq_len=8, batch_size=4, num_clusters=4,
+                distill=1.0, dense_steps=2, recipe="teacher", selector_steps=2,
+                selector_check=100, target_density=0.2, budget_warmup=1, log_every=1,
+                no_progress=True, checkpoint_every=1, teacher_accuracy=1.0,
+                dense_max_steps=5)
+    train(train_arguments(steps=4, **args))
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    train_records = [r for r in records if r["split"] == "train"]
+    held = ["distillation_per_layer_head" in r for r in train_records]
+    assert held == [True, True, False, False]
+    assert ["lam" in r for r in train_records] == [True, True, False, False]
+    final = train(train_arguments(steps=10, resume=True, **args))
+    assert final["recipe"]["selector_start"] == 5
+    assert final["recipe"]["dense_reason"] == "cap"
+    assert final["recipe"]["sparse_start"] == 7
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    train_records = [r for r in records if r["split"] == "train"]
+    assert ["distillation_per_layer_head" in r for r in train_records] == \
+        [True, True, False, False, False] + [True] * 5
+    assert [r["density"] == 1.0 for r in train_records][:7] == [True] * 7
+    assert train_records[7]["density"] < 1.0
+    switches = [(r["step"], r["phase"]) for r in records if r["split"] == "recipe"]
+    assert switches == [(5, "selector"), (7, "sparse")]
+    state = torch.load(out / "checkpoint.pt", weights_only=False)["budget"]
+    assert state["steps"] == 10 - 3  # the three added steps left it alone
+
+
 def test_recipe_arguments_are_checked(tmp_path):
     with pytest.raises(ValueError, match="--switch-steps"):
         train_arguments(task="repeat", out=tmp_path, switch_steps=-1)
@@ -170,6 +248,16 @@ def test_recipe_arguments_are_checked(tmp_path):
     with pytest.raises(ValueError, match="--selector-steps"):
         train_arguments(task="repeat", out=tmp_path, recipe="teacher", dense_steps=10,
                         distill=1.0, selector_steps=0)
+    teacher = dict(task="repeat", out=tmp_path, recipe="teacher", dense_steps=10,
+                   distill=1.0)
+    with pytest.raises(ValueError, match="--teacher-accuracy must lie"):
+        train_arguments(**teacher, teacher_accuracy=1.5)
+    with pytest.raises(ValueError, match="--dense-max-steps needs --teacher-accuracy"):
+        train_arguments(**teacher, dense_max_steps=20)
+    with pytest.raises(ValueError, match=r"must be >= --dense-steps \(10\), got 5"):
+        train_arguments(**teacher, teacher_accuracy=0.9, dense_max_steps=5)
+    with pytest.raises(ValueError, match="--teacher-accuracy needs --recipe teacher"):
+        train_arguments(task="repeat", out=tmp_path, teacher_accuracy=0.9)
 
 
 @pytest.mark.parametrize("preset,task,seq_len", [("repeat-sparse", "repeat", 64),
