@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 from torch_geometric.utils import to_dense_batch
+from torch_geometric.utils.sparse import ptr2index
 
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.sampling import SampledGraph
@@ -182,8 +183,7 @@ def _measure(query: Tensor, key: Tensor, memb: Tuple[Tensor, ...],
     q_memb, block, k_memb = memb
     ptr_q, ptr_k = graph.ptr_q.to(query.device), graph.ptr_k.to(query.device)
     G, H, C = ptr_q.numel() - 1, query.size(1), query.size(2)
-    seq_q = torch.repeat_interleave(torch.arange(G, device=query.device), ptr_q.diff())
-    seq_k = torch.repeat_interleave(torch.arange(G, device=query.device), ptr_k.diff())
+    seq_q, seq_k = ptr2index(ptr_q), ptr2index(ptr_k)
     Q, valid_q = to_dense_batch(torch.cat([query, q_memb], -1).flatten(1), seq_q,
                                 batch_size=G)
     K, valid_k = to_dense_batch(torch.cat([key, k_memb], -1).flatten(1), seq_k,

@@ -315,14 +315,9 @@ def sparse_attention(
     q, k, v = heads_first(query), heads_first(key), heads_first(value)
     # One draw from the generator, on the host (no sync): the mask's seed.
     seed = stream_seed(generator, query.device) if dropout > 0 else 0
-    if backend in ("cpp", "triton"):
-        flat, alpha, lse = _fused_attention(
-            graph.csr, q, k, v, edge_prob, sbm, scale, ste,
-            return_attention_weights, dropout, seed, triton=backend == "triton",
-            triton_on_cpu=backend == "triton" and query.device.type == "cpu")
-    else:
-        flat, alpha, lse = _torch_attention(graph, q, k, v, edge_prob, sbm,
-                                            scale, dropout, seed, ste)
+    flat, alpha, lse = edge_attention(graph, q, k, v, edge_prob, sbm, scale,
+                                      ste, return_attention_weights, dropout,
+                                      seed, backend)
     if sink is not None:
         flat, alpha = with_sink(flat, alpha, lse, sink, graph.csr)
     out = nodes_first(flat.to(value.dtype), H)
@@ -369,6 +364,24 @@ def with_sink(out: Tensor, alpha: Optional[Tensor], lse: Tensor, sink: Tensor,
 # runs them eagerly (a graph break). The fused path is one operator with
 # fake kernels, which the compiler traces.
 @torch.compiler.disable
+def edge_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
+                   edge_prob: Optional[Tensor],
+                   sbm: Optional[Tuple[Tensor, Tensor, Tensor]], scale: float,
+                   ste: str, weights: bool, dropout: float, dropout_seed: int,
+                   backend: str) -> Tuple[Tensor, Optional[Tensor], Tensor]:
+    r"""The attention over :obj:`graph`'s edges on the resolved
+    :obj:`backend`'s kernel, heads-first (:obj:`q` :obj:`[H * N_q, D]`,
+    checked by the caller): the output :obj:`[H * N_q, D_v]`, the weights
+    per edge (with :obj:`weights`) and each row's log-sum-exp."""
+    if backend in ("cpp", "triton"):
+        return _fused_attention(
+            graph.csr, q, k, v, edge_prob, sbm, scale, ste, weights, dropout,
+            dropout_seed, triton=backend == "triton",
+            triton_on_cpu=backend == "triton" and q.device.type == "cpu")
+    return _torch_attention(graph, q, k, v, edge_prob, sbm, scale, dropout,
+                            dropout_seed, ste)
+
+
 def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      sbm: Optional[Tuple[Tensor, Tensor, Tensor]],

@@ -30,12 +30,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from sbm_pyg.nn.functional import (
-    STE_MODES,
-    _fused_attention,
-    _torch_attention,
-    check_sbm_shapes,
-)
+from sbm_pyg.nn.functional import STE_MODES, check_sbm_shapes, edge_attention
 from sbm_pyg.ops.backend_info import resolve_backend
 from sbm_pyg.ops.csr import heads_first, nodes_first
 from sbm_pyg.sampling.tiles import TiledGraph, tile_rows
@@ -127,15 +122,9 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
     scale = 1.0 / math.sqrt(D)
 
     # The rest: normalized output and log-sum-exp per heads-first row.
-    backend = resolve_backend("attention", backend, query.device)
-    if backend in ("cpp", "triton"):
-        out_r, _, lse_r = _fused_attention(
-            rest.csr, q, k, v, None, sbm, scale, ste, False, 0.0, 0,
-            triton=backend == "triton",
-            triton_on_cpu=backend == "triton" and query.device.type == "cpu")
-    else:
-        out_r, _, lse_r = _torch_attention(rest, q, k, v, None, sbm, scale,
-                                           0.0, 0, ste)
+    out_r, _, lse_r = edge_attention(
+        rest, q, k, v, None, sbm, scale, ste, False, 0.0, 0,
+        resolve_backend("attention", backend, query.device))
 
     # The tiles: scores, the straight-through term, masked exponentials
     # relative to each row's largest tile score (a constant: it cancels).

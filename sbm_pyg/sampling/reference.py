@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch_geometric.utils.sparse import ptr2index
 
 from sbm_pyg.sampling.checks import PtrLike, as_ptr, check_sampler_options, check_sbm
 from sbm_pyg.sampling.edges import edges_from_keys
@@ -13,12 +14,6 @@ from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator, check_memory, sync
 
 __all__ = ["expected_adjacency", "bernoulli"]
-
-
-def _batch(ptr: Tensor, num_rows: int) -> Tensor:
-    return torch.repeat_interleave(torch.arange(ptr.numel() - 1,
-                                                device=ptr.device),
-                                   ptr.diff(), output_size=num_rows)
 
 
 def expected_adjacency(
@@ -57,7 +52,7 @@ def expected_adjacency(
     check_memory(3 * H * Nq * Nk * q_memb.element_size(), q_memb.device,
                  f"a dense [{H}, {Nq}, {Nk}] expected adjacency")
     p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb) + exploration
-    same = _batch(ptr_q, Nq)[:, None] == _batch(ptr_k, Nk)[None, :]
+    same = ptr2index(ptr_q, Nq)[:, None] == ptr2index(ptr_k, Nk)[None, :]
     p = p * same
     P = -torch.expm1(-p) if mode == "poisson" else p.clamp(max=1.0)
     if self_loops:

@@ -51,6 +51,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch_geometric.utils.sparse import ptr2index
 
 from sbm_pyg.sampling.checks import PtrLike, check_sampler_options, check_sbm
 from sbm_pyg.sampling.fastrg import fastrg
@@ -103,12 +104,6 @@ class TilePlan(NamedTuple):
         return self.tile_col.numel()
 
 
-def _rows_of(ptr: Tensor, num_rows: int) -> Tensor:
-    # The sequence of each row.
-    return torch.repeat_interleave(torch.arange(ptr.numel() - 1, device=ptr.device),
-                                   ptr.diff(), output_size=num_rows)
-
-
 class _Side(NamedTuple):
     # One side's order, its (sequence, head, cluster) segments and their
     # tiles: each segment's main mass, size, first sorted place, tiles
@@ -125,7 +120,7 @@ class _Side(NamedTuple):
 def _sorted_side(memb: Tensor, ptr: Tensor, tile: int) -> _Side:
     N, H, k = memb.shape
     G = ptr.numel() - 1
-    seq = _rows_of(ptr, N)
+    seq = ptr2index(ptr, N)
     top = memb.argmax(-1)  # [N, H]
     main = memb.gather(-1, top[..., None]).squeeze(-1)
     # One stable integer sort per head (a radix sort on CUDA).
@@ -148,7 +143,7 @@ def _tile_table(side: _Side, total: int, tile: int, memb: Tensor, ptr: Tensor
     # Each row's tile [H, N] and each tile's first sorted place, rows and
     # head [T].
     N, H, k = memb.shape
-    seq = _rows_of(ptr, N)
+    seq = ptr2index(ptr, N)
     top = memb.argmax(-1)
     heads = torch.arange(H, device=memb.device)
     rank = side.pos.t() - side.first[seq[:, None], heads, top]  # [N, H]
