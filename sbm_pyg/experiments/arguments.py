@@ -162,12 +162,14 @@ def _add_recipe_arguments(add) -> None:
              "(sbm_pyg.experiments.recipe)")
     add("--teacher-accuracy", type=float, default=0.0,
         help="teacher recipe: the dense phase goes on past --dense-steps "
-             "until the model's validation accuracy reaches this (checked "
-             "every --selector-check steps; 0: it ends at --dense-steps), so "
-             "that the selector learns from a model that has learned the task")
+             "until the model's training accuracy over the last "
+             "--selector-check steps reaches this (0: it ends at "
+             "--dense-steps), so that the selector learns from a model that "
+             "has learned the task")
     add("--dense-max-steps", type=int, default=None,
         help="teacher recipe with --teacher-accuracy: the dense phase's "
-             "last step (default --steps - --selector-steps)")
+             "last step (default --dense-steps + --selector-steps, the "
+             "selector phase's cap, which the gate's steps come out of)")
     add("--selector-steps", type=int, default=400,
         help="teacher recipe: the most steps of the selector phase")
     add("--selector-recall", type=float, default=0.9,

@@ -14,13 +14,17 @@ Two recipes (``--recipe``):
 
   1. **dense** (``--dense-steps``): every pair attended, the model learns
      the task; with ``--teacher-accuracy`` A the phase goes on past
-     ``--dense-steps`` until the model's accuracy on a validation batch,
-     checked every ``--selector-check`` steps, reaches A (or until
-     ``--dense-max-steps``), so that the selector does not learn an
-     untrained model's rows, which are easy to hold and useless. The steps
-     it adds train the model alone: neither the distillation nor the
+     ``--dense-steps`` until the model's training accuracy, a mean over the
+     last ``--selector-check`` steps (each on a batch it has not trained
+     on: the tasks draw every batch afresh), reaches A (or until
+     ``--dense-max-steps``, by default the selector phase's cap), so that
+     the selector does not learn an untrained model's rows, which are easy
+     to hold and useless. (A validation batch would not tell: an
+     evaluation samples the SBMs' graphs, not every pair.) The steps the
+     gate adds train the model alone: neither the distillation nor the
      budget acts in them, so that the selector phase begins as it would
-     have at ``--dense-steps``;
+     have at ``--dense-steps``; they come out of the selector phase, whose
+     cap stays at step ``--dense-steps`` + ``--selector-steps``;
   2. **selector**: every pair still attended, the model frozen (its
      gradients dropped before the optimizer sees them), the SBMs alone
      learning by the distillation under the density budget (which acts
@@ -46,8 +50,9 @@ ever sparser graphs instead of the budget's at once.
 from __future__ import annotations
 
 import json
+from collections import deque
 from pathlib import Path
-from typing import Optional, Set
+from typing import Deque, Optional, Set
 
 import torch
 
@@ -90,8 +95,11 @@ class Recipe:
         self.freeze_selector = getattr(args, "freeze_selector", False)
         self.teacher_accuracy = getattr(args, "teacher_accuracy", 0.0)
         dense_max = getattr(args, "dense_max_steps", None)
-        self.dense_max = dense_max if dense_max is not None else max(
-            self.dense_steps, getattr(args, "steps", 0) - self.selector_steps)
+        # The selector phase ends by its cap at the same step, gated or
+        # not: the steps a gate adds come out of it.
+        self.selector_end = self.dense_steps + self.selector_steps
+        self.dense_max = self.selector_end if dense_max is None else dense_max
+        self.accuracies: Deque[float] = deque(maxlen=max(self.check, 1))
         self.path = None if out is None else Path(out) / "recipe.json"
         self.state: dict = {}
         if self.path is not None and self.path.exists():
@@ -164,20 +172,23 @@ class Recipe:
             return sbm
         return {id(p) for p in model.parameters()} - sbm
 
-    def after_step(self, step: int, measure) -> Optional[dict]:
+    def after_step(self, step: int, measure,
+                   accuracy: Optional[float] = None) -> Optional[dict]:
         r"""After :obj:`step` steps: in the selector phase, every
         :obj:`selector_check` steps, :obj:`measure()` (a validation's
-        result, with :obj:`accuracy`, :obj:`recall` and
-        :obj:`oracle_recall`) decides the switch to sampled graphs, and in a
-        gated dense phase its accuracy the start of the selector phase;
-        returns the record of either, else :obj:`None`."""
+        result, with :obj:`recall` and :obj:`oracle_recall`) decides the
+        switch to sampled graphs; in a gated dense phase the training
+        accuracies (:obj:`accuracy`, the step's) decide the start of the
+        selector phase; returns the record of either, else :obj:`None`."""
+        if accuracy is not None:
+            self.accuracies.append(accuracy)
         if self.gated and self.selector_start is None and step >= self.dense_steps:
-            return self._gate(step, measure)
+            return self._gate(step)
         if self.name != "teacher" or self.phase(step) != "selector" \
                 or step == self.selector_start:
             return None
         done = step - self.selector_start
-        capped = done >= self.selector_steps
+        capped = step >= self.selector_end
         if not capped and done % self.check:
             return None
         result = measure()
@@ -193,13 +204,15 @@ class Recipe:
             k: v for k, v in self.state.items()
             if k in ("reason", "recall", "oracle_recall", "selector_steps")})
 
-    def _gate(self, step: int, measure) -> Optional[dict]:
+    def _gate(self, step: int) -> Optional[dict]:
         # The gated dense phase's end: every selector_check steps from
-        # dense_steps on, or at dense_max.
+        # dense_steps on, once a full window of accuracies is seen (after a
+        # resume too), or at dense_max.
         capped = step >= self.dense_max
-        if not capped and (step - self.dense_steps) % self.check:
+        full = len(self.accuracies) == self.accuracies.maxlen
+        if not capped and ((step - self.dense_steps) % self.check or not full):
             return None
-        accuracy = measure()["accuracy"]
+        accuracy = sum(self.accuracies) / max(len(self.accuracies), 1)
         if not (accuracy >= self.teacher_accuracy or capped):
             return None
         self.state = dict(selector_start=step, teacher_accuracy=accuracy,

@@ -98,7 +98,7 @@ def train(args) -> dict:
                             trainable=recipe.trainable(model, step))
         step += 1
         switch = recipe.after_step(step, lambda: evaluate_model(
-            model, task, device, graph_generator, "val", 1))
+            model, task, device, graph_generator, "val", 1), record["accuracy"])
         if switch is not None and rank == 0:
             _log(metrics_path, switch)
         if rank == 0:

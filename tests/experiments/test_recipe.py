@@ -61,45 +61,53 @@ def test_switch_at_the_cap():
     assert record["reason"] == "cap" and record["selector_steps"] == 5
 
 
+def _observe(recipe, step, accuracy, measure=None):
+    # One training step's accuracy, then the recipe's decision after it.
+    return recipe.after_step(step, measure or (lambda: pytest.fail("measured")),
+                             accuracy)
+
+
 def test_a_gated_dense_phase_ends_on_the_teachers_accuracy():
-    # Dense until 4, then checks every 2 steps: 0.5 at 4 and 6, 0.95 at 8.
-    recipe, calls = _recipe(teacher_accuracy=0.9, dense_max_steps=20), []
-
-    def measure(accuracy):
-        def f():
-            calls.append(accuracy)
-            return dict(accuracy=accuracy, recall=0.0, oracle_recall=1.0)
-        return f
-
-    assert recipe.after_step(3, measure(1.0)) is None and calls == []
-    assert recipe.after_step(4, measure(0.5)) is None  # not yet learned
+    # Dense until 4, then checks every 2 steps on the mean training
+    # accuracy of the last 2: 0.5 at 4, 0.85 at 6, 0.95 at 8.
+    recipe = _recipe(teacher_accuracy=0.9, dense_max_steps=20)
+    accuracies = [0.0, 0.0, 0.4, 0.6, 0.8, 0.9, 0.9, 1.0]
+    records = [_observe(recipe, step + 1, a) for step, a in enumerate(accuracies)]
+    assert records[:7] == [None] * 7
+    assert records[7] == dict(step=8, split="recipe", phase="selector",
+                              teacher_accuracy=pytest.approx(0.95),
+                              reason="accuracy")
     assert [recipe.phase(s) for s in (3, 4, 7)] == ["dense"] * 3
     assert [recipe.held(s) for s in (3, 4, 7)] == [False, True, True]
-    assert recipe.after_step(5, measure(1.0)) is None  # not a check step
-    assert recipe.after_step(6, measure(0.5)) is None
-    record = recipe.after_step(8, measure(0.95))
-    assert calls == [0.5, 0.5, 0.95]
-    assert record == dict(step=8, split="recipe", phase="selector",
-                          teacher_accuracy=0.95, reason="accuracy")
     assert recipe.selector_start == 8 and recipe.phase(8) == "selector"
     assert not recipe.held(8) and recipe.attend_all(8)
-    # The selector phase counts from its own start: the cap of 6 at 14.
-    assert recipe.after_step(13, measure(0.0)) is None
-    record = recipe.after_step(14, measure(0.0))
-    assert record["reason"] == "cap" and record["selector_steps"] == 6
-    assert recipe.phase(14) == "sparse" and recipe.state["selector_start"] == 8
+    # The selector phase's cap stays at step 4 + 6: the gate's 4 steps came
+    # out of it; its checks go by the validation (recall), not accuracies.
+    def measure():
+        return dict(recall=0.0, oracle_recall=1.0)
+    assert _observe(recipe, 9, 1.0, measure) is None
+    record = _observe(recipe, 10, 1.0, measure)
+    assert record["reason"] == "cap" and record["selector_steps"] == 2
+    assert recipe.phase(10) == "sparse" and recipe.state["selector_start"] == 8
 
 
 def test_a_gated_dense_phase_at_its_cap_and_at_once():
     # Never learned: the selector phase starts at --dense-max-steps (7, not
     # a check step); learned by --dense-steps: it starts there, as ungated.
     recipe = _recipe(teacher_accuracy=0.9, dense_max_steps=7)
-    assert recipe.after_step(6, lambda: dict(accuracy=0.1)) is None
-    record = recipe.after_step(7, lambda: dict(accuracy=0.1))
+    assert [_observe(recipe, s, 0.1) for s in range(1, 7)] == [None] * 6
+    record = _observe(recipe, 7, 0.1)
     assert record["reason"] == "cap" and recipe.selector_start == 7
     recipe = _recipe(teacher_accuracy=0.9)
-    assert recipe.after_step(4, lambda: dict(accuracy=0.9))["reason"] == "accuracy"
+    assert [_observe(recipe, s, 0.95) for s in range(1, 4)] == [None] * 3
+    assert _observe(recipe, 4, 0.95)["reason"] == "accuracy"
     assert recipe.selector_start == 4 and not recipe.held(4)
+    # After a resume the window fills again before the gate decides: the
+    # check at 6 waits, the one at 8 (two accuracies seen) passes.
+    resumed = _recipe(teacher_accuracy=0.9, dense_max_steps=20)
+    assert _observe(resumed, 6, 1.0) is None
+    assert _observe(resumed, 7, 1.0) is None
+    assert _observe(resumed, 8, 1.0)["reason"] == "accuracy"
     # Ungated, the selector phase starts at --dense-steps without a check.
     assert _recipe().selector_start == 4 and not _recipe().gated
     assert not _recipe("end-to-end", teacher_accuracy=0.9).gated
@@ -204,14 +212,15 @@ def test_a_gradual_switch_in_a_run(tmp_path):
 
 
 def test_a_gated_run_holds_the_budget_and_the_distillation(tmp_path):
-    # Asked for accuracy 1.0, which an untrained model does not score on a
-    # validation batch of 32 tokens of both classes, the dense phase runs to
-    # its cap at step 5 (dense_steps 2), and in steps 2-4 neither the budget
-    # nor the distillation acts; the budget's delay and warm-up then count
-    # from step 5 as they would from step 2 ungated.
+    # Asked for a training accuracy of 1.0 over 100 steps, which a run of
+    # 10 steps cannot show, the dense phase runs to its cap at step 5
+    # (dense_steps 2), and in steps 2-4 neither the budget nor the
+    # distillation acts; the budget's delay and warm-up then count from
+    # step 5 as they would from step 2 ungated. The selector phase keeps its
+    # cap at step 2 + 4: one selector step.
     out = tmp_path / "run"
     args = dict(task="repeat", out=out, seq_len=8, batch_size=4, num_clusters=4,
-                distill=1.0, dense_steps=2, recipe="teacher", selector_steps=2,
+                distill=1.0, dense_steps=2, recipe="teacher", selector_steps=4,
                 selector_check=100, target_density=0.2, budget_warmup=1, log_every=1,
                 no_progress=True, checkpoint_every=1, teacher_accuracy=1.0,
                 dense_max_steps=5)
@@ -224,15 +233,15 @@ def test_a_gated_run_holds_the_budget_and_the_distillation(tmp_path):
     final = train(train_arguments(steps=10, resume=True, **args))
     assert final["recipe"]["selector_start"] == 5
     assert final["recipe"]["dense_reason"] == "cap"
-    assert final["recipe"]["sparse_start"] == 7
+    assert final["recipe"]["sparse_start"] == 6
     records = [json.loads(line) for line in open(out / "metrics.jsonl")]
     train_records = [r for r in records if r["split"] == "train"]
     assert ["distillation_per_layer_head" in r for r in train_records] == \
         [True, True, False, False, False] + [True] * 5
-    assert [r["density"] == 1.0 for r in train_records][:7] == [True] * 7
-    assert train_records[7]["density"] < 1.0
+    assert [r["density"] == 1.0 for r in train_records][:6] == [True] * 6
+    assert train_records[6]["density"] < 1.0
     switches = [(r["step"], r["phase"]) for r in records if r["split"] == "recipe"]
-    assert switches == [(5, "selector"), (7, "sparse")]
+    assert switches == [(5, "selector"), (6, "sparse")]
     state = torch.load(out / "checkpoint.pt", weights_only=False)["budget"]
     assert state["steps"] == 10 - 3  # the three added steps left it alone
 
