@@ -12,10 +12,13 @@ block, fwd+bwd) against SDPA on the same queries, keys and values, in
 turns; the regime that ran is recorded (``backends``), and on the CPU the
 profiler's parts: the sampler, the attention's forward and its backward
 (the estimator's membership gradients included). Beside them the tiled
-path in PyTorch, the same law and estimator: the plan
-(:func:`~sbm_pyg.sampling.tiles.plan_tiles`, 64 x 64 tiles), the draw
+path, the same law and estimator, fwd+bwd from the plan
+(:func:`~sbm_pyg.sampling.tiles.plan_tiles`, 64 x 64 tiles) on: the tiles
+drawn and attended by the dense-regime kernel
+(:func:`~sbm_pyg.nn.tiled_sbm_attention`, ``tiles``; ``tiles_kernel`` says
+which ran), and its PyTorch fallback, the draw
 (:func:`~sbm_pyg.sampling.tiles.draw_tiled`) and
-:func:`~sbm_pyg.nn.tiled_attention`, fwd+bwd."""
+:func:`~sbm_pyg.nn.tiled_attention` (``tiles_torch``)."""
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
@@ -27,8 +30,14 @@ from benchmarks.attention import batched, run_sdpa
 from benchmarks.cases import CLUSTERS, HEADS, backward, qkv
 from benchmarks.layer import breakdown, format_breakdown
 from benchmarks.measure import median_times
-from sbm_pyg.nn import SBMAttentionOptions, sbm_attention, tiled_attention
-from sbm_pyg.sampling.tiles import draw_tiled, plan_tiles
+from sbm_pyg.nn import (
+    SBMAttentionOptions,
+    sbm_attention,
+    tiled_attention,
+    tiled_sbm_attention,
+)
+from sbm_pyg.ops.backend_info import dense_runs
+from sbm_pyg.sampling.tiles import draw_tiled, in_tiles, plan_tiles
 
 #: A token's membership of its own cluster, and the edge probability inside
 #: a cluster.
@@ -58,6 +67,23 @@ def sharp_sbm(n: int, density: float, device: torch.device,
     return tuple(t.to(device).requires_grad_() for t in (memb, block, memb.clone()))
 
 
+def tile_figures(sbm: Tuple[Tensor, Tensor, Tensor], q: Tensor, k: Tensor,
+                 v: Tensor, tile: int, gen: torch.Generator) -> dict:
+    """The tiled path's figures on one draw (not timed): its tiles, their
+    edges and the rest's, the density."""
+    fixed = [t.detach() for t in sbm]
+    plan = plan_tiles(*fixed, tile_q=tile, tile_k=tile, min_fill=MIN_FILL)
+    with torch.no_grad():
+        _, graph = tiled_sbm_attention(q, k, v, fixed, plan, mode="exact",
+                                       generator=gen, return_graph=True)
+    key, query = graph.edge_index
+    tile_edges = int(in_tiles(plan, graph.head, query, key).sum())
+    n = q.size(0)
+    return dict(tiles=plan.num_tiles, tile_edges=tile_edges,
+                rest_edges=graph.num_edges - tile_edges,
+                tiled_density=graph.num_edges / (HEADS * n * n))
+
+
 def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
                 repeats: int, log, tile: int = TILE) -> List[dict]:
     """One row per (n, density): the sharp head's fwd+bwd against SDPA's,
@@ -79,26 +105,31 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
             backward(res.out, (q, k, v, *sbm))
 
         def run_tiles() -> None:
+            plan = plan_tiles(*(t.detach() for t in sbm), tile_q=tile,
+                              tile_k=tile, min_fill=MIN_FILL)
+            backward(tiled_sbm_attention(q, k, v, sbm, plan, mode="exact",
+                                         generator=gen), (q, k, v, *sbm))
+
+        def run_tiles_torch() -> None:
             fixed = [t.detach() for t in sbm]
             plan = plan_tiles(*fixed, tile_q=tile, tile_k=tile, min_fill=MIN_FILL)
             tiled = draw_tiled(*fixed, plan, mode="exact", generator=gen)
-            out = tiled_attention(q, k, v, tiled, sbm=sbm)
-            tile_edges = int(tiled.mask.sum())
-            last.update(tiles=plan.num_tiles, tile_edges=tile_edges,
-                        rest_edges=tiled.rest.num_edges,
-                        tiled_density=(tile_edges + tiled.rest.num_edges)
-                        / (HEADS * n * n))
-            backward(out, (q, k, v, *sbm))
+            backward(tiled_attention(q, k, v, tiled, sbm=sbm), (q, k, v, *sbm))
 
         times = median_times(dict(sbm=run_sbm, tiles=run_tiles,
+                                  tiles_torch=run_tiles_torch,
                                   sdpa=lambda: run_sdpa(q4, k4, v4)),
                              device, repeats)
+        last.update(tile_figures(sbm, q, k, v, tile, gen))
         row = dict(n=n, density=density, clusters=num_clusters(density),
                    sampled_density=last["density"], backends=last["backends"],
                    sbm_time=times["sbm"], sdpa_time=times["sdpa"],
                    ratio=times["sbm"] / times["sdpa"],
                    tiles_time=times["tiles"],
                    tiles_ratio=times["tiles"] / times["sdpa"],
+                   tiles_kernel="dense" if dense_runs(device) else "torch",
+                   tiles_torch_time=times["tiles_torch"],
+                   tiles_torch_ratio=times["tiles_torch"] / times["sdpa"],
                    tiles=last["tiles"], tiled_density=last["tiled_density"],
                    tile_fill=last["tile_edges"] / max(last["tiles"] * tile**2, 1),
                    rest_share=last["rest_edges"] / max(
@@ -107,7 +138,8 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
             f"({row['backends']['sampler']}/{row['backends']['attention']}): "
             f"sbm_attention {row['sbm_time'] * 1e3:.1f} ms vs SDPA "
             f"{row['sdpa_time'] * 1e3:.1f} ms: {row['ratio']:.3f}x; tiled "
-            f"{row['tiles_time'] * 1e3:.1f} ms ({row['tiles_ratio']:.3f}x, "
+            f"({row['tiles_kernel']}) {row['tiles_time'] * 1e3:.1f} ms "
+            f"({row['tiles_ratio']:.3f}x; in PyTorch {row['tiles_torch_ratio']:.3f}x, "
             f"density {row['tiled_density']:.4f}, {row['tiles']} tiles filled "
             f"{row['tile_fill']:.2f}, rest {row['rest_share']:.3f} of the edges)")
         if device.type == "cpu":

@@ -15,12 +15,12 @@ from sbm_pyg.nn.losses import DensityBudget, density_loss, distillation_loss
 from sbm_pyg.nn.options import SBMAttentionOptions
 from sbm_pyg.nn.positional import AddLaplacianPE, LapPEEncoder
 from sbm_pyg.nn.recorder import GraphRecorder
-from sbm_pyg.nn.tiled_attention import tiled_attention
+from sbm_pyg.nn.tiled_attention import tiled_attention, tiled_sbm_attention
 
 __all__ = ["StochasticBlockModel", "SBMConv", "SBMMultiheadAttention",
            "SBMGPSConv", "GraphRecorder", "FullAttention",
            "LinearAttention", "density_loss", "DensityBudget", "functional", "sbm_attention",
            "SBMAttention", "SBMAttentionOptions", "EdgeGPSConv", "GatedGCNConv", "AddLaplacianPE",
            "LapPEEncoder", "attention_distillation", "distillation_loss", "edge_fit",
-           "recall_fit", "tiled_attention",
+           "recall_fit", "tiled_attention", "tiled_sbm_attention",
            "BigBirdAttention", "bigbird_graph", "bigbird_sizes"]

@@ -21,22 +21,44 @@ more per tile (:math:`O(t_q t_k k)`), the tiles' scores kept for backward
 (:math:`8 P t_q t_k` bytes in float32 with the mask). No fused kernel
 computes it yet, and :func:`~sbm_pyg.nn.sbm_attention` does not choose it:
 it takes a graph drawn by :func:`~sbm_pyg.sampling.tiles.draw_tiled`.
+
+:func:`tiled_sbm_attention` draws and attends in one pass where the
+dense-regime kernel runs (:func:`~sbm_pyg.ops.dense_attention`: the
+extension's on the CPU, Triton's on CUDA): the tiles laid out as its
+sequences (:func:`~sbm_pyg.sampling.tiles.tile_sequences`, a query tile
+against the keys of its active tile pairs), each pair drawn by the
+kernel's counter-based stream and attended with matrix products, the
+straight-through gradients as its products
+(:math:`\mathbf{G}\hat{\mathbf{K}}`, :math:`\mathbf{G}^{\top}
+\hat{\mathbf{Q}}\hat{\mathbf{S}}`); the rest as above, merged by the
+two parts' log-sum-exps.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from sbm_pyg.nn.functional import STE_MODES, check_sbm_shapes, edge_attention
-from sbm_pyg.ops.backend_info import resolve_backend
-from sbm_pyg.ops.csr import heads_first, nodes_first
-from sbm_pyg.sampling.tiles import TiledGraph, tile_rows
-from sbm_pyg.validation import require_tensor
+from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
+from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
+from sbm_pyg.ops.dense_attention import dense_attention, mask_keys
+from sbm_pyg.sampling.fastrg_op import included_csr, stream_seed
+from sbm_pyg.sampling.graph import SampledGraph
+from sbm_pyg.sampling.tiles import (
+    TiledGraph,
+    TilePlan,
+    check_plan,
+    draw_rest,
+    draw_tiled,
+    tile_rows,
+    tile_sequences,
+)
+from sbm_pyg.validation import check_generator, require_tensor
 
-__all__ = ["tiled_attention"]
+__all__ = ["tiled_attention", "tiled_sbm_attention"]
 
 
 class _TileEstimator(torch.autograd.Function):
@@ -101,18 +123,9 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
         >>> tiled_attention(q, k, v, tiled).shape
         torch.Size([6, 1, 4])
     """
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        require_tensor(name, x, 3, floating=True)
-    Nq, H, D = query.shape
     rest = tiled.rest
-    if (key.shape != (key.size(0), H, D) or value.shape[:2] != key.shape[:2]
-            or (rest.num_queries, rest.num_keys, rest.num_heads)
-            != (Nq, key.size(0), H)):
-        raise ValueError(f"query [N_q, H, D], key [N_k, H, D] and value "
-                         f"[N_k, H, D_v] must match each other and the "
-                         f"graph's [{rest.num_queries}, {rest.num_keys}, "
-                         f"{rest.num_heads}], got {tuple(query.shape)}, "
-                         f"{tuple(key.shape)} and {tuple(value.shape)}")
+    _check_qkv(query, key, value, rest.num_queries, rest.num_keys, rest.num_heads)
+    Nq, H, D = query.shape
     if ste not in STE_MODES:
         raise ValueError(f"ste must be one of {STE_MODES}, got {ste!r}")
     if sbm is not None:
@@ -157,3 +170,139 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
     total = torch.where(total > 0, total, 1.0)  # a row with no edge: 0
     out = (num + rest_weight[:, None] * out_r) / total[:, None]
     return nodes_first(out.to(value.dtype), H)
+
+
+def _check_qkv(query: Tensor, key: Tensor, value: Tensor, Nq: int, Nk: int,
+               H: int) -> None:
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        require_tensor(name, x, 3, floating=True)
+    D = query.size(2)
+    if (query.shape[:2] != (Nq, H) or key.shape != (Nk, H, D)
+            or value.shape[:2] != (Nk, H)):
+        raise ValueError(f"query [N_q, H, D], key [N_k, H, D] and value "
+                         f"[N_k, H, D_v] must match each other and the "
+                         f"graph's [N_q, N_k, H] = [{Nq}, {Nk}, {H}], got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)} and "
+                         f"{tuple(value.shape)}")
+
+
+def _merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tensor:
+    # The softmax over two disjoint edge sets from each one's normalized
+    # output and log-sum-exp (-inf for a row with none of its edges).
+    ref = torch.maximum(lse_a, lse_b).detach()
+    ref = torch.where(torch.isfinite(ref), ref, 0.0)
+    w_a, w_b = torch.exp(lse_a - ref), torch.exp(lse_b - ref)
+    total = w_a + w_b
+    total = torch.where(total > 0, total, 1.0)  # a row with no edge: 0
+    return (w_a[:, None] * out_a + w_b[:, None] * out_b) / total[:, None]
+
+
+def tiled_sbm_attention(query: Tensor, key: Tensor, value: Tensor,
+                        sbm: Tuple[Tensor, Tensor, Tensor], plan: TilePlan, *,
+                        mode: str = "poisson", exploration: float = 0.0,
+                        self_loops: bool = False, ste: Optional[str] = "paper",
+                        generator: Optional[torch.Generator] = None,
+                        backend: Optional[str] = "auto", return_graph: bool = False
+                        ) -> Union[Tensor, Tuple[Tensor, SampledGraph]]:
+    r"""The SBM's attention drawn and computed through :obj:`plan` (made by
+    :func:`~sbm_pyg.sampling.tiles.plan_tiles` from the same SBM): a graph
+    of :func:`~sbm_pyg.sampling.fastrg`'s law, the softmax over its edges
+    and the straight-through gradients to the SBM, as
+    :func:`~sbm_pyg.nn.functional.sparse_attention` computes them on it.
+    The tiles run on the dense-regime kernel (the module's text) where it
+    runs on the device, else through
+    :func:`~sbm_pyg.sampling.tiles.draw_tiled` and :func:`tiled_attention`
+    (a pure PyTorch fallback: the same law, other draws).
+
+    Args:
+        query (Tensor): :obj:`[N_q, H, D]`.
+        key (Tensor): :obj:`[N_k, H, D]`.
+        value (Tensor): :obj:`[N_k, H, D_v]`.
+        sbm ((Tensor, Tensor, Tensor)): memberships :obj:`[N_q, H, k]`, block
+            :obj:`[H, k, k]`, memberships :obj:`[N_k, H, k]`.
+        plan (TilePlan): the tiles.
+        mode (str): :obj:`"exact"` or :obj:`"poisson"`, as
+            :func:`~sbm_pyg.sampling.fastrg`'s.
+        exploration (float): :math:`\delta`, added to every pair's
+            probability.
+        self_loops (bool): every query attends to the key of its index.
+        ste (str, optional): :obj:`"paper"`, :obj:`"published"` or
+            :obj:`None` (no gradient to the SBM).
+        generator (torch.Generator, optional): the draws' randomness.
+        backend (str, optional): the rest's sparse kernel, as
+            :func:`~sbm_pyg.nn.functional.sparse_attention`'s.
+        return_graph (bool): also return the graph drawn.
+
+    Returns:
+        Tensor :obj:`[N_q, H, D_v]`, or :obj:`(out, graph)`.
+
+    Example:
+        >>> from sbm_pyg.sampling.tiles import plan_tiles
+        >>> memb = torch.eye(2).repeat_interleave(3, 0)[:, None]  # [6, 1, 2]
+        >>> block = torch.eye(2)[None]
+        >>> plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
+        >>> q = k = v = torch.randn(6, 1, 4)
+        >>> out, graph = tiled_sbm_attention(q, k, v, (memb, block, memb), plan,
+        ...                                  mode="exact", return_graph=True)
+        >>> out.shape, graph.num_edges  # the two blocks, complete
+        (torch.Size([6, 1, 4]), 18)
+    """
+    q_memb, block, k_memb = check_sbm_shapes(sbm, query.size(0), key.size(0),
+                                             query.size(1))
+    Nq, H, D = query.shape
+    Nk = key.size(0)
+    _check_qkv(query, key, value, Nq, Nk, H)
+    check_plan(plan, H, Nq, Nk)
+    if ste is not None and ste not in STE_MODES:
+        raise ValueError(f"ste must be one of {STE_MODES} or None, got {ste!r}")
+    check_generator(generator, query.device)
+    if not dense_runs(query.device):  # the pure PyTorch path
+        tiled = draw_tiled(q_memb.detach(), block.detach(), k_memb.detach(), plan, mode=mode,
+                           exploration=exploration, self_loops=self_loops,
+                           generator=generator)
+        out = tiled_attention(query, key, value, tiled,
+                              sbm=None if ste is None else sbm,
+                              ste=ste or "paper", backend=backend)
+        return (out, tiled.graph()) if return_graph else out
+    rest = draw_rest(plan, mode=mode, exploration=exploration,
+                     self_loops=self_loops, generator=generator)
+    seq = tile_sequences(plan)
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    q, k, v = (heads_first(x.to(dtype)) for x in (query, key, value))
+    scale = 1.0 / math.sqrt(D)
+    grad = ste is not None and torch.is_grad_enabled()
+    # Q̂Ŝ feeds the draws: in full precision, whatever autocast says.
+    with full_precision(query.device):
+        qs = heads_first(torch.einsum("nhu,huv->nhv", q_memb.to(dtype),
+                                      block.to(dtype)))
+    km = heads_first(k_memb.to(dtype))
+    if not grad:
+        qs, km = qs.detach(), km.detach()
+    tiles = dense_attention(
+        q.index_select(0, seq.q_rows), k.index_select(0, seq.k_rows),
+        v.index_select(0, seq.k_rows), qs.index_select(0, seq.q_rows),
+        km.index_select(0, seq.k_rows), seq.ptr_q, seq.ptr_k, heads=1,
+        scale=scale, seed=stream_seed(generator, query.device), mode=mode,
+        exploration=exploration,
+        included=included_csr(*seq.loops, H * Nq, seq.k_rows.numel())
+        if self_loops else None, ste=ste if grad else None,
+        triton_on_cpu=False)
+    place = seq.q_place.flatten()
+    out_t, lse_t = tiles.out.index_select(0, place), tiles.lse.index_select(0, place)
+    out_r, _, lse_r = edge_attention(
+        rest, q, k, v, None, sbm if grad else None, scale, ste or "paper",
+        False, 0.0, 0, resolve_backend("attention", backend, query.device))
+    # A row with no rest edge takes no weight from it (the Triton kernel
+    # writes its log-sum-exp as 0, the others as -inf).
+    lse_r = torch.where(rest.csr.rowptr.diff() > 0, lse_r, -math.inf)
+    out = nodes_first(_merge(out_t, lse_t, out_r, lse_r).to(value.dtype), H)
+    if not return_graph:
+        return out
+    key_t = mask_keys(tiles.mask, seq.ptr_q, seq.ptr_k, 1)
+    C = max(seq.k_rows.numel(), 1)
+    row, col = seq.q_rows[key_t // C], seq.k_rows[key_t % C]
+    head = torch.div(row, Nq, rounding_mode="floor")
+    keys = torch.cat([(rest.head * Nq + rest.edge_index[1]) * Nk + rest.edge_index[0],
+                      row * Nk + col - head * Nk])
+    return out, SampledGraph.from_keys(torch.sort(keys).values, H, Nq, Nk,
+                                       ptr_q=plan.ptr_q, ptr_k=plan.ptr_k)

@@ -58,8 +58,9 @@ from sbm_pyg.sampling.fastrg import fastrg
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator, sync
 
-__all__ = ["TilePlan", "TiledGraph", "plan_tiles", "in_tiles", "tile_rows",
-           "tile_pairs", "draw_tiled", "sample_tiled"]
+__all__ = ["TilePlan", "TiledGraph", "TileSequences", "plan_tiles", "check_plan",
+           "in_tiles", "tile_rows", "tile_pairs", "tile_sequences", "draw_rest",
+           "draw_tiled", "sample_tiled"]
 
 
 class TilePlan(NamedTuple):
@@ -374,24 +375,10 @@ def draw_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
         >>> int(tiled.mask.sum()), tiled.rest.num_edges  # the blocks, complete
         (18, 0)
     """
-    check_sampler_options(mode, exploration, None)
-    check_generator(generator, q_memb.device)
     Nq, H, _ = q_memb.shape
-    Nk = k_memb.size(0)
-    if plan.q_tile.shape != (H, Nq) or plan.k_tile.shape != (H, Nk):
-        raise ValueError(f"plan must be made from these memberships: it "
-                         f"orders {tuple(plan.q_tile.shape)} queries and "
-                         f"{tuple(plan.k_tile.shape)} keys, got [H, N_q] = "
-                         f"[{H}, {Nq}] and [H, N_k] = [{H}, {Nk}]")
-    rest = fastrg(*plan.rest, ptr_q=plan.ptr_q, ptr_k=plan.ptr_k, mode=mode,
-                  exploration=exploration, self_loops=self_loops,
-                  generator=generator)
-    key, query = rest.edge_index
-    keep = ~in_tiles(plan, rest.head, query, key)
-    rest = SampledGraph.from_keys(
-        ((rest.head * Nq + query) * Nk + key)[keep], H, Nq, Nk,
-        ptr_q=plan.ptr_q, ptr_k=plan.ptr_k)
-
+    check_plan(plan, H, Nq, k_memb.size(0))
+    rest = draw_rest(plan, mode=mode, exploration=exploration,
+                     self_loops=self_loops, generator=generator)
     head, q_rows, k_rows = tile_rows(plan)
     dtype = torch.promote_types(torch.promote_types(q_memb.dtype, block.dtype),
                                 k_memb.dtype)
@@ -406,6 +393,133 @@ def draw_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
         mask |= q_rows[:, :, None] == k_rows[:, None, :]
     mask &= (q_rows[:, :, None] >= 0) & (k_rows[:, None, :] >= 0)
     return TiledGraph(plan, mask, rest)
+
+
+def check_plan(plan: TilePlan, heads: int, num_queries: int, num_keys: int) -> None:
+    r"""Refuses a :obj:`plan` made for other memberships than :obj:`heads`
+    heads of :obj:`num_queries` queries and :obj:`num_keys` keys."""
+    if not isinstance(plan, TilePlan):
+        raise TypeError(f"plan must be a TilePlan (plan_tiles), got "
+                        f"{type(plan).__name__}")
+    if plan.q_tile.shape != (heads, num_queries) or \
+            plan.k_tile.shape != (heads, num_keys):
+        raise ValueError(f"plan must be made from these memberships: it "
+                         f"orders {tuple(plan.q_tile.shape)} queries and "
+                         f"{tuple(plan.k_tile.shape)} keys, got [H, N_q] = "
+                         f"[{heads}, {num_queries}] and [H, N_k] = "
+                         f"[{heads}, {num_keys}]")
+
+
+def draw_rest(plan: TilePlan, *, mode: str = "poisson", exploration: float = 0.0,
+              self_loops: bool = False,
+              generator: Optional[torch.Generator] = None) -> SampledGraph:
+    r"""The rest of a graph drawn through :obj:`plan`: fastRG from the
+    plan's rest SBM, its edges that fall in a tile dropped (the tiles draw
+    their pairs themselves, :func:`draw_tiled`)."""
+    check_sampler_options(mode, exploration, None)
+    check_generator(generator, plan.q_order.device)
+    rest = fastrg(*plan.rest, ptr_q=plan.ptr_q, ptr_k=plan.ptr_k, mode=mode,
+                  exploration=exploration, self_loops=self_loops,
+                  generator=generator)
+    H, Nq, Nk = rest.num_heads, rest.num_queries, rest.num_keys
+    key, query = rest.edge_index
+    keep = ~in_tiles(plan, rest.head, query, key)
+    return SampledGraph.from_keys(
+        ((rest.head * Nq + query) * Nk + key)[keep], H, Nq, Nk,
+        ptr_q=plan.ptr_q, ptr_k=plan.ptr_k)
+
+
+class TileSequences(NamedTuple):
+    r"""A plan's tiles laid out as the dense-regime kernel's sequences
+    (:func:`tile_sequences`): a sequence is a run of consecutive query
+    tiles of one head with the same active key tiles, its queries attending
+    to those tiles' keys. Places are positions in that layout, rows
+    heads-first (:math:`h N_q + i`, :math:`h N_k + j`): :obj:`q_rows`
+    :obj:`[H N_q]`, the row at each query place (every row once);
+    :obj:`q_place` :obj:`[H, N_q]`, each row's place; :obj:`ptr_q`
+    :obj:`[B + 1]`; :obj:`k_rows` :obj:`[C]`, the row at each key place (a
+    key once per sequence that pairs with its tile); :obj:`ptr_k`
+    :obj:`[B + 1]`; :obj:`loops` :obj:`([L], [L])`, the (query place, key
+    place) of each query whose own key (the same index) is among its
+    sequence's keys."""
+
+    q_rows: Tensor
+    q_place: Tensor
+    ptr_q: Tensor
+    k_rows: Tensor
+    ptr_k: Tensor
+    loops: Tuple[Tensor, Tensor]
+
+
+def tile_sequences(plan: TilePlan) -> TileSequences:
+    r"""The tiles of :obj:`plan` as the dense-regime kernel's sequences
+    (:class:`TileSequences`): its kernel then draws and attends every pair
+    of the active tiles with matrix products. A cluster's query tiles share
+    their key tiles, so they are one sequence and its keys are laid out
+    once. One host read (the sequences and key places).
+
+    Example:
+        >>> memb = torch.eye(2)[torch.tensor([1, 0, 1, 0, 0])][:, None]
+        >>> plan = plan_tiles(memb, torch.eye(2)[None], memb, tile_q=2, tile_k=2)
+        >>> seq = tile_sequences(plan)
+        >>> seq.q_rows.tolist(), seq.ptr_q.tolist()  # clusters 0 and 1
+        ([1, 3, 4, 0, 2], [0, 3, 5])
+        >>> seq.k_rows.tolist(), seq.ptr_k.tolist()
+        ([1, 3, 4, 0, 2], [0, 3, 5])
+    """
+    H, Nq = plan.q_order.shape
+    Nk = plan.k_order.size(1)
+    Tq, P = plan.q_start.numel(), plan.num_tiles
+    device = plan.q_order.device
+    heads = torch.arange(H, device=device)[:, None]
+    # A query tile continues the previous one's sequence where it is of the
+    # same head and has the same key tiles (pair by pair).
+    count = plan.tile_ptr.diff()
+    qt = ptr2index(plan.tile_ptr, P)
+    pos = torch.arange(P, device=device) - plan.tile_ptr[qt]
+    before = (qt - 1).clamp(min=0)
+    twin = (plan.tile_ptr[before] + pos).clamp(max=max(P - 1, 0))
+    same = (qt > 0) & (pos < count[before]) & (plan.tile_col[twin] == plan.tile_col)
+    differ = torch.zeros_like(count).index_add_(0, qt, (~same).long())
+    new = torch.ones(Tq, dtype=torch.bool, device=device)
+    new[1:] = ((plan.q_head[1:] != plan.q_head[:-1]) | (count[1:] != count[:-1])
+               | (differ[1:] > 0))
+    seq_of = new.cumsum(0) - 1  # each query tile's sequence
+    # The keys: the pairs of each sequence's first tile.
+    head, _, k_cols = tile_rows(plan)
+    real = (k_cols >= 0) & new[qt][:, None]
+    pair_len = real.sum(1)
+    B, C = (int(x) for x in sync([], new.sum(), pair_len.sum()))
+    # Queries: each tile's rows in its order, tile after tile.
+    q_first = plan.q_len.cumsum(0) - plan.q_len
+    q_pos = torch.empty_like(plan.q_order).scatter_(
+        1, plan.q_order, torch.arange(Nq, device=device).expand(H, Nq))
+    q_place = q_first[plan.q_tile] + q_pos - plan.q_start[plan.q_tile]
+    rows = (heads * Nq + torch.arange(Nq, device=device)).flatten()
+    q_rows = torch.empty_like(rows).scatter_(0, q_place.flatten(), rows)
+    zero = count.new_zeros(1)
+    ptr_q = torch.cat([zero, count.new_zeros(B).index_add_(0, seq_of, plan.q_len).cumsum(0)])
+    # (nonzero_static: the size read above, not a second read on CUDA)
+    at_key = torch.nonzero_static(real.flatten(), size=C).flatten()
+    k_rows = (head[:, None] * Nk + k_cols).flatten()[at_key]
+    pair_first = pair_len.cumsum(0) - pair_len
+    ptr_k = torch.cat([zero, count.new_zeros(B).index_add_(
+        0, seq_of[qt], pair_len).cumsum(0)])
+    # Self-loops: query i's key i sits in its sequence where the pair
+    # (the sequence's first tile, key i's tile) is active.
+    loops = (q_place.new_empty(0), q_place.new_empty(0))
+    if Nq == Nk and P > 0:
+        first = torch.full((B,), Tq, device=device).scatter_reduce(
+            0, seq_of, torch.arange(Tq, device=device), "amin")
+        keys = _tile_keys(plan)
+        want = first[seq_of[plan.q_tile]] * plan.k_start.numel() + plan.k_tile
+        at = torch.searchsorted(keys, want).clamp(max=P - 1)
+        hit = keys[at] == want
+        k_pos = torch.empty_like(plan.k_order).scatter_(
+            1, plan.k_order, torch.arange(Nk, device=device).expand(H, Nk))
+        k_place = pair_first[at] + k_pos - plan.k_start[plan.k_tile]
+        loops = (q_place[hit], k_place[hit])
+    return TileSequences(q_rows, q_place, ptr_q, k_rows, ptr_k, loops)
 
 
 def sample_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,

@@ -4,6 +4,7 @@ import torch
 
 from benchmarks.cases import CLUSTERS, HEADS
 from benchmarks.sharp import INSIDE, OWN, bench_sharp, sharp_sbm
+from sbm_pyg.ops.backend_info import dense_runs
 
 
 def test_the_sharp_sbm_is_nearly_complete_blocks():
@@ -40,6 +41,9 @@ def test_a_quick_row():
     # path's), its tiles at least partly filled, some blocks left to
     # fastRG (those whose tiles' padding keeps them below the fill).
     assert row["tiles_ratio"] == row["tiles_time"] / row["sdpa_time"]
+    assert row["tiles_torch_ratio"] == row["tiles_torch_time"] / row["sdpa_time"]
+    assert row["tiles_kernel"] == ("dense" if dense_runs(torch.device("cpu"))
+                                   else "torch")
     assert row["tiles"] >= 1 and 0 < row["tile_fill"] <= 1
     assert 0.1 < row["tiled_density"] < 0.4 and 0 < row["rest_share"] < 1
     assert len(lines) == 2

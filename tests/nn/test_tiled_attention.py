@@ -1,14 +1,23 @@
 """Attention over a tiled graph equals the edge path on the same graph:
-output and every gradient, the straight-through estimator's included."""
+output and every gradient, the straight-through estimator's included; drawn
+and attended in one pass on the dense-regime kernel, it has the sampler's
+law."""
+import importlib
+
 import pytest
 import torch
 
 from sbm_pyg.nn.functional import sparse_attention
-from sbm_pyg.nn.tiled_attention import tiled_attention
-from sbm_pyg.sampling.tiles import draw_tiled, plan_tiles, tile_rows
-from tests.helpers import seeded
+from sbm_pyg.nn.tiled_attention import tiled_attention, tiled_sbm_attention
+from sbm_pyg.sampling import expected_adjacency
+from sbm_pyg.sampling.tiles import draw_tiled, in_tiles, plan_tiles, tile_rows
+from tests.helpers import max_binomial_z, seeded, z_bound
 from tests.markers import needs_cpp, needs_triton
+from tests.sampling.cases import TRIALS, pair_counts, repeated
+from tests.sampling.test_tiles import sharp_sbm
 
+# The module (sbm_pyg.nn's attribute of that name is the function).
+tiled_module = importlib.import_module("sbm_pyg.nn.tiled_attention")
 BACKENDS = ["torch", pytest.param("cpp", marks=needs_cpp),
             pytest.param("triton", marks=needs_triton)]
 
@@ -100,3 +109,106 @@ def test_bad_arguments_name_themselves():
         tiled_attention(x, x[..., :3], x, tiled)
     with pytest.raises(ValueError, match="sbm"):
         tiled_attention(x, x, x, tiled, sbm=(sbm[0][:3], sbm[1], sbm[2]))
+
+
+def fused_run(inputs, sbm, plan, weight, **kwargs):
+    """tiled_sbm_attention's output, graph and gradients (inputs, then the
+    SBM's where it takes them)."""
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    sbm = [x.detach().clone().requires_grad_() for x in sbm]
+    out, graph = tiled_sbm_attention(*inputs, tuple(sbm), plan, return_graph=True,
+                                     **kwargs)
+    (out * weight).sum().backward()
+    return out, graph, [x.grad for x in inputs + sbm]
+
+
+@needs_cpp
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ste", ["paper", "published", None])
+@pytest.mark.parametrize("self_loops", [False, True])
+@pytest.mark.parametrize("kind", ["deterministic", "sharp"])
+def test_drawn_on_the_dense_kernel_equals_the_edge_path(backend, ste, self_loops,
+                                                       kind):
+    # The tiles drawn and attended by the dense-regime kernel, the rest by
+    # the sparse one: on the graph it returns, the edge path's output and
+    # every gradient; in the deterministic case that graph is draw_tiled's.
+    sbm, tiled = tiled_case(kind, self_loops)
+    g = seeded(0)
+    inputs = [torch.randn(28, 2, 4, dtype=torch.float64, generator=g,
+                          device=g.device) for _ in range(3)]
+    weight = torch.randn(28, 2, 4, dtype=torch.float64, generator=g, device=g.device)
+    out, graph, grads = fused_run(
+        inputs, sbm, tiled.plan, weight, mode="exact", ste=ste, backend=backend,
+        exploration=0.0 if kind == "deterministic" else 0.01,
+        self_loops=self_loops, generator=seeded(2))
+    if kind == "deterministic":
+        assert torch.equal(graph.edge_index, tiled.graph().edge_index)
+        assert torch.equal(graph.head, tiled.graph().head)
+    want, want_grads = run(sparse_attention, graph, inputs, sbm if ste else None,
+                           weight, ste=ste or "paper", backend=backend)
+    assert torch.allclose(out, want, atol=1e-12)
+    for a, b in zip(grads, want_grads):
+        assert torch.allclose(a, b, atol=1e-12)
+    assert all(x is None for x in grads[3:]) == (ste is None)
+
+
+@needs_cpp
+@pytest.mark.parametrize("mode", ["exact", "poisson"])
+def test_drawn_on_the_dense_kernel_has_the_law(mode):
+    # One sequence repeated, drawn through one plan with tiles and rest:
+    # each pair's frequency against the mode's probability (z-test,
+    # Bonferroni); the other mode's marginals are rejected.
+    memb, block = sharp_sbm([0, 2, 1, 1, 0, 2, 1])
+    q, b, k, ptr_q, ptr_k = repeated(memb, block, memb)
+    plan = plan_tiles(q, b, k, ptr_q=ptr_q, ptr_k=ptr_k, tile_q=2, tile_k=2,
+                      min_fill=0.3)
+    x = torch.zeros(q.size(0), 2, 1, dtype=torch.float64)
+    _, graph = tiled_sbm_attention(x, x, x, (q, b, k), plan, mode=mode,
+                                   exploration=0.01, self_loops=True,
+                                   generator=seeded(4), return_graph=True)
+    counts = pair_counts(graph, 7, 7)
+    kwargs = dict(mode=mode, exploration=0.01, self_loops=True)
+    prob = expected_adjacency(memb, block, memb, **kwargs)
+    bound = z_bound(prob.numel())
+    assert max_binomial_z(counts, TRIALS, prob) < bound
+    other = "exact" if mode == "poisson" else "poisson"
+    wrong = expected_adjacency(memb, block, memb, **dict(kwargs, mode=other))
+    assert max_binomial_z(counts, TRIALS, wrong) > bound
+    key, query = graph.edge_index
+    tiled = in_tiles(plan, graph.head, query, key)
+    assert tiled.any() and (~tiled).any()  # edges of both parts
+
+
+def test_without_the_dense_kernel_the_pytorch_path(monkeypatch):
+    # Where the dense-regime kernel does not run, draw_tiled and
+    # tiled_attention compute it: the same contract on its graph.
+    monkeypatch.setattr(tiled_module, "dense_runs", lambda device: False)
+    sbm, tiled = tiled_case("sharp", True)
+    g = seeded(0)
+    inputs = [torch.randn(28, 2, 4, dtype=torch.float64, generator=g,
+                          device=g.device) for _ in range(3)]
+    weight = torch.randn(28, 2, 4, dtype=torch.float64, generator=g, device=g.device)
+    out, graph, grads = fused_run(inputs, sbm, tiled.plan, weight, mode="exact",
+                                  self_loops=True, generator=seeded(2),
+                                  backend="torch")
+    want, want_grads = run(sparse_attention, graph, inputs, sbm, weight,
+                           backend="torch")
+    assert torch.allclose(out, want, atol=1e-12)
+    for a, b in zip(grads, want_grads):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_fused_bad_arguments_name_themselves():
+    sbm, tiled = tiled_case("sharp", False)
+    x = torch.randn(28, 2, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="ste must be one of"):
+        tiled_sbm_attention(x, x, x, sbm, tiled.plan, ste="clip")
+    with pytest.raises(TypeError, match="plan must be a TilePlan"):
+        tiled_sbm_attention(x, x, x, sbm, tiled)
+    other = plan_tiles(sbm[0][:17], sbm[1], sbm[2][:17], tile_q=4, tile_k=8)
+    with pytest.raises(ValueError, match="plan must be made from these memberships"):
+        tiled_sbm_attention(x, x, x, sbm, other)
+    with pytest.raises(ValueError, match="must match each other"):
+        tiled_sbm_attention(x, x[..., :3], x, sbm, tiled.plan)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        tiled_sbm_attention(x, x, x, sbm, tiled.plan, mode="bernoulli")

@@ -10,6 +10,7 @@ from sbm_pyg.sampling.tiles import (
     sample_tiled,
     tile_pairs,
     tile_rows,
+    tile_sequences,
 )
 from tests.helpers import max_binomial_z, seeded, z_bound
 from tests.sampling.cases import TRIALS, pair_counts, repeated
@@ -212,3 +213,44 @@ def test_bad_arguments_name_themselves():
         sample_tiled(memb, block, memb, plan, mode="bernoulli")
     # Mixed precision is computed in the wider one (it raised in einsum).
     sample_tiled(memb, block.float(), memb, plan, generator=seeded(0))
+
+
+@pytest.mark.parametrize("min_fill", [0.3, 0.01])
+def test_tile_sequences_hold_the_tile_pairs_once(min_fill):
+    # Laid out as the dense kernel's sequences, the plan's tiles: every
+    # (query, key) of a sequence, mapped back to its rows, is a pair of an
+    # active tile, each once; every query row has one place; the loops are
+    # the tiled self-pairs. At 0.01 the off-diagonal blocks are tiled too,
+    # so a query tile pairs with key tiles of several clusters.
+    clusters = [0, 2, 1, 1, 0, 2, 1, 0, 0, 2, 1, 2, 2, 1, 0]
+    memb, block = sharp_sbm(clusters, k=3)
+    ptr = [0, 9, 15]
+    plan = plan_tiles(memb, block, memb, ptr_q=ptr, ptr_k=ptr, tile_q=2,
+                      tile_k=3, min_fill=min_fill)
+    seq = tile_sequences(plan)
+    n, H = len(clusters), 2
+    assert torch.equal(torch.sort(seq.q_rows).values, torch.arange(H * n))
+    assert torch.equal(seq.q_rows[seq.q_place.flatten()],
+                       torch.arange(H * n))
+    pairs = []
+    for b in range(seq.ptr_q.numel() - 1):
+        for qp in range(seq.ptr_q[b], seq.ptr_q[b + 1]):
+            for kp in range(seq.ptr_k[b], seq.ptr_k[b + 1]):
+                row, col = int(seq.q_rows[qp]), int(seq.k_rows[kp])
+                assert row // n == col // n  # one head
+                pairs.append((row // n, row % n, col % n))
+    head, query, key = tile_pairs(plan)
+    assert sorted(pairs) == sorted(zip(head.tolist(), query.tolist(), key.tolist()))
+    assert len(set(pairs)) == len(pairs)
+    loops = sorted((int(seq.q_rows[a]), int(seq.k_rows[b])) for a, b in
+                   zip(*seq.loops))
+    assert all(r == c for r, c in loops)
+    assert [r for r, _ in loops] == sorted(h * n + i for h, i, j in pairs if i == j)
+    if min_fill < 0.1:  # a sequence reaches keys of more than one cluster
+        top = memb.argmax(-1)
+        spans = [{int(top[int(r) % n, int(r) // n]) for r in
+                  seq.k_rows[seq.ptr_k[b]:seq.ptr_k[b + 1]]}
+                 for b in range(seq.ptr_k.numel() - 1)]
+        assert max(len(s) for s in spans) > 1
+    else:  # one sequence per (sequence, head, cluster) with tiles: runs merged
+        assert seq.ptr_q.numel() - 1 < plan.q_start.numel()
