@@ -72,7 +72,8 @@ PRESETS["mqar-sparse"] = dict(
     warmup_steps=100, steps=2100, eval_batches=8, dense_steps=500, budget_warmup=150,
     mode="exact", ste="paper", optimizer="adamw", adam_eps=1e-8, weight_decay=0.0,
     schedule="linear", clip_grad_norm=0.0, sink=True, distill_recall=1.0,
-    budget_per_head=True, budget_lam=1.0, distill_start=500, selector_steps=1500)
+    budget_per_head=True, budget_lam=1.0, distill_start=500, selector_steps=1500,
+    teacher_accuracy=0.99)
 
 
 #: What a preset adds when a run holds its heads to a budget
