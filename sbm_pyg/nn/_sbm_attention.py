@@ -25,6 +25,7 @@ from sbm_pyg.nn.functional import (
     with_sink,
 )
 from sbm_pyg.nn.options import SBMAttentionOptions
+from sbm_pyg.nn.tiled_attention import tiled_regime
 from sbm_pyg.ops import backend_info
 from sbm_pyg.ops.backend_info import resolve_backend
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
@@ -98,7 +99,14 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     (:func:`~sbm_pyg.ops.backend_info.dense_crossover`) and the kernel runs
     on the device; a batch of both kinds runs each
     regime on its own pairs. :obj:`"dense"` runs it for all, any other
-    backend the sparse path with that kernel.
+    backend the sparse path with that kernel. :obj:`"tiles"` asks for a
+    third, the tiled regime of sharp heads
+    (:func:`~sbm_pyg.nn.tiled_sbm_attention`: the heavy cluster pairs as
+    tiles of cluster-sorted tokens on the dense-regime kernel, the rest on
+    the sparse path; :obj:`backends` names the tiles' kernel and the rest's
+    sampler and kernel); it reads the device more than once (the inputs'
+    checks, the plan's sizes, the layout's) and is never chosen by
+    :obj:`"auto"`.
 
     A call of one regime reads the device once: the inputs' checks, the
     choice and the sizes of what is allocated next (the sampler's draws or
@@ -174,14 +182,20 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
                  include_edges, opts, training, need_graph,
                  return_attention_weights, attend, generator, checks, None, sink)
     sampler = resolve_backend("sampler", opts.sampler_backend, device)
-    # The sparse kernel: the one asked for, or where the dense regime runs
-    # (asked for or chosen) the one "auto" takes, for weights or graphs.
+    # The sparse kernel: the one asked for, or where the dense or tiled
+    # regime runs (asked for or chosen) the one "auto" takes, for weights,
+    # graphs or the rest.
     attention = ("message_passing" if attend is not None else resolve_backend(
-        "attention", "auto" if opts.attention_backend == "dense"
+        "attention", "auto" if opts.attention_backend in ("dense", "tiles")
         else opts.attention_backend, device))
     dense_backends = dict(sampler="dense",
                           attention=attention if need_graph else "dense")
-    if attend is None and opts.attention_backend == "dense":
+    if opts.attention_backend == "tiles":
+        part = _tiles(call, sampler, attention)
+        # The tiles' kernel, and the rest's sampler and sparse kernel.
+        backends = dict(sampler=sampler, attention="tiles", tiles=(
+            "dense" if backend_info.dense_runs(device) else "torch"), rest=attention)
+    elif attend is None and opts.attention_backend == "dense":
         part, backends = _dense(call), dense_backends
     elif dense is None:
         graph = _sample(call, q_memb, opts.max_edges, sampler)
@@ -207,6 +221,21 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     expected, sampled = mean_densities(seq_q, seq_k, part.edges, per)
     return SBMAttention(part.out.to(query.dtype), part.graph, part.alpha,
                         expected, sampled, backends)
+
+
+def _tiles(call: _Call, sampler: str, rest: str) -> _Part:
+    # The tiled regime (sbm_pyg.nn.tiled_attention); the inputs' checks
+    # read first.
+    unsupported = dict(include_edges=call.include_edges is not None,
+                       sink=call.sink is not None, attend=call.attend is not None,
+                       dropout=call.training and call.options.dropout > 0,
+                       return_attention_weights=call.need_alpha)
+    out, graph, edges = tiled_regime(
+        call.query, call.key, call.value, (call.q_memb, call.block, call.k_memb),
+        call.ptr_q, call.ptr_k, call.options, call.checks, unsupported,
+        generator=call.generator, sampler=sampler, rest=rest,
+        need_graph=call.need_graph)
+    return _Part(out, graph, None, edges)
 
 
 class _Call(NamedTuple):

@@ -360,10 +360,6 @@ def with_sink(out: Tensor, alpha: Optional[Tensor], lse: Tensor, sink: Tensor,
     return out, alpha
 
 
-# The PyTorch path's autograd functions take the graph object: torch.compile
-# runs them eagerly (a graph break). The fused path is one operator with
-# fake kernels, which the compiler traces.
-@torch.compiler.disable
 def edge_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                    edge_prob: Optional[Tensor],
                    sbm: Optional[Tuple[Tensor, Tensor, Tensor]], scale: float,
@@ -382,6 +378,10 @@ def edge_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                             dropout_seed, ste)
 
 
+# The PyTorch path's autograd functions take the graph object: torch.compile
+# runs them eagerly (a graph break). The fused path is one operator with
+# fake kernels, which the compiler traces.
+@torch.compiler.disable
 def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      sbm: Optional[Tuple[Tensor, Tensor, Tensor]],

@@ -12,7 +12,7 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_sparse
 
 from sbm_pyg.nn.block_model import INITS, PARAMETRIZATIONS
-from sbm_pyg.ops.backend_info import ATTENTION_BACKENDS
+from sbm_pyg.nn.options import SBM_ATTENTION_BACKENDS
 from sbm_pyg.validation import invalid_values, require_tensor, sync
 
 __all__ = ["project", "batch_to_ptr", "check_not_edges", "sequence_pointers",
@@ -166,7 +166,7 @@ def check_layer_options(kwargs: Dict[str, Any], *, sbm_init: str,
         raise ValueError(f"flow must be 'source_to_target' (keys are "
                          f"sources, queries targets), got {kwargs['flow']!r}")
     # The layer's attention also has PyG's gather/scatter message() path.
-    layer_backends = ATTENTION_BACKENDS + ("message_passing",)
+    layer_backends = SBM_ATTENTION_BACKENDS + ("message_passing",)
     for name, value, choices in (
             ("sbm_init", sbm_init, INITS),
             ("sbm_parametrization", sbm_parametrization, PARAMETRIZATIONS),

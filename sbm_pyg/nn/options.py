@@ -9,8 +9,13 @@ from typing import Optional
 from sbm_pyg.nn.functional import STE_MODES
 from sbm_pyg.ops.backend_info import ATTENTION_BACKENDS, BACKENDS
 from sbm_pyg.sampling.checks import check_sampler_options
+from sbm_pyg.sampling.tiles import check_tile_options
 
-__all__ = ["SBMAttentionOptions"]
+__all__ = ["SBMAttentionOptions", "SBM_ATTENTION_BACKENDS"]
+
+#: The attention backends of :class:`SBMAttentionOptions`: the kernels', and
+#: the tiled regime.
+SBM_ATTENTION_BACKENDS = ATTENTION_BACKENDS + ("tiles",)
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,22 @@ class SBMAttentionOptions:
         sampler_backend (str): one of
             :data:`~sbm_pyg.ops.backend_info.BACKENDS`.
             (default: :obj:`"auto"`)
-        attention_backend (str): one of
-            :data:`~sbm_pyg.ops.backend_info.ATTENTION_BACKENDS`;
+        attention_backend (str): one of :data:`SBM_ATTENTION_BACKENDS`:
+            a kernel of :data:`~sbm_pyg.ops.backend_info.ATTENTION_BACKENDS`;
             :obj:`"auto"` takes the dense regime per (sequence, head) where
             the expected density reaches the device's crossover,
-            :obj:`"dense"` for every pair. (default: :obj:`"auto"`)
+            :obj:`"dense"` for every pair; or :obj:`"tiles"`, the tiled
+            regime of a sharp head (:func:`~sbm_pyg.nn.tiled_sbm_attention`:
+            its heavy cluster pairs as dense tiles of cluster-sorted tokens on
+            the dense-regime kernel, the rest on the sparse path; without
+            :obj:`include_edges`, a sink, dropout or the attention weights).
+            (default: :obj:`"auto"`)
+        tile_size (int): the tiled regime's tiles, :obj:`tile_size` queries
+            by as many keys. (default: :obj:`64`)
+        tile_fill (float): the least expected fill of a cluster pair the
+            tiled regime computes as tiles
+            (:func:`~sbm_pyg.sampling.tiles.plan_tiles`'s :obj:`min_fill`).
+            (default: :obj:`0.5`)
 
     Example:
         >>> from dataclasses import replace
@@ -67,6 +83,8 @@ class SBMAttentionOptions:
     dropout: float = 0.0
     sampler_backend: str = "auto"
     attention_backend: str = "auto"
+    tile_size: int = 64
+    tile_fill: float = 0.5
 
     def __post_init__(self) -> None:
         check_sampler_options(self.mode, self.exploration, self.max_edges)
@@ -83,7 +101,8 @@ class SBMAttentionOptions:
         for name, value, choices in (
                 ("sampler_backend", self.sampler_backend, BACKENDS),
                 ("attention_backend", self.attention_backend,
-                 ATTENTION_BACKENDS)):
+                 SBM_ATTENTION_BACKENDS)):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got "
                                  f"{value!r}")
+        check_tile_options(tile_size=self.tile_size, tile_fill=self.tile_fill)

@@ -36,10 +36,11 @@ two parts' log-sum-exps.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch_geometric.utils.sparse import ptr2index
 
 from sbm_pyg.nn.functional import STE_MODES, check_sbm_shapes, edge_attention
 from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
@@ -53,12 +54,16 @@ from sbm_pyg.sampling.tiles import (
     check_plan,
     draw_rest,
     draw_tiled,
+    plan_tiles,
     tile_rows,
     tile_sequences,
 )
-from sbm_pyg.validation import check_generator, require_tensor
+from sbm_pyg.validation import Check, check_generator, require_tensor, sync
 
-__all__ = ["tiled_attention", "tiled_sbm_attention"]
+if TYPE_CHECKING:  # the options import this module's package
+    from sbm_pyg.nn.options import SBMAttentionOptions
+
+__all__ = ["tiled_attention", "tiled_sbm_attention", "tiled_parts", "tiled_regime"]
 
 
 class _TileEstimator(torch.autograd.Function):
@@ -247,6 +252,27 @@ def tiled_sbm_attention(query: Tensor, key: Tensor, value: Tensor,
         >>> out.shape, graph.num_edges  # the two blocks, complete
         (torch.Size([6, 1, 4]), 18)
     """
+    out, graph, _ = tiled_parts(query, key, value, sbm, plan, mode=mode,
+                                exploration=exploration, self_loops=self_loops,
+                                ste=ste, generator=generator, backend=backend,
+                                need_graph=return_graph)
+    if return_graph:
+        assert graph is not None  # asked for
+        return out, graph
+    return out
+
+
+def tiled_parts(query: Tensor, key: Tensor, value: Tensor,
+                sbm: Tuple[Tensor, Tensor, Tensor], plan: TilePlan, *, mode: str,
+                exploration: float, self_loops: bool, ste: Optional[str],
+                generator: Optional[torch.Generator], backend: Optional[str],
+                need_graph: bool, sampler: Optional[str] = "auto"
+                ) -> Tuple[Tensor, Optional[SampledGraph], Tensor]:
+    r""":func:`tiled_sbm_attention`'s output, its graph where
+    :obj:`need_graph` (else :obj:`None`) and the edges of each (sequence,
+    head) :obj:`[G, H]` (:func:`~sbm_pyg.nn.sbm_attention`'s tiled
+    regime reports them); the rest drawn by fastRG's :obj:`sampler`
+    backend."""
     q_memb, block, k_memb = check_sbm_shapes(sbm, query.size(0), key.size(0),
                                              query.size(1))
     Nq, H, D = query.shape
@@ -263,9 +289,11 @@ def tiled_sbm_attention(query: Tensor, key: Tensor, value: Tensor,
         out = tiled_attention(query, key, value, tiled,
                               sbm=None if ste is None else sbm,
                               ste=ste or "paper", backend=backend)
-        return (out, tiled.graph()) if return_graph else out
+        graph = tiled.graph()
+        return (out, graph if need_graph else None,
+                _per_sequence(graph.csr.rowptr.diff(), plan.ptr_q, H))
     rest = draw_rest(plan, mode=mode, exploration=exploration,
-                     self_loops=self_loops, generator=generator)
+                     self_loops=self_loops, generator=generator, backend=sampler)
     seq = tile_sequences(plan)
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
     q, k, v = (heads_first(x.to(dtype)) for x in (query, key, value))
@@ -296,8 +324,12 @@ def tiled_sbm_attention(query: Tensor, key: Tensor, value: Tensor,
     # writes its log-sum-exp as 0, the others as -inf).
     lse_r = torch.where(rest.csr.rowptr.diff() > 0, lse_r, -math.inf)
     out = nodes_first(_merge(out_t, lse_t, out_r, lse_r).to(value.dtype), H)
-    if not return_graph:
-        return out
+    G = plan.ptr_q.numel() - 1
+    edges = _per_sequence(rest.csr.rowptr.diff(), plan.ptr_q, H) + torch.zeros(
+        G * H, dtype=torch.long, device=query.device).index_add_(
+        0, seq.owner, tiles.edges[:, 0].long()).view(G, H)
+    if not need_graph:
+        return out, None, edges
     key_t = mask_keys(tiles.mask, seq.ptr_q, seq.ptr_k, 1)
     C = max(seq.k_rows.numel(), 1)
     row, col = seq.q_rows[key_t // C], seq.k_rows[key_t % C]
@@ -305,4 +337,39 @@ def tiled_sbm_attention(query: Tensor, key: Tensor, value: Tensor,
     keys = torch.cat([(rest.head * Nq + rest.edge_index[1]) * Nk + rest.edge_index[0],
                       row * Nk + col - head * Nk])
     return out, SampledGraph.from_keys(torch.sort(keys).values, H, Nq, Nk,
-                                       ptr_q=plan.ptr_q, ptr_k=plan.ptr_k)
+                                       ptr_q=plan.ptr_q, ptr_k=plan.ptr_k), edges
+
+
+def _per_sequence(counts: Tensor, ptr_q: Tensor, H: int) -> Tensor:
+    # Per heads-first row [H * N_q] -> per (sequence, head) [G, H].
+    Nq = counts.numel() // max(H, 1)
+    G = ptr_q.numel() - 1
+    cell = ptr2index(ptr_q, Nq)[None, :] * H + torch.arange(H, device=counts.device)[:, None]
+    return torch.zeros(G * H, dtype=torch.long, device=counts.device).index_add_(
+        0, cell.flatten(), counts.long()).view(G, H)
+
+
+def tiled_regime(query: Tensor, key: Tensor, value: Tensor,
+                 sbm: Tuple[Tensor, Tensor, Tensor], ptr_q: Tensor, ptr_k: Tensor,
+                 options: SBMAttentionOptions, checks: List[Check],
+                 unsupported: Dict[str, bool], *,
+                 generator: Optional[torch.Generator], sampler: str, rest: str,
+                 need_graph: bool) -> Tuple[Tensor, Optional[SampledGraph], Tensor]:
+    r""":func:`~sbm_pyg.nn.sbm_attention`'s tiled regime
+    (:obj:`attention_backend="tiles"`): its deferred :obj:`checks` read,
+    the plan made with the :obj:`options`' tiles, :func:`tiled_parts` on
+    it. A request it cannot serve (:obj:`unsupported`, by name) is a
+    :class:`ValueError`."""
+    for name, given in unsupported.items():
+        if given:
+            raise ValueError(f"attention_backend='tiles' does not take {name}")
+    sync(checks)
+    plan = plan_tiles(*(x.detach() for x in sbm), ptr_q=ptr_q, ptr_k=ptr_k,
+                      tile_q=options.tile_size, tile_k=options.tile_size,
+                      min_fill=options.tile_fill)
+    return tiled_parts(query, key, value, sbm, plan, mode=options.mode,
+                       exploration=options.exploration,
+                       self_loops=options.self_loops,
+                       ste=options.ste if sbm[0].requires_grad else None,
+                       generator=generator, backend=rest, need_graph=need_graph,
+                       sampler=sampler)

@@ -59,6 +59,7 @@ from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import check_generator, sync
 
 __all__ = ["TilePlan", "TiledGraph", "TileSequences", "plan_tiles", "check_plan",
+           "check_tile_options",
            "in_tiles", "tile_rows", "tile_pairs", "tile_sequences", "draw_rest",
            "draw_tiled", "sample_tiled"]
 
@@ -161,6 +162,18 @@ def _tile_table(side: _Side, total: int, tile: int, memb: Tensor, ptr: Tensor
     return row_tile.t().contiguous(), start, length, head
 
 
+def check_tile_options(**options) -> None:
+    r"""Checks a tile plan's options by name: sizes (ints :math:`\geq 1`)
+    and fills (finite numbers :math:`> 0`, names ending in ``fill``)."""
+    for name, value in options.items():
+        if name.endswith("fill"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
 def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
                ptr_q: PtrLike = None, ptr_k: PtrLike = None,
                tile_q: int = 64, tile_k: int = 64,
@@ -204,12 +217,7 @@ def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
         >>> plan.tile_ptr.tolist(), plan.tile_col.tolist()  # the two blocks
         ([0, 1, 2], [0, 1])
     """
-    for name, size in (("tile_q", tile_q), ("tile_k", tile_k)):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {size!r}")
-    if isinstance(min_fill, bool) or not isinstance(min_fill, (int, float)) \
-            or not (math.isfinite(min_fill) and min_fill > 0):
-        raise ValueError(f"min_fill must be a finite number > 0, got {min_fill!r}")
+    check_tile_options(tile_q=tile_q, tile_k=tile_k, min_fill=min_fill)
     ptr_q, ptr_k, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
                                      self_loops=False)
     device = q_memb.device
@@ -412,15 +420,16 @@ def check_plan(plan: TilePlan, heads: int, num_queries: int, num_keys: int) -> N
 
 def draw_rest(plan: TilePlan, *, mode: str = "poisson", exploration: float = 0.0,
               self_loops: bool = False,
-              generator: Optional[torch.Generator] = None) -> SampledGraph:
-    r"""The rest of a graph drawn through :obj:`plan`: fastRG from the
-    plan's rest SBM, its edges that fall in a tile dropped (the tiles draw
-    their pairs themselves, :func:`draw_tiled`)."""
+              generator: Optional[torch.Generator] = None,
+              backend: Optional[str] = "auto") -> SampledGraph:
+    r"""The rest of a graph drawn through :obj:`plan`: fastRG (its
+    :obj:`backend`) from the plan's rest SBM, its edges that fall in a tile
+    dropped (the tiles draw their pairs themselves, :func:`draw_tiled`)."""
     check_sampler_options(mode, exploration, None)
     check_generator(generator, plan.q_order.device)
     rest = fastrg(*plan.rest, ptr_q=plan.ptr_q, ptr_k=plan.ptr_k, mode=mode,
                   exploration=exploration, self_loops=self_loops,
-                  generator=generator)
+                  generator=generator, backend=backend)
     H, Nq, Nk = rest.num_heads, rest.num_queries, rest.num_keys
     key, query = rest.edge_index
     keep = ~in_tiles(plan, rest.head, query, key)
@@ -441,7 +450,9 @@ class TileSequences(NamedTuple):
     key once per sequence that pairs with its tile); :obj:`ptr_k`
     :obj:`[B + 1]`; :obj:`loops` :obj:`([L], [L])`, the (query place, key
     place) of each query whose own key (the same index) is among its
-    sequence's keys."""
+    sequence's keys; :obj:`owner` :obj:`[B]`, each sequence's (batch
+    sequence, head) as :math:`g H + h` (one with keys lies in one batch
+    sequence)."""
 
     q_rows: Tensor
     q_place: Tensor
@@ -449,6 +460,7 @@ class TileSequences(NamedTuple):
     k_rows: Tensor
     ptr_k: Tensor
     loops: Tuple[Tensor, Tensor]
+    owner: Tensor
 
 
 def tile_sequences(plan: TilePlan) -> TileSequences:
@@ -505,12 +517,15 @@ def tile_sequences(plan: TilePlan) -> TileSequences:
     pair_first = pair_len.cumsum(0) - pair_len
     ptr_k = torch.cat([zero, count.new_zeros(B).index_add_(
         0, seq_of[qt], pair_len).cumsum(0)])
+    first = torch.full((B,), Tq, device=device).scatter_reduce(
+        0, seq_of, torch.arange(Tq, device=device), "amin")
+    head_of = plan.q_head[first]
+    token = plan.q_order[head_of, plan.q_start[first]]
+    owner = ptr2index(plan.ptr_q, Nq)[token] * H + head_of
     # Self-loops: query i's key i sits in its sequence where the pair
     # (the sequence's first tile, key i's tile) is active.
     loops = (q_place.new_empty(0), q_place.new_empty(0))
     if Nq == Nk and P > 0:
-        first = torch.full((B,), Tq, device=device).scatter_reduce(
-            0, seq_of, torch.arange(Tq, device=device), "amin")
         keys = _tile_keys(plan)
         want = first[seq_of[plan.q_tile]] * plan.k_start.numel() + plan.k_tile
         at = torch.searchsorted(keys, want).clamp(max=P - 1)
@@ -519,7 +534,7 @@ def tile_sequences(plan: TilePlan) -> TileSequences:
             1, plan.k_order, torch.arange(Nk, device=device).expand(H, Nk))
         k_place = pair_first[at] + k_pos - plan.k_start[plan.k_tile]
         loops = (q_place[hit], k_place[hit])
-    return TileSequences(q_rows, q_place, ptr_q, k_rows, ptr_k, loops)
+    return TileSequences(q_rows, q_place, ptr_q, k_rows, ptr_k, loops, owner)
 
 
 def sample_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,

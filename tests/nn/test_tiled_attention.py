@@ -2,13 +2,17 @@
 output and every gradient, the straight-through estimator's included; drawn
 and attended in one pass on the dense-regime kernel, it has the sampler's
 law."""
+import dataclasses
 import importlib
 
 import pytest
 import torch
 
+from sbm_pyg.nn import SBMAttentionOptions, SBMConv, sbm_attention
 from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.nn.tiled_attention import tiled_attention, tiled_sbm_attention
+from sbm_pyg.ops import backend_info
+from sbm_pyg.ops.backend_info import dense_runs
 from sbm_pyg.sampling import expected_adjacency
 from sbm_pyg.sampling.tiles import draw_tiled, in_tiles, plan_tiles, tile_rows
 from tests.helpers import max_binomial_z, seeded, z_bound
@@ -212,3 +216,75 @@ def test_fused_bad_arguments_name_themselves():
         tiled_sbm_attention(x, x[..., :3], x, sbm, tiled.plan)
     with pytest.raises(ValueError, match="mode must be one of"):
         tiled_sbm_attention(x, x, x, sbm, tiled.plan, mode="bernoulli")
+
+
+@pytest.mark.parametrize("dense_kernel", [True, False])
+@pytest.mark.parametrize("self_loops", [False, True])
+def test_the_tiled_regime_of_sbm_attention(self_loops, dense_kernel, monkeypatch):
+    # attention_backend="tiles": the output and every gradient the edge
+    # path's on the graph it returns, the sampled densities that graph's
+    # edges per (sequence, head) over its pairs, the kernels named; with the
+    # dense-regime kernel and without it (the PyTorch tiles).
+    if not dense_kernel:
+        for module in (tiled_module, backend_info):
+            monkeypatch.setattr(module, "dense_runs", lambda device: False)
+    elif not dense_runs(torch.get_default_device()):
+        pytest.skip("no dense-regime kernel on this device")
+    sbm, _ = tiled_case("sharp", self_loops)
+    g = seeded(0)
+    inputs = [torch.randn(28, 2, 4, dtype=torch.float64, generator=g,
+                          device=g.device) for _ in range(3)]
+    weight = torch.randn(28, 2, 4, dtype=torch.float64, generator=g, device=g.device)
+    leaves = [x.clone().requires_grad_() for x in (*inputs, *sbm)]
+    options = SBMAttentionOptions(attention_backend="tiles", tile_size=4,
+                                  tile_fill=0.1, exploration=0.01,
+                                  self_loops=self_loops)
+    res = sbm_attention(*leaves[:3], tuple(leaves[3:]), ptr_q=PTR, ptr_k=PTR,
+                        options=options, return_graph=True, generator=seeded(5))
+    (res.out * weight).sum().backward()
+    assert res.backends["attention"] == "tiles"
+    assert res.backends["tiles"] == ("dense" if dense_kernel else "torch")
+    graph = res.graph
+    want, want_grads = run(sparse_attention, graph, inputs, sbm, weight)
+    assert torch.allclose(res.out, want, atol=1e-12)
+    for leaf, b in zip(leaves, want_grads):
+        assert torch.allclose(leaf.grad, b, atol=1e-12)
+    sizes = torch.tensor(PTR).diff()
+    key, query = graph.edge_index
+    seq = torch.bucketize(query, torch.tensor(PTR)[1:], right=True)
+    edges = torch.zeros(3, 2).index_put_((seq, graph.head), torch.ones(len(seq)),
+                                         accumulate=True)
+    pairs = (sizes * sizes).double()
+    want_density = (edges / pairs[:, None])[pairs > 0].mean(0)  # non-empty ones
+    torch.testing.assert_close(res.sampled_density.double(), want_density.double())
+
+
+def test_the_tiled_regime_refuses_what_it_lacks():
+    sbm, _ = tiled_case("sharp", False)
+    x = torch.randn(28, 2, 4, dtype=torch.float64)
+    tiles = SBMAttentionOptions(attention_backend="tiles", tile_size=4)
+    for kwargs, name in ((dict(include_edges=torch.zeros(2, 1, dtype=torch.long)),
+                          "include_edges"),
+                         (dict(sink=torch.zeros(2)), "sink"),
+                         (dict(return_attention_weights=True),
+                          "return_attention_weights")):
+        with pytest.raises(ValueError, match=f"'tiles' does not take {name}"):
+            sbm_attention(x, x, x, sbm, ptr_q=PTR, ptr_k=PTR, options=tiles, **kwargs)
+    with pytest.raises(ValueError, match="'tiles' does not take dropout"):
+        sbm_attention(x, x, x, sbm, ptr_q=PTR, ptr_k=PTR, training=True,
+                      options=dataclasses.replace(tiles, dropout=0.1))
+    for field, value in (("tile_size", 0), ("tile_size", 2.0), ("tile_fill", 0.0),
+                         ("tile_fill", float("inf"))):
+        with pytest.raises(ValueError, match=f"{field} must be"):
+            SBMAttentionOptions(**{field: value})
+
+
+def test_a_layer_in_the_tiled_regime():
+    torch.manual_seed(0)
+    conv = SBMConv(8, 4, heads=2, num_clusters=3, attention_backend="tiles")
+    x = torch.randn(30, 8)
+    out = conv(x, ptr=torch.tensor([0, 12, 30]))
+    out.sum().backward()
+    assert out.shape == (30, 8) and torch.isfinite(out).all()
+    assert conv.last_backends["attention"] == "tiles"
+    assert all(p.grad is not None for p in conv.sbm.parameters())
