@@ -104,9 +104,9 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     (:func:`~sbm_pyg.nn.tiled_sbm_attention`: the heavy cluster pairs as
     tiles of cluster-sorted tokens on the dense-regime kernel, the rest on
     the sparse path; :obj:`backends` names the tiles' kernel and the rest's
-    sampler and kernel); it reads the device more than once (the inputs'
-    checks, the plan's sizes, the layout's) and is never chosen by
-    :obj:`"auto"`.
+    sampler and kernel); it reads the device five times (the inputs'
+    checks, the plan's two, the layout's, the rest sampler's) and is never
+    chosen by :obj:`"auto"`.
 
     A call of one regime reads the device once: the inputs' checks, the
     choice and the sizes of what is allocated next (the sampler's draws or
