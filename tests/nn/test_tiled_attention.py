@@ -13,12 +13,11 @@ from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.nn.tiled_attention import tiled_attention, tiled_sbm_attention
 from sbm_pyg.ops import backend_info
 from sbm_pyg.ops.backend_info import dense_runs
-from sbm_pyg.sampling import expected_adjacency
 from sbm_pyg.sampling.tiles import draw_tiled, in_tiles, plan_tiles, tile_rows
-from tests.helpers import max_binomial_z, seeded, z_bound
+from tests.helpers import seeded
 from tests.markers import needs_cpp, needs_triton
-from tests.sampling.cases import TRIALS, pair_counts, repeated
-from tests.sampling.test_tiles import sharp_sbm
+from tests.sampling.cases import repeated
+from tests.sampling.test_tiles import assert_has_the_law, sharp_sbm
 
 # The module (sbm_pyg.nn's attribute of that name is the function).
 tiled_module = importlib.import_module("sbm_pyg.nn.tiled_attention")
@@ -170,14 +169,8 @@ def test_drawn_on_the_dense_kernel_has_the_law(mode):
     _, graph = tiled_sbm_attention(x, x, x, (q, b, k), plan, mode=mode,
                                    exploration=0.01, self_loops=True,
                                    generator=seeded(4), return_graph=True)
-    counts = pair_counts(graph, 7, 7)
-    kwargs = dict(mode=mode, exploration=0.01, self_loops=True)
-    prob = expected_adjacency(memb, block, memb, **kwargs)
-    bound = z_bound(prob.numel())
-    assert max_binomial_z(counts, TRIALS, prob) < bound
-    other = "exact" if mode == "poisson" else "poisson"
-    wrong = expected_adjacency(memb, block, memb, **dict(kwargs, mode=other))
-    assert max_binomial_z(counts, TRIALS, wrong) > bound
+    assert_has_the_law(graph, memb, block, mode=mode, exploration=0.01,
+                       self_loops=True)
     key, query = graph.edge_index
     tiled = in_tiles(plan, graph.head, query, key)
     assert tiled.any() and (~tiled).any()  # edges of both parts

@@ -43,6 +43,19 @@ def in_selected_blocks(plan, memb, keys, head, query, key):
     return plan.selected[head, top_q[query, head], top_k[key, head]]
 
 
+def assert_has_the_law(graph, memb, block, **kwargs):
+    """Each pair's frequency over the TRIALS copies of a 7-token sequence
+    against the mode's probability (z-test, Bonferroni); the other mode's
+    marginals rejected."""
+    counts = pair_counts(graph, 7, 7)
+    prob = expected_adjacency(memb, block, memb, **kwargs)
+    bound = z_bound(prob.numel())
+    assert max_binomial_z(counts, TRIALS, prob) < bound
+    other = "exact" if kwargs["mode"] == "poisson" else "poisson"
+    wrong = expected_adjacency(memb, block, memb, **dict(kwargs, mode=other))
+    assert max_binomial_z(counts, TRIALS, wrong) > bound
+
+
 def test_two_blocks_in_shuffled_order():
     # Tokens of cluster 1 and 0 interleaved: the order sorts them, stably.
     memb = torch.eye(2)[torch.tensor([1, 0, 1, 0, 0, 1])][:, None]
@@ -160,14 +173,8 @@ def test_graph_through_the_plan_has_the_law(mode, exploration, self_loops):
                       min_fill=0.3)
     graph = sample_tiled(q, b, k, plan, mode=mode, exploration=exploration,
                          self_loops=self_loops, generator=seeded(3))
-    counts = pair_counts(graph, 7, 7)
-    kwargs = dict(mode=mode, exploration=exploration, self_loops=self_loops)
-    prob = expected_adjacency(memb, block, memb, **kwargs)
-    bound = z_bound(prob.numel())
-    assert max_binomial_z(counts, TRIALS, prob) < bound
-    other = "exact" if mode == "poisson" else "poisson"
-    wrong = expected_adjacency(memb, block, memb, **dict(kwargs, mode=other))
-    assert max_binomial_z(counts, TRIALS, wrong) > bound
+    assert_has_the_law(graph, memb, block, mode=mode, exploration=exploration,
+                       self_loops=self_loops)
     head, query, key = all_pairs([0, 7], [0, 7], 2)
     tiled = in_tiles(plan, head, query, key)
     assert tiled.any() and (~tiled).any()
