@@ -9,35 +9,45 @@ heads that learned to separate their blocks look like (docs/performance.md,
 Timed through the public :func:`~sbm_pyg.nn.sbm_attention` (exact mode,
 sampling and the straight-through backward into the memberships and the
 block, fwd+bwd) against SDPA on the same queries, keys and values, in
-turns; the regime that ran is recorded (``backends``), and on the CPU the
-profiler's parts: the sampler, the attention's forward and its backward
-(the estimator's membership gradients included). Beside them the tiled
+turns: on the edge path (its sparse kernel named, ``sbm``) and as
+:obj:`attention_backend="auto"` chooses (``auto``, the regime it took in
+``auto_backends``); on the CPU the edge path's profiler parts: the
+sampler, the attention's forward and its backward (the estimator's
+membership gradients included). Beside them the tiled
 path, the same law and estimator, fwd+bwd from the plan
 (:func:`~sbm_pyg.sampling.tiles.plan_tiles`, 64 x 64 tiles) on: the tiles
 drawn and attended by the dense-regime kernel
 (:func:`~sbm_pyg.nn.tiled_sbm_attention`, ``tiles``; ``tiles_kernel`` says
 which ran), and its PyTorch fallback, the draw
-(:func:`~sbm_pyg.sampling.tiles.draw_tiled`) and
-:func:`~sbm_pyg.nn.tiled_attention` (``tiles_torch``)."""
+(:func:`~sbm_pyg.sampling.tiled_graph.draw_tiled`) and
+:func:`~sbm_pyg.nn.tiled_attention` (``tiles_torch``).
+
+:func:`bench_sharp_conv` times the layer: an :class:`~sbm_pyg.nn.SBMConv`
+whose heads are such a head through its own projections, MLP and
+clusters (:func:`sharp_conv`), fwd+bwd against
+:class:`torch.nn.MultiheadAttention`."""
 from __future__ import annotations
 
+import math
 from typing import List, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from benchmarks.attention import batched, run_sdpa
-from benchmarks.cases import CLUSTERS, HEADS, backward, qkv
+from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS, backward, qkv
 from benchmarks.layer import breakdown, format_breakdown
 from benchmarks.measure import median_times
 from sbm_pyg.nn import (
     SBMAttentionOptions,
+    SBMConv,
     sbm_attention,
     tiled_attention,
     tiled_sbm_attention,
 )
-from sbm_pyg.ops.backend_info import dense_runs
-from sbm_pyg.sampling.tiles import draw_tiled, in_tiles, plan_tiles
+from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
+from sbm_pyg.sampling.tiled_graph import draw_tiled
+from sbm_pyg.sampling.tiles import in_tiles, plan_tiles
 
 #: A token's membership of its own cluster, and the edge probability inside
 #: a cluster.
@@ -89,7 +99,10 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
     """One row per (n, density): the sharp head's fwd+bwd against SDPA's,
     the tiled path's with tiles of :obj:`tile` tokens."""
     rows = []
-    options = SBMAttentionOptions(mode="exact")
+    # The edge path: the sparse kernel that "auto" would take, named.
+    options = SBMAttentionOptions(
+        mode="exact", attention_backend=resolve_backend("attention", "auto", device))
+    chosen = SBMAttentionOptions(mode="exact")
     for n, density in sizes:
         q, k, v = qkv(n, device)
         q4, k4, v4 = batched(q, k, v)
@@ -104,6 +117,12 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
                         backends=dict(res.backends))
             backward(res.out, (q, k, v, *sbm))
 
+        def run_auto() -> None:
+            res = sbm_attention(q, k, v, sbm, options=chosen, training=True,
+                                generator=gen)
+            last.update(auto_backends=dict(res.backends))
+            backward(res.out, (q, k, v, *sbm))
+
         def run_tiles() -> None:
             plan = plan_tiles(*(t.detach() for t in sbm), tile_q=tile,
                               tile_k=tile, min_fill=MIN_FILL)
@@ -116,7 +135,7 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
             tiled = draw_tiled(*fixed, plan, mode="exact", generator=gen)
             backward(tiled_attention(q, k, v, tiled, sbm=sbm), (q, k, v, *sbm))
 
-        times = median_times(dict(sbm=run_sbm, tiles=run_tiles,
+        times = median_times(dict(sbm=run_sbm, auto=run_auto, tiles=run_tiles,
                                   tiles_torch=run_tiles_torch,
                                   sdpa=lambda: run_sdpa(q4, k4, v4)),
                              device, repeats)
@@ -125,6 +144,8 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
                    sampled_density=last["density"], backends=last["backends"],
                    sbm_time=times["sbm"], sdpa_time=times["sdpa"],
                    ratio=times["sbm"] / times["sdpa"],
+                   auto_time=times["auto"], auto_ratio=times["auto"] / times["sdpa"],
+                   auto_backends=last["auto_backends"],
                    tiles_time=times["tiles"],
                    tiles_ratio=times["tiles"] / times["sdpa"],
                    tiles_kernel="dense" if dense_runs(device) else "torch",
@@ -137,7 +158,8 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
         log(f"  n={n:>6} target {density:<5} sampled {row['sampled_density']:.4f} "
             f"({row['backends']['sampler']}/{row['backends']['attention']}): "
             f"sbm_attention {row['sbm_time'] * 1e3:.1f} ms vs SDPA "
-            f"{row['sdpa_time'] * 1e3:.1f} ms: {row['ratio']:.3f}x; tiled "
+            f"{row['sdpa_time'] * 1e3:.1f} ms: {row['ratio']:.3f}x; auto "
+            f"({row['auto_backends']['attention']}) {row['auto_ratio']:.3f}x; tiled "
             f"({row['tiles_kernel']}) {row['tiles_time'] * 1e3:.1f} ms "
             f"({row['tiles_ratio']:.3f}x; in PyTorch {row['tiles_torch_ratio']:.3f}x, "
             f"density {row['tiled_density']:.4f}, {row['tiles']} tiles filled "
@@ -151,3 +173,92 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
             log(f"  parts: {format_breakdown(parts)}")
         rows.append(row)
     return rows
+
+
+#: The sharp layer's construction: identity projections and MLP (its first
+#: layer shifted past the ReLU), cluster u < V the unit vector e_u times
+#: RADIUS, the others 0, and the block's offset, so that a token of cluster
+#: c (SCALE e_c in its head's channels) has membership logit SCALE * RADIUS
+#: = ln(0.98 (k - 1) / 0.02) on c and 0 elsewhere (membership 0.98), and
+#: the block sigma(RADIUS^2 + OFFSET) = 0.8 / 0.98^2 inside a cluster,
+#: sigma(OFFSET) across.
+OFFSET = -9.0
+RADIUS = math.sqrt(math.log(INSIDE / OWN**2 / (1 - INSIDE / OWN**2)) - OFFSET)
+SCALE = math.log(OWN * (CLUSTERS - 1) / (1 - OWN)) / RADIUS
+
+
+def sharp_conv(n: int, density: float, device: torch.device, seed: int = 0,
+               attention_backend: str = "auto") -> Tuple[SBMConv, Tensor]:
+    """An :class:`~sbm_pyg.nn.SBMConv` (:obj:`"mmsb"`, no exploration, no
+    root weight) and its input :obj:`[n, H d]` whose heads compute the
+    sharp head of :func:`sharp_sbm` (memberships 0.98 on one of V clusters,
+    p = 0.8 inside, about 1e-4 across) through the layer's own projections,
+    MLP and clusters; V = round(0.8 / density) must not exceed the head
+    dimension. The input takes gradients; :obj:`attention_backend` is the
+    layer's."""
+    V = num_clusters(density)
+    if V > HEAD_DIM:
+        raise ValueError(f"density {density} needs {V} clusters, more than "
+                         f"the head dimension {HEAD_DIM}")
+    channels = HEADS * HEAD_DIM
+    torch.manual_seed(seed)
+    conv = SBMConv(channels, HEAD_DIM, heads=HEADS, num_clusters=CLUSTERS,
+                   root_weight=False, exploration=0.0,
+                   sbm_parametrization="mmsb", attention_backend=attention_backend)
+    sbm, eye = conv.sbm, torch.eye(HEAD_DIM)
+    with torch.no_grad():
+        for lin in (conv.lin_query, conv.lin_key):
+            lin.weight.copy_(torch.eye(channels))
+            lin.bias.zero_()
+        sbm.weight1.copy_(eye)
+        sbm.bias1.fill_(1.0)
+        sbm.weight2.copy_(eye)
+        sbm.bias2.fill_(-1.0)
+        sbm.clusters.zero_()
+        sbm.clusters[:, torch.arange(V), torch.arange(V)] = RADIUS
+        sbm.block_bias.fill_(OFFSET)
+    g = torch.Generator().manual_seed(seed)
+    cluster = torch.randint(V, (n, HEADS, 1), generator=g)
+    x = torch.zeros(n, HEADS, HEAD_DIM).scatter_(2, cluster, SCALE)
+    return conv.to(device), x.view(n, channels).to(device).requires_grad_()
+
+
+def bench_sharp_conv(n: int, density: float, device: torch.device,
+                     repeats: int, log) -> dict:
+    """:func:`sharp_conv`'s layer fwd+bwd (every parameter's gradient and
+    the input's) as :obj:`attention_backend="auto"` runs it and on the edge
+    path, against :class:`torch.nn.MultiheadAttention` of the same width,
+    in turns."""
+    conv, x = sharp_conv(n, density, device)
+    edges, _ = sharp_conv(n, density, device, attention_backend=resolve_backend(
+        "attention", "auto", device))
+    mha = torch.nn.MultiheadAttention(x.size(1), HEADS, batch_first=True).to(device)
+    gen = torch.Generator(device).manual_seed(0)
+    ran: dict = {}
+
+    def run(layer: SBMConv, name: str):
+        def call() -> None:
+            out = layer(x, generator=gen)
+            ran[name] = (dict(layer.last_backends or {}),
+                         float(layer.sampled_density.mean()))
+            torch.autograd.grad(out.sum(), [x] + list(layer.parameters()))
+        return call
+
+    def run_mha() -> None:
+        out, _ = mha(x[None], x[None], x[None], need_weights=False)
+        torch.autograd.grad(out.sum(), [x] + list(mha.parameters()))
+
+    times = median_times(dict(auto=run(conv, "auto"), edges=run(edges, "edges"),
+                              mha=run_mha), device, repeats)
+    row = dict(n=n, density=density, clusters=num_clusters(density),
+               mha_time=times["mha"])
+    for name in ("auto", "edges"):
+        backends, sampled = ran[name]
+        row.update({f"{name}_time": times[name], f"{name}_backends": backends,
+                    f"{name}_density": sampled,
+                    f"{name}_ratio": times[name] / times["mha"]})
+    log(f"  SBMConv n={n} sharp at {density}: auto ({row['auto_backends']['attention']}, "
+        f"density {row['auto_density']:.4f}) {row['auto_time'] * 1e3:.1f} ms, "
+        f"{row['auto_ratio']:.3f}x MultiheadAttention ({row['mha_time'] * 1e3:.1f} ms); "
+        f"edge path {row['edges_time'] * 1e3:.1f} ms, {row['edges_ratio']:.3f}x")
+    return row

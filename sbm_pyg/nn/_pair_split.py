@@ -12,7 +12,7 @@ from torch import Tensor
 from sbm_pyg.sampling.graph import SampledGraph
 
 __all__ = ["PairSplit", "split_pairs", "split_included", "graph_keys",
-           "merged_graph"]
+           "merged_graph", "without_dense_pairs", "dense_keys"]
 
 
 class PairSplit(NamedTuple):
@@ -83,3 +83,26 @@ def merged_graph(keys: List[Tensor], alphas: List[Optional[Tensor]],
     if any(a is None for a in alphas):
         return graph, None
     return graph, torch.cat(alphas)[order]  # type: ignore[arg-type]
+
+
+def without_dense_pairs(graph: SampledGraph, dense: Tensor, seq: Tensor
+                        ) -> Tuple[Tensor, SampledGraph]:
+    r"""The sampler's :obj:`graph` without the edges of the dense
+    (sequence, head) pairs (:obj:`dense` :obj:`[G, H]`; :obj:`seq`
+    :obj:`[N_q]`, each query's sequence): its keys :math:`(h N_q + i) N_k +
+    j`, increasing, and the graph."""
+    H, Nq, Nk = graph.num_heads, graph.num_queries, graph.num_keys
+    keys = graph_keys(graph)
+    row = keys // max(Nk, 1)
+    keys = keys[~dense[seq[row % max(Nq, 1)], row // max(Nq, 1)]]
+    return keys, SampledGraph.from_keys(keys, H, Nq, Nk, ptr_q=graph.ptr_q,
+                                        ptr_k=graph.ptr_k)
+
+
+def dense_keys(split: PairSplit, graph: SampledGraph, Nq: int, Nk: int) -> Tensor:
+    r"""The keys of the dense pairs' :obj:`graph` (their batch of one head)
+    as keys of the whole batch, :math:`(h N_q + i) N_k + j`."""
+    keys = graph_keys(graph)
+    r = split.rows_q[keys // max(graph.num_keys, 1)]
+    c = split.rows_k[keys % max(graph.num_keys, 1)]
+    return r * Nk + c - r // max(Nq, 1) * Nk

@@ -1,10 +1,11 @@
 r"""Which regime each (sequence, head) of an SBM attention call takes,
 chosen before anything is sampled or read to the host: the sparse path or
 the dense-regime kernel, by the expected density against the device's
-crossover."""
+crossover; and for a call with no dense pair, the share of its expected
+edges that the tiled regime's tiles would hold."""
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -14,9 +15,41 @@ from sbm_pyg.nn.options import SBMAttentionOptions
 from sbm_pyg.ops import backend_info
 from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
 from sbm_pyg.sampling.checks import PtrLike, check_pointers
+from sbm_pyg.sampling.tiles import tile_edges
 from sbm_pyg.validation import Check
 
-__all__ = ["regimes"]
+__all__ = ["regimes", "tiles_share", "TILES_MIN_SHARE", "DenseChoice",
+           "MixedChoice", "TiledChoice"]
+
+#: The least share of a call's expected edges that the tiles must hold for
+#: :obj:`attention_backend="auto"` to take the tiled regime. Below it the
+#: rest's fastRG, over twice the clusters, costs more than the tiles save:
+#: on the CPU benchmark's sharp head at n = 4096 and 1% the tiles held 45%
+#: and the tiled regime took twice the edge path's time; at n = 16384 and
+#: 1% they held 77% and it took 0.75 of it (docs/performance.md).
+TILES_MIN_SHARE = 0.5
+
+
+# What the choice, read at the call's one sync, found.
+class DenseChoice(NamedTuple):
+    # What the dense regime's guard needs, read at the one sync: the pairs
+    # and the mask's bytes; the first seed.
+    num_pairs: float
+    num_bytes: float
+    seed: Optional[int]
+
+
+class MixedChoice(NamedTuple):
+    # A batch of both regimes: the dense and the non-empty (sequence, head)
+    # pairs, counted at the one sync; the first seed (the dense part's).
+    dense: int
+    busy: int
+    seed: Optional[int]
+
+
+class TiledChoice(NamedTuple):
+    # No pair dense, and the tiles hold this share of the expected edges.
+    share: float
 
 
 @torch.compiler.disable  # data-dependent: the pointers' checks and the choice
@@ -51,3 +84,18 @@ def regimes(query: Tensor, sbm: Tuple[Tensor, Tensor, Tensor],
     # Empty sequences join the other regime: no split for them.
     return (ptr_q, ptr_k, checks,
             dense | ((pairs == 0)[:, None] & dense.any()), per)
+
+
+def tiles_share(sbm: Tuple[Tensor, Tensor, Tensor], ptr_q: Tensor, ptr_k: Tensor,
+                per: Tensor, opts: SBMAttentionOptions) -> Tensor:
+    r"""The share of a call's expected edges (:obj:`per` :obj:`[G, H]`, the
+    expected densities, plus the exploration) that the tiled regime's tiles
+    would hold (:func:`~sbm_pyg.sampling.tiles.tile_edges` with the
+    :obj:`opts`' tiles), a 0-dim tensor on the device: nothing read."""
+    pairs = (ptr_q.diff() * ptr_k.diff()).to(per.dtype)
+    total = ((per.detach() + opts.exploration) * pairs[:, None]).sum()
+    q_memb, block, k_memb = (x.detach() for x in sbm)
+    tiled = tile_edges(q_memb, block, k_memb, ptr_q, ptr_k,
+                       tile_q=opts.tile_size, tile_k=opts.tile_size,
+                       min_fill=opts.tile_fill).sum()
+    return tiled / total.clamp_min(torch.finfo(total.dtype).tiny)

@@ -11,12 +11,20 @@ import torch
 from torch import Tensor
 
 from sbm_pyg.nn._pair_split import (
-    graph_keys,
+    dense_keys,
     merged_graph,
     split_included,
     split_pairs,
+    without_dense_pairs,
 )
-from sbm_pyg.nn._regimes import regimes
+from sbm_pyg.nn._regimes import (
+    TILES_MIN_SHARE,
+    DenseChoice,
+    MixedChoice,
+    TiledChoice,
+    regimes,
+    tiles_share,
+)
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
 from sbm_pyg.nn.functional import (
     check_sbm_shapes,
@@ -105,8 +113,12 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     tiles of cluster-sorted tokens on the dense-regime kernel, the rest on
     the sparse path; :obj:`backends` names the tiles' kernel and the rest's
     sampler and kernel); it reads the device five times (the inputs'
-    checks, the plan's two, the layout's, the rest sampler's) and is never
-    chosen by :obj:`"auto"`.
+    checks, the plan's two, the layout's, the rest sampler's).
+    :obj:`"auto"` takes it for a call with no dense pair whose tiles
+    would hold half its expected edges or more
+    (:func:`~sbm_pyg.sampling.tiles.tile_edges`, read with the choice;
+    :obj:`backends["tile_share"]`), where the dense kernel runs and the
+    call asks nothing the tiles lack.
 
     A call of one regime reads the device once: the inputs' checks, the
     choice and the sizes of what is allocated next (the sampler's draws or
@@ -202,11 +214,16 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
         part = _sparse(call, graph, attention)
         backends = dict(sampler=sampler, attention=attention)
     else:
-        choice = _choose(call, dense, sampler)
-        if isinstance(choice, SampledGraph):  # every pair sparse
+        choice = _choose(call, dense, per, sampler)
+        if isinstance(choice, TiledChoice):  # no pair dense, the tiles pay
+            # The inputs' checks were read with the choice.
+            part = _tiles(call._replace(checks=[]), sampler, attention)
+            backends = dict(sampler=sampler, attention="tiles", tiles="dense",
+                            rest=attention, tile_share=f"{choice.share:.3f}")
+        elif isinstance(choice, SampledGraph):  # every pair sparse
             part = _sparse(call, choice, attention)
             backends = dict(sampler=sampler, attention=attention)
-        elif isinstance(choice, _Dense):  # every pair dense
+        elif isinstance(choice, DenseChoice):  # every pair dense
             part, backends = _dense(call, choice), dense_backends
         else:  # some of each: (dense pairs, non-empty pairs)
             part = _mixed(call._replace(seed=choice.seed), dense, sampler,
@@ -223,16 +240,20 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
                         expected, sampled, backends)
 
 
+def _unsupported(call: _Call) -> Dict[str, bool]:
+    # What the tiled regime does not serve, by name.
+    return dict(include_edges=call.include_edges is not None,
+                sink=call.sink is not None, attend=call.attend is not None,
+                dropout=call.training and call.options.dropout > 0,
+                return_attention_weights=call.need_alpha)
+
+
 def _tiles(call: _Call, sampler: str, rest: str) -> _Part:
     # The tiled regime (sbm_pyg.nn.tiled_attention); the inputs' checks
     # read first.
-    unsupported = dict(include_edges=call.include_edges is not None,
-                       sink=call.sink is not None, attend=call.attend is not None,
-                       dropout=call.training and call.options.dropout > 0,
-                       return_attention_weights=call.need_alpha)
     out, graph, edges = tiled_regime(
         call.query, call.key, call.value, (call.q_memb, call.block, call.k_memb),
-        call.ptr_q, call.ptr_k, call.options, call.checks, unsupported,
+        call.ptr_q, call.ptr_k, call.options, call.checks, _unsupported(call),
         generator=call.generator, sampler=sampler, rest=rest,
         need_graph=call.need_graph)
     return _Part(out, graph, None, edges)
@@ -266,47 +287,37 @@ class _Call(NamedTuple):
     sink: Optional[Tensor] = None
 
 
-class _Dense(NamedTuple):
-    # What the dense regime's guard needs, read at the one sync: the pairs
-    # and the mask's bytes; the first seed.
-    num_pairs: float
-    num_bytes: float
-    seed: Optional[int]
-
-
-class _Mixed(NamedTuple):
-    # A batch of both regimes: the dense and the non-empty (sequence, head)
-    # pairs, counted at the one sync; the first seed (the dense part's).
-    dense: int
-    busy: int
-    seed: Optional[int]
-
-
 @torch.compiler.disable  # data-dependent: the choice read at the sync
-def _choose(call: _Call, dense: Tensor, sampler: str
-            ) -> Union[SampledGraph, _Dense, _Mixed]:
+def _choose(call: _Call, dense: Tensor, per: Tensor, sampler: str
+            ) -> Union[SampledGraph, DenseChoice, MixedChoice, TiledChoice]:
     # The regime of a batch whose pairs chose by their expected density,
     # with one host read: the sampler's plan is made first (its first seed
     # serves the dense kernel where every pair is dense, as it would have
-    # drawn it), and its values, the inputs' checks, the dense pairs' count
-    # and the dense regime's sizes are read together. A batch of both
-    # regimes reads more (its parts are planned and checked each on its
-    # own).
+    # drawn it), and its values, the inputs' checks, the dense pairs'
+    # count, the dense regime's sizes and the tiles' share of the edges
+    # (where the tiled regime could serve the call) are read together. A
+    # batch of both regimes, or the tiled regime, reads more (its parts
+    # are planned and checked each on its own).
     planned = _plan(call, call.q_memb, call.options.max_edges, sampler)
     H = call.query.size(1)
+    share = ([] if any(_unsupported(call).values()) else [tiles_share(
+        (call.q_memb, call.block, call.k_memb), call.ptr_q, call.ptr_k, per,
+        call.options)])
     values = sync([*call.checks, *planned.checks], *planned.scalars,
                   dense.sum(), H * (call.ptr_q.diff() * call.ptr_k.diff()).sum(),
-                  mask_bytes(call.ptr_q, call.ptr_k, H).sum())
-    num_dense, num_pairs, num_bytes = values[len(planned.scalars):]
+                  mask_bytes(call.ptr_q, call.ptr_k, H).sum(), *share)
+    num_dense, num_pairs, num_bytes = values[len(planned.scalars):][:3]
+    if num_dense == 0 and share and values[-1] >= TILES_MIN_SHARE:
+        return TiledChoice(float(values[-1]))
     if num_dense == 0:
         return planned.finish(values[:len(planned.scalars)])
     if num_dense == dense.numel():
-        return _Dense(num_pairs, num_bytes, planned.seed)
+        return DenseChoice(num_pairs, num_bytes, planned.seed)
     # Counted over the non-empty sequences: the empty ones join either.
     busy = ((call.ptr_q.diff() * call.ptr_k.diff() > 0)[:, None]
             .expand_as(dense))
     dense_busy, num_busy = sync([], (dense & busy).sum(), busy.sum())
-    return _Mixed(int(dense_busy), int(num_busy), planned.seed)
+    return MixedChoice(int(dense_busy), int(num_busy), planned.seed)
 
 
 def _sparse(call: _Call, graph: SampledGraph, attention: str) -> _Part:
@@ -361,7 +372,7 @@ def _attend(call: _Call, graph: SampledGraph, attention: str
 
 
 @torch.compiler.disable  # data-dependent mask size: runs eagerly
-def _dense(call: _Call, sized: Optional[_Dense] = None) -> _Part:
+def _dense(call: _Call, sized: Optional[DenseChoice] = None) -> _Part:
     # The dense-regime kernel samples the mask and attends over it, after
     # the sampler's argument checks and memory guard. Where the graph is
     # asked for, only the mask is wanted of it (no autograd graph): the
@@ -380,7 +391,7 @@ def _dense(call: _Call, sized: Optional[_Dense] = None) -> _Part:
         num_pairs, num_bytes = sync(
             call.checks + checks, H * (ptr_q.diff() * ptr_k.diff()).sum(),
             mask_bytes(ptr_q, ptr_k, H).sum())
-        sized = _Dense(num_pairs, num_bytes, call.seed)
+        sized = DenseChoice(num_pairs, num_bytes, call.seed)
     check_draws(sized.num_pairs, sized.num_pairs, sized.num_bytes,
                 opts.max_edges, query.device, ptr_q.numel() - 1, H, Nq, Nk)
     included = (None if call.include_edges is None
@@ -462,10 +473,7 @@ def _mixed(call: _Call, dense: Tensor, sampler: str, attention: str) -> _Part:
     sparse_memb = q_memb * (~dense)[seq][:, :, None]
     graph = _sample(call._replace(seed=None, checks=[]), sparse_memb,
                     pairs_left, sampler)
-    keys = graph_keys(graph)
-    row = keys // max(Nk, 1)
-    keys = keys[~dense[seq[row % max(Nq, 1)], row // max(Nq, 1)]]
-    graph = SampledGraph.from_keys(keys, H, Nq, Nk, ptr_q=ptr_q, ptr_k=ptr_k)
+    keys, graph = without_dense_pairs(graph, dense, seq)
     out, alpha = _attend(call, graph, attention)
     out = heads_first(out).index_copy(
         0, split.rows_q, dense_part.out[:, 0].to(out.dtype))
@@ -473,11 +481,7 @@ def _mixed(call: _Call, dense: Tensor, sampler: str, attention: str) -> _Part:
         dense.nonzero(as_tuple=True), dense_part.edges[split.pair[dense]][:, 0])
     merged = alpha_all = None
     if call.need_graph:
-        # The dense pairs' keys, from their batch back to the whole one.
-        dense_keys = graph_keys(dense_part.graph)
-        r = split.rows_q[dense_keys // max(dense_part.graph.num_keys, 1)]
-        c = split.rows_k[dense_keys % max(dense_part.graph.num_keys, 1)]
         merged, alpha_all = merged_graph(
-            [keys, r * Nk + c - r // max(Nq, 1) * Nk],
+            [keys, dense_keys(split, dense_part.graph, Nq, Nk)],
             [alpha, dense_part.alpha], H, Nq, Nk, ptr_q, ptr_k)
     return _Part(nodes_first(out, H), merged, alpha_all, edges)

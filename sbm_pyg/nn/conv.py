@@ -424,6 +424,7 @@ class SBMConv(MessagePassing):
             raise_for_features(err)
             raise_for_batch(err, batch_size)
             raise
+        self.last_backends = res.backends  # before the hooks: they may read it
         for hook in self._graph_hooks.values():
             hook(self, res.graph)
         for hook in self._weights_hooks.values():
@@ -446,7 +447,6 @@ class SBMConv(MessagePassing):
             if self.distill_recall > 0:
                 self.distillation = self.distillation + self.distill_recall * \
                     recall_fit(res.alpha, qd, bd, kd, res.graph)
-        self.last_backends = res.backends
         out = res.out.reshape(-1, H * C) if self.concat else res.out.mean(1)
         if self.lin_skip is not None:
             out = out + project(self.lin_skip, x_dst, "x_dst")

@@ -54,7 +54,9 @@ class SBMAttentionOptions:
         attention_backend (str): one of :data:`SBM_ATTENTION_BACKENDS`:
             a kernel of :data:`~sbm_pyg.ops.backend_info.ATTENTION_BACKENDS`;
             :obj:`"auto"` takes the dense regime per (sequence, head) where
-            the expected density reaches the device's crossover,
+            the expected density reaches the device's crossover, and the
+            tiled regime for a call with no dense pair whose tiles would
+            hold half its expected edges or more;
             :obj:`"dense"` for every pair; or :obj:`"tiles"`, the tiled
             regime of a sharp head (:func:`~sbm_pyg.nn.tiled_sbm_attention`:
             its heavy cluster pairs as dense tiles of cluster-sorted tokens on

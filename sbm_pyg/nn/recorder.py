@@ -1,7 +1,7 @@
 r"""Recording the graphs that SBMConv layers sample."""
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 from torch import Tensor
@@ -22,8 +22,14 @@ class GraphRecorder:
         with GraphRecorder(model) as recorder:
             model(tokens, mask)
         recorder.graphs   # [(layer_index, SampledGraph), ...] in call order
+        recorder.backends # the kernels and regime that computed each
 
-    Layers are numbered by their order in :meth:`model.modules`. With
+    Layers are numbered by their order in :meth:`model.modules`;
+    :obj:`recorder.backends[i]` is the layer's :obj:`last_backends` for
+    :obj:`recorder.graphs[i]` (its :obj:`"attention"` says whether the
+    sparse path, the dense regime or the tiled regime computed it: the
+    graph is the same :class:`~sbm_pyg.sampling.SampledGraph` whichever
+    did). With
     :obj:`weights=True` each graph's attention weights are recorded too:
     :obj:`recorder.weights[i]` (:obj:`[E]`, detached) belongs to
     :obj:`recorder.graphs[i]` (and
@@ -37,6 +43,8 @@ class GraphRecorder:
         ...     _ = model(torch.randint(1, 10, (3, 8)))
         >>> [layer for layer, graph in recorder.graphs]  # (layer, SampledGraph)
         [0, 1]
+        >>> sorted(recorder.backends[0])  # the kernels that ran
+        ['attention', 'sampler']
     """
 
     def __init__(self, model: torch.nn.Module, weights: bool = False):
@@ -45,6 +53,7 @@ class GraphRecorder:
             raise ValueError("model has no SBMConv layer to record")
         self.graphs: List[Tuple[int, SampledGraph]] = []
         self.weights: List[Tensor] = []
+        self.backends: List[Dict[str, str]] = []
         self.record_weights = weights
         self._handles: List[RemovableHandle] = []
 
@@ -59,12 +68,14 @@ class GraphRecorder:
     def _hook(self, index: int) -> Callable[[SBMConv, SampledGraph], None]:
         def hook(module: SBMConv, graph: SampledGraph) -> None:
             self.graphs.append((index, graph))
+            self.backends.append(dict(module.last_backends or {}))
         return hook
 
     def _weights_hook(self, index: int
                       ) -> Callable[[SBMConv, SampledGraph, Tensor], None]:
         def hook(module: SBMConv, graph: SampledGraph, alpha: Tensor) -> None:
             self.graphs.append((index, graph))
+            self.backends.append(dict(module.last_backends or {}))
             self.weights.append(alpha)
         return hook
 

@@ -4,7 +4,7 @@ through their log-sum-exps.
 
 For each (head, query) row :math:`i` with tile edges :math:`\mathcal{T}(i)`
 and rest edges :math:`\mathcal{R}(i)` (disjoint,
-:class:`~sbm_pyg.sampling.tiles.TiledGraph`):
+:class:`~sbm_pyg.sampling.tiled_graph.TiledGraph`):
 
 .. math::
     \mathbf{o}_i = \frac{\sum_{j \in \mathcal{T}(i)} e^{a_{ij}} \mathbf{v}_j
@@ -18,9 +18,9 @@ on :meth:`TiledGraph.graph`, with the same straight-through gradients to
 the SBM. This is the tiled regime in PyTorch: one batched product per tile
 where the edge path gathers a row per edge, the estimator's gradients two
 more per tile (:math:`O(t_q t_k k)`), the tiles' scores kept for backward
-(:math:`8 P t_q t_k` bytes in float32 with the mask). No fused kernel
-computes it yet, and :func:`~sbm_pyg.nn.sbm_attention` does not choose it:
-it takes a graph drawn by :func:`~sbm_pyg.sampling.tiles.draw_tiled`.
+(:math:`8 P t_q t_k` bytes in float32 with the mask): the fallback of
+:func:`tiled_sbm_attention` where the dense-regime kernel does not run,
+on a graph drawn by :func:`~sbm_pyg.sampling.tiled_graph.draw_tiled`.
 
 :func:`tiled_sbm_attention` draws and attends in one pass where the
 dense-regime kernel runs (:func:`~sbm_pyg.ops.dense_attention`: the
@@ -48,12 +48,10 @@ from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
 from sbm_pyg.ops.dense_attention import dense_attention, mask_keys
 from sbm_pyg.sampling.fastrg_op import included_csr, stream_seed
 from sbm_pyg.sampling.graph import SampledGraph
+from sbm_pyg.sampling.tiled_graph import TiledGraph, draw_rest, draw_tiled
 from sbm_pyg.sampling.tiles import (
-    TiledGraph,
     TilePlan,
     check_plan,
-    draw_rest,
-    draw_tiled,
     plan_tiles,
     tile_rows,
     tile_sequences,
@@ -105,7 +103,7 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
         key (Tensor): :obj:`[N_k, H, D]`.
         value (Tensor): :obj:`[N_k, H, D_v]`.
         tiled (TiledGraph): the graph, from
-            :func:`~sbm_pyg.sampling.tiles.draw_tiled`.
+            :func:`~sbm_pyg.sampling.tiled_graph.draw_tiled`.
         sbm ((Tensor, Tensor, Tensor), optional): the SBM the graph was
             drawn from, for the straight-through gradient to each edge's
             probability :math:`p_{ij} = \hat{\mathbf{Q}}_i \hat{\mathbf{S}}
@@ -119,7 +117,8 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
         Tensor :obj:`[N_q, H, D_v]`.
 
     Example:
-        >>> from sbm_pyg.sampling.tiles import draw_tiled, plan_tiles
+        >>> from sbm_pyg.sampling.tiled_graph import draw_tiled
+        >>> from sbm_pyg.sampling.tiles import plan_tiles
         >>> memb = torch.eye(2).repeat_interleave(3, 0)[:, None]  # [6, 1, 2]
         >>> block = torch.eye(2)[None]
         >>> plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
@@ -216,7 +215,7 @@ def tiled_sbm_attention(query: Tensor, key: Tensor, value: Tensor,
     :func:`~sbm_pyg.nn.functional.sparse_attention` computes them on it.
     The tiles run on the dense-regime kernel (the module's text) where it
     runs on the device, else through
-    :func:`~sbm_pyg.sampling.tiles.draw_tiled` and :func:`tiled_attention`
+    :func:`~sbm_pyg.sampling.tiled_graph.draw_tiled` and :func:`tiled_attention`
     (a pure PyTorch fallback: the same law, other draws).
 
     Args:

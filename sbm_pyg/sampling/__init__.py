@@ -19,7 +19,8 @@ from sbm_pyg.sampling.edges import edge_pairs
 from sbm_pyg.sampling.fastrg import BACKENDS, MODES, fastrg
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.sampling.reference import bernoulli, expected_adjacency
-from sbm_pyg.sampling.tiles import TilePlan, plan_tiles, sample_tiled
+from sbm_pyg.sampling.tiled_graph import sample_tiled
+from sbm_pyg.sampling.tiles import TilePlan, plan_tiles
 
 __all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency",
            "edge_pairs", "MODES", "BACKENDS", "TilePlan", "plan_tiles",

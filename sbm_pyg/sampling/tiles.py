@@ -34,8 +34,7 @@ in a tile dropped. Outside the tiles the rest's rate is :math:`p_{ij}`
 itself, so each pair is an edge with the mode's probability, independently,
 in both modes; fastRG draws only the rest's mass, which for a sharp head is
 a small part (the draws it wastes in tiles are the rest's mass there).
-:func:`draw_tiled` is that construction (a reference: its tiles draw
-with torch's generator), :func:`sample_tiled` its graph.
+:mod:`sbm_pyg.sampling.tiled_graph` draws it.
 
 Each (sequence, head, top cluster)'s tokens are cut into tiles of their own
 (the last one shorter), as FlashMoBA gathers the queries of a key block and
@@ -47,21 +46,18 @@ mask lists key blocks by query block.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Tuple
 
 import torch
 from torch import Tensor
 from torch_geometric.utils.sparse import ptr2index
 
-from sbm_pyg.sampling.checks import PtrLike, check_sampler_options, check_sbm
-from sbm_pyg.sampling.fastrg import fastrg
-from sbm_pyg.sampling.graph import SampledGraph
-from sbm_pyg.validation import check_generator, sync
+from sbm_pyg.sampling.checks import PtrLike, check_sbm
+from sbm_pyg.validation import sync
 
-__all__ = ["TilePlan", "TiledGraph", "TileSequences", "plan_tiles", "check_plan",
-           "check_tile_options",
-           "in_tiles", "tile_rows", "tile_pairs", "tile_sequences", "draw_rest",
-           "draw_tiled", "sample_tiled"]
+__all__ = ["TilePlan", "TileSequences", "plan_tiles", "check_plan",
+           "check_tile_options", "tile_edges",
+           "in_tiles", "tile_rows", "tile_pairs", "tile_sequences"]
 
 
 class TilePlan(NamedTuple):
@@ -106,38 +102,85 @@ class TilePlan(NamedTuple):
         return self.tile_col.numel()
 
 
-class _Side(NamedTuple):
-    # One side's order, its (sequence, head, cluster) segments and their
-    # tiles: each segment's main mass, size, first sorted place, tiles
-    # and first tile.
-    order: Tensor
-    pos: Tensor
+class _Cells(NamedTuple):
+    # One side's tokens by (sequence, head, top cluster): each token's top
+    # cluster [N, H]; each cell's main mass, tokens and tiles [G, H, k].
+    top: Tensor
     mass: Tensor
     size: Tensor
-    first: Tensor
     tiles: Tensor
+
+
+class _Side(NamedTuple):
+    # One side's cells, its order and each cell's first sorted place and
+    # first tile.
+    cells: _Cells
+    order: Tensor
+    pos: Tensor
+    first: Tensor
     first_tile: Tensor
 
 
-def _sorted_side(memb: Tensor, ptr: Tensor, tile: int) -> _Side:
+def _cells(memb: Tensor, ptr: Tensor, tile: int) -> _Cells:
     N, H, k = memb.shape
     G = ptr.numel() - 1
     seq = ptr2index(ptr, N)
     top = memb.argmax(-1)  # [N, H]
     main = memb.gather(-1, top[..., None]).squeeze(-1)
-    # One stable integer sort per head (a radix sort on CUDA).
-    order = torch.argsort((seq[:, None] * k + top).t(), dim=1, stable=True)
-    pos = torch.empty_like(order)
-    pos.scatter_(1, order, torch.arange(N, device=memb.device).expand(H, N))
     cell = ((seq[:, None] * H + torch.arange(H, device=memb.device)) * k + top).flatten()
     mass = memb.new_zeros(G * H * k).index_add_(0, cell, main.flatten())
     count = torch.zeros(G * H * k, dtype=torch.long, device=memb.device)
     count.index_add_(0, cell, torch.ones_like(cell))
-    count = count.view(G, H, k)
-    first = count.cumsum(-1) - count + ptr[:-1, None, None]
     tiles = torch.div(count + tile - 1, tile, rounding_mode="floor")
-    first_tile = (tiles.flatten().cumsum(0) - tiles.flatten()).view(G, H, k)
-    return _Side(order, pos, mass.view(G, H, k), count, first, tiles, first_tile)
+    return _Cells(top, mass.view(G, H, k), count.view(G, H, k), tiles.view(G, H, k))
+
+
+def _selection(qc: _Cells, kc: _Cells, block: Tensor, tile_q: int, tile_k: int,
+               min_fill: float) -> Tuple[Tensor, Tensor]:
+    # The cut part's expected edges of each cluster pair [H, k, k], and the
+    # pairs whose tiles (padding counted) they fill to min_fill.
+    mass = torch.einsum("ghu,ghv->huv", qc.mass, kc.mass) * block
+    pairs = torch.einsum("ghu,ghv->huv", (qc.tiles * tile_q).to(block.dtype),
+                         (kc.tiles * tile_k).to(block.dtype))
+    return mass, (pairs > 0) & (mass >= min_fill * pairs)
+
+
+def _sorted_side(memb: Tensor, ptr: Tensor, tile: int) -> _Side:
+    N, H, k = memb.shape
+    cells = _cells(memb, ptr, tile)
+    seq = ptr2index(ptr, N)
+    # One stable integer sort per head (a radix sort on CUDA).
+    order = torch.argsort((seq[:, None] * k + cells.top).t(), dim=1, stable=True)
+    pos = torch.empty_like(order)
+    pos.scatter_(1, order, torch.arange(N, device=memb.device).expand(H, N))
+    first = cells.size.cumsum(-1) - cells.size + ptr[:-1, None, None]
+    tiles = cells.tiles.flatten()
+    first_tile = (tiles.cumsum(0) - tiles).view_as(cells.tiles)
+    return _Side(cells, order, pos, first, first_tile)
+
+
+def tile_edges(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
+               ptr_k: Tensor, *, tile_q: int = 64, tile_k: int = 64,
+               min_fill: float = 0.5) -> Tensor:
+    r"""The expected edges that :func:`plan_tiles` with these options would
+    compute as tiles, per head :obj:`[H]` (the cut part of its selected
+    cluster pairs, see the module's text): on the device, from the same
+    per-(sequence, head, cluster) sums, with no host read and no sort. The
+    SBM and the pointers :obj:`[G + 1]` are taken as checked (as
+    :func:`~sbm_pyg.nn.sbm_attention`'s regime choice has them).
+
+    Example:
+        >>> memb = torch.eye(2)[torch.tensor([1, 0, 1, 0, 0, 1])][:, None]
+        >>> block = torch.tensor([[[0.9, 0.0], [0.0, 0.1]]])
+        >>> ptr = torch.tensor([0, 6])
+        >>> tile_edges(memb, block, memb, ptr, ptr, tile_q=3, tile_k=3)
+        tensor([8.1000])
+    """
+    check_tile_options(tile_q=tile_q, tile_k=tile_k, min_fill=min_fill)
+    mass, selected = _selection(_cells(q_memb, ptr_q, tile_q),
+                                _cells(k_memb, ptr_k, tile_k), block,
+                                tile_q, tile_k, min_fill)
+    return (mass * selected).sum((1, 2))
 
 
 def _tile_table(side: _Side, total: int, tile: int, memb: Tensor, ptr: Tensor
@@ -146,17 +189,17 @@ def _tile_table(side: _Side, total: int, tile: int, memb: Tensor, ptr: Tensor
     # head [T].
     N, H, k = memb.shape
     seq = ptr2index(ptr, N)
-    top = memb.argmax(-1)
+    top, size, tiles = side.cells.top, side.cells.size, side.cells.tiles
     heads = torch.arange(H, device=memb.device)
     rank = side.pos.t() - side.first[seq[:, None], heads, top]  # [N, H]
     row_tile = side.first_tile[seq[:, None], heads, top] + torch.div(
         rank, tile, rounding_mode="floor")
     segment = torch.repeat_interleave(
-        torch.arange(side.tiles.numel(), device=memb.device),
-        side.tiles.flatten(), output_size=total)
+        torch.arange(tiles.numel(), device=memb.device),
+        tiles.flatten(), output_size=total)
     local = torch.arange(total, device=memb.device) - side.first_tile.flatten()[segment]
     start = side.first.flatten()[segment] + local * tile
-    length = torch.minimum(side.size.flatten()[segment] - local * tile,
+    length = torch.minimum(size.flatten()[segment] - local * tile,
                            torch.full_like(local, tile))
     head = torch.div(segment, k, rounding_mode="floor") % H
     return row_tile.t().contiguous(), start, length, head
@@ -223,24 +266,20 @@ def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
     device = q_memb.device
     qs = _sorted_side(q_memb, ptr_q, tile_q)
     ks = _sorted_side(k_memb, ptr_k, tile_k)
+    qc, kc = qs.cells, ks.cells
     # The checks and the batch's tile counts in one read.
-    Tq, Tk = (int(x) for x in sync(checks, qs.tiles.sum(), ks.tiles.sum()))
+    Tq, Tk = (int(x) for x in sync(checks, qc.tiles.sum(), kc.tiles.sum()))
     q_tile, q_start, q_len, q_head = _tile_table(qs, Tq, tile_q, q_memb, ptr_q)
     k_tile, k_start, k_len, k_head = _tile_table(ks, Tk, tile_k, k_memb, ptr_k)
-
-    # The cut part's expected edges and the tiles' pairs of each cluster pair.
-    mass = torch.einsum("ghu,ghv->huv", qs.mass, ks.mass) * block
-    pairs = torch.einsum("ghu,ghv->huv", (qs.tiles * tile_q).to(block.dtype),
-                         (ks.tiles * tile_k).to(block.dtype))
-    selected = (pairs > 0) & (mass >= min_fill * pairs)
+    _, selected = _selection(qc, kc, block, tile_q, tile_k, min_fill)
 
     # The blocks: every (sequence, head, u, v) with (u, v) selected and both
     # clusters present, as a rectangle of tiles.
-    g, h, u = (qs.size > 0).nonzero(as_tuple=True)
-    r, v = (selected[h, u] & (ks.size[g, h] > 0)).nonzero(as_tuple=True)
+    g, h, u = (qc.size > 0).nonzero(as_tuple=True)
+    r, v = (selected[h, u] & (kc.size[g, h] > 0)).nonzero(as_tuple=True)
     g, h, u = g[r], h[r], u[r]
-    wide = ks.tiles[g, h, v]
-    area = qs.tiles[g, h, u] * wide
+    wide = kc.tiles[g, h, v]
+    area = qc.tiles[g, h, u] * wide
     total = int(sync([], area.sum())[0]) if area.numel() else 0
     rect = torch.repeat_interleave(torch.arange(area.numel(), device=device),
                                    area, output_size=total)
@@ -253,18 +292,19 @@ def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
     tile_ptr = torch.searchsorted(tile_row, torch.arange(Tq + 1, device=device))
     tile_col = key - tile_row * Tk
 
-    rest = (_split(q_memb), torch.cat([
+    rest = (_split(q_memb, qc.top), torch.cat([
         torch.cat([block * ~selected, block], 2),
-        torch.cat([block, block], 2)], 1), _split(k_memb))
+        torch.cat([block, block], 2)], 1), _split(k_memb, kc.top))
     return TilePlan(qs.order, q_tile, q_start, q_len, q_head,
                     ks.order, k_tile, k_start, k_len, k_head,
                     tile_ptr, tile_col, selected, rest, ptr_q, ptr_k,
                     tile_q, tile_k)
 
 
-def _split(memb: Tensor) -> Tensor:
-    # [A, A']: the top cluster's share and the rest, [N, H, 2k].
-    top = memb.argmax(-1, keepdim=True)
+def _split(memb: Tensor, top: Tensor) -> Tensor:
+    # [A, A']: the top cluster's share and the rest, [N, H, 2k] (top: each
+    # token's top cluster [N, H]).
+    top = top[..., None]
     main = torch.zeros_like(memb).scatter_(-1, top, memb.gather(-1, top))
     return torch.cat([main, memb - main], -1)
 
@@ -336,73 +376,6 @@ def tile_pairs(plan: TilePlan) -> Tuple[Tensor, Tensor, Tensor]:
     return (head[:, None, None].expand_as(query)[real], query[real], key[real])
 
 
-class TiledGraph(NamedTuple):
-    r"""A graph drawn through a :class:`TilePlan` (:func:`draw_tiled`):
-    the edges of the plan's tiles as a mask :obj:`[P, t_q, t_k]` over the
-    pairs of :func:`tile_rows` (false on padding), and the rest's edges,
-    none of them in a tile, as a :class:`~sbm_pyg.sampling.SampledGraph`;
-    the two are disjoint and their union is the graph
-    (:meth:`graph`)."""
-
-    plan: TilePlan
-    mask: Tensor
-    rest: SampledGraph
-
-    def graph(self) -> SampledGraph:
-        r"""The whole graph, tiles and rest, as one :class:`SampledGraph`."""
-        rest = self.rest
-        H, Nq, Nk = rest.num_heads, rest.num_queries, rest.num_keys
-        key, query = rest.edge_index
-        head, q_rows, k_rows = tile_rows(self.plan)
-        pair = ((head[:, None, None] * Nq + q_rows[:, :, None]) * Nk
-                + k_rows[:, None, :])
-        keys = torch.cat([(rest.head * Nq + query) * Nk + key, pair[self.mask]])
-        return SampledGraph.from_keys(torch.sort(keys).values, H, Nq, Nk,
-                                      ptr_q=rest.ptr_q, ptr_k=rest.ptr_k)
-
-
-def draw_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
-               plan: TilePlan, *, mode: str = "poisson",
-               exploration: float = 0.0, self_loops: bool = False,
-               generator: Optional[torch.Generator] = None) -> TiledGraph:
-    r"""A graph of :func:`~sbm_pyg.sampling.fastrg`'s law drawn through
-    :obj:`plan` (made from the same SBM and sequences): one Bernoulli per
-    pair of the active tiles, the rest's SBM by fastRG with its edges in
-    tiles dropped (the module's text proves the law the same); self-loops
-    in a tile are its mask's. Each tile's probabilities are one product
-    :math:`(\hat{\mathbf{Q}}\hat{\mathbf{S}})_{\text{rows}}
-    \hat{\mathbf{K}}_{\text{cols}}^{\top}`, drawn with :obj:`generator`
-    (not the dense-regime kernel's per-pair stream); no
-    :obj:`include_edges`.
-
-    Example:
-        >>> memb = torch.eye(2).repeat_interleave(3, 0)[:, None]
-        >>> block = torch.eye(2)[None]
-        >>> plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
-        >>> tiled = draw_tiled(memb, block, memb, plan, mode="exact")
-        >>> int(tiled.mask.sum()), tiled.rest.num_edges  # the blocks, complete
-        (18, 0)
-    """
-    Nq, H, _ = q_memb.shape
-    check_plan(plan, H, Nq, k_memb.size(0))
-    rest = draw_rest(plan, mode=mode, exploration=exploration,
-                     self_loops=self_loops, generator=generator)
-    head, q_rows, k_rows = tile_rows(plan)
-    dtype = torch.promote_types(torch.promote_types(q_memb.dtype, block.dtype),
-                                k_memb.dtype)
-    qs = torch.einsum("nhk,hkl->nhl", q_memb.to(dtype), block.to(dtype))
-    p = torch.bmm(qs[q_rows.clamp(min=0), head[:, None]],
-                  k_memb.to(dtype)[k_rows.clamp(min=0), head[:, None]].transpose(1, 2))
-    p = p + exploration
-    prob = p.clamp(max=1) if mode == "exact" else -torch.expm1(-p)
-    mask = torch.rand(p.shape, generator=generator, device=p.device,
-                      dtype=p.dtype) < prob
-    if self_loops:
-        mask |= q_rows[:, :, None] == k_rows[:, None, :]
-    mask &= (q_rows[:, :, None] >= 0) & (k_rows[:, None, :] >= 0)
-    return TiledGraph(plan, mask, rest)
-
-
 def check_plan(plan: TilePlan, heads: int, num_queries: int, num_keys: int) -> None:
     r"""Refuses a :obj:`plan` made for other memberships than :obj:`heads`
     heads of :obj:`num_queries` queries and :obj:`num_keys` keys."""
@@ -416,26 +389,6 @@ def check_plan(plan: TilePlan, heads: int, num_queries: int, num_keys: int) -> N
                          f"{tuple(plan.k_tile.shape)} keys, got [H, N_q] = "
                          f"[{heads}, {num_queries}] and [H, N_k] = "
                          f"[{heads}, {num_keys}]")
-
-
-def draw_rest(plan: TilePlan, *, mode: str = "poisson", exploration: float = 0.0,
-              self_loops: bool = False,
-              generator: Optional[torch.Generator] = None,
-              backend: Optional[str] = "auto") -> SampledGraph:
-    r"""The rest of a graph drawn through :obj:`plan`: fastRG (its
-    :obj:`backend`) from the plan's rest SBM, its edges that fall in a tile
-    dropped (the tiles draw their pairs themselves, :func:`draw_tiled`)."""
-    check_sampler_options(mode, exploration, None)
-    check_generator(generator, plan.q_order.device)
-    rest = fastrg(*plan.rest, ptr_q=plan.ptr_q, ptr_k=plan.ptr_k, mode=mode,
-                  exploration=exploration, self_loops=self_loops,
-                  generator=generator, backend=backend)
-    H, Nq, Nk = rest.num_heads, rest.num_queries, rest.num_keys
-    key, query = rest.edge_index
-    keep = ~in_tiles(plan, rest.head, query, key)
-    return SampledGraph.from_keys(
-        ((rest.head * Nq + query) * Nk + key)[keep], H, Nq, Nk,
-        ptr_q=plan.ptr_q, ptr_k=plan.ptr_k)
 
 
 class TileSequences(NamedTuple):
@@ -535,23 +488,3 @@ def tile_sequences(plan: TilePlan) -> TileSequences:
         k_place = pair_first[at] + k_pos - plan.k_start[plan.k_tile]
         loops = (q_place[hit], k_place[hit])
     return TileSequences(q_rows, q_place, ptr_q, k_rows, ptr_k, loops, owner)
-
-
-def sample_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,
-                 plan: TilePlan, *, mode: str = "poisson",
-                 exploration: float = 0.0, self_loops: bool = False,
-                 generator: Optional[torch.Generator] = None) -> SampledGraph:
-    r"""The graph of :func:`draw_tiled`, tiles and rest in one
-    :class:`SampledGraph`.
-
-    Example:
-        >>> memb = torch.eye(2).repeat_interleave(3, 0)[:, None]
-        >>> block = torch.eye(2)[None]
-        >>> plan = plan_tiles(memb, block, memb, tile_q=3, tile_k=3)
-        >>> graph = sample_tiled(memb, block, memb, plan, mode="exact")
-        >>> graph.num_edges  # the two blocks, complete
-        18
-    """
-    return draw_tiled(q_memb, block, k_memb, plan, mode=mode,
-                      exploration=exploration, self_loops=self_loops,
-                      generator=generator).graph()

@@ -13,7 +13,8 @@ from sbm_pyg.nn.functional import sparse_attention
 from sbm_pyg.nn.tiled_attention import tiled_attention, tiled_sbm_attention
 from sbm_pyg.ops import backend_info
 from sbm_pyg.ops.backend_info import dense_runs
-from sbm_pyg.sampling.tiles import draw_tiled, in_tiles, plan_tiles, tile_rows
+from sbm_pyg.sampling.tiled_graph import draw_tiled
+from sbm_pyg.sampling.tiles import in_tiles, plan_tiles, tile_rows
 from tests.helpers import seeded
 from tests.markers import needs_cpp, needs_triton
 from tests.sampling.cases import repeated
@@ -298,3 +299,69 @@ def test_the_tiled_regime_reads_the_host_five_times_and_never_backward():
     reads = {k: v for k, v in forward.items() if not k.endswith(":stream_seed")}
     assert reads == {"validation.py:sync": 5}, forward
     assert count_reads(lambda: out[0].square().sum().backward()) == {}
+
+
+def even_sharp_head(n=512, V=8, k=8, inside=0.6):
+    """Memberships 0.98 on cluster i % V for token i (V blocks of n / V
+    tokens: at n / V = 64 each block one full tile), p = inside within a
+    block: the tiles' cut part holds inside / V of the pairs."""
+    top = (torch.arange(n) % V)[:, None, None].expand(n, 2, 1)
+    memb = torch.full((n, 2, k), 0.02 / (k - 1)).scatter_(-1, top, 0.98)
+    block = torch.zeros(2, k, k)
+    block[:, range(V), range(V)] = inside / 0.98**2
+    return memb, block
+
+
+@pytest.mark.parametrize("exploration", [0.02, 0.12])
+def test_auto_takes_the_tiles_where_they_hold_half_the_edges(exploration):
+    # Tiles of 64 hold 0.075 of the pairs in expectation; with the
+    # exploration the call expects about 0.077 + delta: a share of 0.77 at
+    # delta = 0.02 (the tiles), 0.38 at 0.12 (the edge path), both below
+    # the CPU's dense crossover. The share reported is the expectation's.
+    device = torch.get_default_device()
+    if not dense_runs(device):
+        pytest.skip("no dense-regime kernel on this device")
+    from sbm_pyg.nn._regimes import TILES_MIN_SHARE
+    from sbm_pyg.nn.block_model import expected_densities
+    memb, block = (t.to(device) for t in even_sharp_head())
+    x = torch.randn(512, 2, 4, generator=seeded(0), device=device)
+    ptr = torch.tensor([0, 512], device=device)
+    per = expected_densities(ptr, ptr, memb, block, memb).double() + exploration
+    assert (per < backend_info.dense_crossover(device)[0]).all()
+    share = float(0.075 / per.mean())
+    options = SBMAttentionOptions(exploration=exploration)
+    res = sbm_attention(x, x, x, (memb, block, memb), options=options,
+                        generator=seeded(1), return_graph=True)
+    if share >= TILES_MIN_SHARE:
+        assert res.backends["attention"] == "tiles"
+        assert float(res.backends["tile_share"]) == pytest.approx(share, abs=1e-3)
+    else:
+        assert res.backends["attention"] == backend_info.resolve_backend(
+            "attention", "auto", device)
+    assert (exploration == 0.02) == (res.backends["attention"] == "tiles")
+    # What the tiles do not serve takes the edge path, without an error.
+    near = dict(exploration=0.02)
+    for kwargs, training, dropout in ((dict(sink=torch.zeros(2, device=device)), False, 0.0),
+                                      (dict(return_attention_weights=True), False, 0.0),
+                                      ({}, True, 0.1)):
+        res = sbm_attention(x, x, x, (memb, block, memb), training=training,
+                            options=SBMAttentionOptions(dropout=dropout, **near),
+                            generator=seeded(1), **kwargs)
+        assert res.backends["attention"] != "tiles", kwargs
+
+
+def test_a_recorder_names_the_regime_of_each_graph():
+    # A layer whose heads are the sharp head takes the tiles under "auto"
+    # (4 blocks of about 512 tokens: 64-token tiles fill 0.63 or more);
+    # the recorder's graph is the SampledGraph the tiled regime returns.
+    from benchmarks.sharp import sharp_conv
+    from sbm_pyg.nn import GraphRecorder
+    if not dense_runs(torch.get_default_device()):
+        pytest.skip("no dense-regime kernel on this device")
+    conv, x = sharp_conv(2048, 0.2, torch.get_default_device())
+    with GraphRecorder(conv) as recorder:
+        conv(x.detach(), generator=seeded(2))
+    (layer, graph), = recorder.graphs
+    assert recorder.backends == [conv.last_backends]
+    assert conv.last_backends["attention"] == "tiles"
+    assert graph.num_edges == pytest.approx(0.2 * 2 * 2048**2, rel=0.05)

@@ -7,13 +7,13 @@ from sbm_pyg.sampling import expected_adjacency
 from sbm_pyg.sampling.tiles import (
     in_tiles,
     plan_tiles,
-    sample_tiled,
+    tile_edges,
     tile_pairs,
     tile_rows,
     tile_sequences,
 )
-from tests.helpers import max_binomial_z, seeded, z_bound
-from tests.sampling.cases import TRIALS, pair_counts, repeated
+from tests.helpers import max_binomial_z, z_bound
+from tests.sampling.cases import TRIALS, pair_counts
 
 
 def sharp_sbm(clusters, H=2, k=3, share=0.8, dtype=torch.float64):
@@ -106,6 +106,40 @@ def test_tiles_of_two_sequences_and_heads():
         assert plan.selected.sum() == sum(map(sum, diagonal))
 
 
+def test_tile_edges_of_two_sequences_and_heads():
+    # The case above: at 0.3 head 0 tiles its clusters 0 and 2 ((1.6^2 +
+    # 0.8^2) * 0.8 = 2.56 and 1.6^2 * 0.8 = 2.048 expected edges), head 1
+    # its clusters 0 and 1 (2.048 and 2.56); at 0.33 each head only the
+    # one that fills 0.512; at 0.52 none.
+    memb, block = sharp_sbm([0, 0, 1, 2, 2, 1, 1, 1, 0])
+    ptr = torch.tensor([0, 5, 9])
+    for min_fill, want in ((0.3, 4.608), (0.33, 2.048), (0.52, 0.0)):
+        got = tile_edges(memb, block, memb, ptr, ptr, tile_q=2, tile_k=2,
+                         min_fill=min_fill)
+        torch.testing.assert_close(got, torch.full((2,), want, dtype=memb.dtype))
+
+
+@pytest.mark.parametrize("min_fill", [1e-3, 0.2, 10.0])
+def test_tile_edges_are_the_cut_part_on_the_plans_tiles(min_fill):
+    # Per head, the cut part (the top clusters' share of p) summed over the
+    # pairs of the plan's tiles, on the case below (one sequence empty,
+    # tiles of 2 x 3).
+    memb, block = sharp_sbm([0, 2, 1, 1, 0, 2, 1, 0, 0, 2, 1])
+    ptr = [0, 6, 6, 11]
+    plan = plan_tiles(memb, block, memb, ptr_q=ptr, ptr_k=ptr, tile_q=2,
+                      tile_k=3, min_fill=min_fill)
+    head, query, key = all_pairs(ptr, ptr, 2)
+    inside = in_tiles(plan, head, query, key)
+    top, main = memb.argmax(-1), memb.max(-1).values
+    cut = (main[query, head] * block[head, top[query, head], top[key, head]]
+           * main[key, head])
+    want = torch.zeros(2, dtype=memb.dtype).index_add_(0, head[inside], cut[inside])
+    got = tile_edges(memb, block, memb, torch.tensor(ptr), torch.tensor(ptr),
+                     tile_q=2, tile_k=3, min_fill=min_fill)
+    torch.testing.assert_close(got, want)
+    assert (want > 0).all() == (min_fill < 1)
+
+
 @pytest.mark.parametrize("min_fill", [1e-3, 0.2, 10.0])
 def test_split_is_exact_outside_the_tiles(min_fill):
     # The tiles hold exactly the selected blocks; the rest's rate equals p
@@ -160,44 +194,6 @@ def test_tile_pairs_are_the_selected_blocks_once():
             assert memb_side[real, heads[t]].argmax(-1).unique().numel() == 1
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode,exploration,self_loops", [
-    ("poisson", 0.0, False), ("exact", 0.0, False), ("exact", 0.03, True)])
-def test_graph_through_the_plan_has_the_law(mode, exploration, self_loops):
-    # Repeated copies of one sequence drawn through one plan: each pair's
-    # frequency against the mode's probability (z-test, Bonferroni), tiles
-    # and rest both exercised; the other mode's marginals are rejected.
-    memb, block = sharp_sbm([0, 2, 1, 1, 0, 2, 1])
-    q, b, k, ptr_q, ptr_k = repeated(memb, block, memb)
-    plan = plan_tiles(q, b, k, ptr_q=ptr_q, ptr_k=ptr_k, tile_q=2, tile_k=2,
-                      min_fill=0.3)
-    graph = sample_tiled(q, b, k, plan, mode=mode, exploration=exploration,
-                         self_loops=self_loops, generator=seeded(3))
-    assert_has_the_law(graph, memb, block, mode=mode, exploration=exploration,
-                       self_loops=self_loops)
-    head, query, key = all_pairs([0, 7], [0, 7], 2)
-    tiled = in_tiles(plan, head, query, key)
-    assert tiled.any() and (~tiled).any()
-
-
-@pytest.mark.parametrize("case", ["one token", "one cluster", "wide tiles"])
-def test_small_and_degenerate_sequences(case):
-    clusters = {"one token": [1], "one cluster": [2] * 5,
-                "wide tiles": [0, 1, 0, 1]}[case]
-    memb, block = sharp_sbm(clusters)
-    n = len(clusters)
-    head, query, key = all_pairs([0, n], [0, n], 2)
-    # 64-token tiles are mostly padding here: at the default fill, none.
-    assert plan_tiles(memb, block, memb).num_tiles == 0
-    plan = plan_tiles(memb, block, memb, min_fill=1e-4)
-    assert plan.selected.any() and plan.q_len.max() <= n
-    assert torch.equal(in_tiles(plan, head, query, key),
-                       in_selected_blocks(plan, memb, memb, head, query, key))
-    graph = sample_tiled(memb, block, memb, plan, mode="exact", self_loops=True,
-                         generator=seeded(0))
-    assert n * 2 <= graph.num_edges <= 2 * n * n  # the self-loops at least
-
-
 def test_bad_arguments_name_themselves():
     memb, block = sharp_sbm([0, 1, 2])
     for kwargs, message in [
@@ -213,13 +209,6 @@ def test_bad_arguments_name_themselves():
         plan_tiles(torch.cat([memb, memb[..., :1]], -1), block, memb)
     with pytest.raises(ValueError, match="q_memb must be finite and >= 0|q_memb"):
         plan_tiles(-memb, block, memb)
-    plan = plan_tiles(memb, block, memb)
-    with pytest.raises(ValueError, match="plan must be made from these memberships"):
-        sample_tiled(memb[:2], block, memb[:2], plan)
-    with pytest.raises(ValueError, match="mode must be one of"):
-        sample_tiled(memb, block, memb, plan, mode="bernoulli")
-    # Mixed precision is computed in the wider one (it raised in einsum).
-    sample_tiled(memb, block.float(), memb, plan, generator=seeded(0))
 
 
 @pytest.mark.parametrize("min_fill", [0.3, 0.01])
