@@ -48,7 +48,7 @@ from benchmarks.sampler import (
     sampler_memory,
 )
 from benchmarks.scaling import bench_scaling
-from benchmarks.sharp import INSIDE, OWN, bench_sharp
+from benchmarks.sharp import INSIDE, OWN, bench_sharp, bench_sharp_conv
 from benchmarks.training import bench_training, training_step
 from sbm_pyg.ops import backends
 
@@ -86,7 +86,7 @@ def section_sizes(quick: bool, device: torch.device,
         training_sizes, training_densities = [128], [0.05, 0.2]
         crossover_sizes, crossover_densities = [128], [0.05, 0.5]
         budget_sizes = [16]
-        sharp_cases = [(256, 0.05), (256, 0.2)]
+        sharp_cases, sharp_conv_case = [(256, 0.05), (256, 0.2)], (256, 0.05)
         # The budgeted variant's weights take minutes to train: not in --quick.
         gps_sizes, gps_variants = [256], ["performer", "sbm"]
     else:
@@ -103,6 +103,7 @@ def section_sizes(quick: bool, device: torch.device,
         budget_sizes = [64, 128, 256]
         sharp_cases = [(4096, 0.01), (4096, 0.05), (4096, 0.2), (16384, 0.01),
                        (16384, 0.05)]
+        sharp_conv_case = (4096, 0.05)
         gps_sizes, gps_variants = list(gps_scaling.SIZES), list(gps_scaling.VARIANTS)
     return SimpleNamespace(
         sizes=sizes,
@@ -122,6 +123,7 @@ def section_sizes(quick: bool, device: torch.device,
         crossover_densities=crossover_densities,
         budget_sizes=budget_sizes,
         sharp_cases=sharp_cases,
+        sharp_conv_case=sharp_conv_case,
         gps_sizes=gps_sizes,
         gps_variants=gps_variants)
 
@@ -310,6 +312,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             f"{INSIDE} inside a cluster) through sbm_attention, exact mode, "
             f"fwd+bwd with the straight-through gradients, vs SDPA")
         results["sharp"] = bench_sharp(z.sharp_cases, device, args.repeats, log)
+        log("  the layer: SBMConv whose heads are that head, fwd+bwd, vs "
+            "MultiheadAttention")
+        results["sharp_conv"] = bench_sharp_conv(*z.sharp_conv_case, device,
+                                                 args.repeats, log)
     if "cuda" in args.sections:
         results["cuda"] = run_cuda_suite(out, args.repeats, args.quick, log)
     out.write_text(json.dumps(results, indent=1))

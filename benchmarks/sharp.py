@@ -29,10 +29,11 @@ clusters (:func:`sharp_conv`), fwd+bwd against
 from __future__ import annotations
 
 import math
-from typing import List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.attention import batched, run_sdpa
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS, backward, qkv
@@ -54,6 +55,25 @@ from sbm_pyg.sampling.tiles import in_tiles, plan_tiles
 OWN, INSIDE = 0.98, 0.8
 #: The tiled path's tiles and the least expected fill of a tiled cluster pair.
 TILE, MIN_FILL = 64, 0.5
+#: The attention's forward and backward operators (the sparse and the
+#: dense-regime kernels'), timed with what runs inside them: the dense
+#: kernel's products, the estimator's gradients.
+FORWARD_OPS = ("GeneratedBackwardFor_sbm_pyg_sparse_attention_default",
+               "GeneratedBackwardFor_sbm_pyg_dense_attention_default")
+BACKWARD_OPS = ("sbm_pyg::sparse_attention_backward",
+                "sbm_pyg::dense_attention_backward")
+
+
+def attention_split(fn: Callable[[], object]) -> Dict[str, float]:
+    """Seconds of one call's attention forward and backward (the
+    operators above, torch.profiler's CPU time including their children),
+    after a warm-up call."""
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    times = {e.key: e.cpu_time_total / 1e6 for e in prof.key_averages()}
+    return dict(forward=sum(times.get(op, 0.0) for op in FORWARD_OPS),
+                backward=sum(times.get(op, 0.0) for op in BACKWARD_OPS))
 
 
 def num_clusters(density: float) -> int:
@@ -171,6 +191,12 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
             row["backward_vs_forward"] = (parts["attention_backward"] / forward
                                           if forward > 0 else None)
             log(f"  parts: {format_breakdown(parts)}")
+            split = attention_split(run_auto)
+            row["auto_attention"] = split
+            row["auto_backward_vs_forward"] = (split["backward"] / split["forward"]
+                                               if split["forward"] > 0 else None)
+            log(f"  auto's attention: forward {split['forward'] * 1e3:.1f} ms, "
+                f"backward {split['backward'] * 1e3:.1f} ms")
         rows.append(row)
     return rows
 

@@ -25,8 +25,9 @@ __all__ = ["regimes", "tiles_share", "TILES_MIN_SHARE", "DenseChoice",
 #: :obj:`attention_backend="auto"` to take the tiled regime. Below it the
 #: rest's fastRG, over twice the clusters, costs more than the tiles save:
 #: on the CPU benchmark's sharp head at n = 4096 and 1% the tiles held 45%
-#: and the tiled regime took twice the edge path's time; at n = 16384 and
-#: 1% they held 77% and it took 0.75 of it (docs/performance.md).
+#: of the edges and the tiled regime took twice the edge path's time; at
+#: n = 16384 and 1% they held 77% and the two were level, at 5% (99%) the
+#: tiled regime took a third of it (docs/performance.md).
 TILES_MIN_SHARE = 0.5
 
 

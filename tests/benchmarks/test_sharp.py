@@ -2,8 +2,15 @@
 import pytest
 import torch
 
-from benchmarks.cases import CLUSTERS, HEADS
-from benchmarks.sharp import INSIDE, OWN, bench_sharp, sharp_sbm
+from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
+from benchmarks.sharp import (
+    INSIDE,
+    OWN,
+    bench_sharp,
+    bench_sharp_conv,
+    sharp_conv,
+    sharp_sbm,
+)
 from sbm_pyg.ops.backend_info import dense_runs
 
 
@@ -46,4 +53,43 @@ def test_a_quick_row():
                                    else "torch")
     assert row["tiles"] >= 1 and 0 < row["tile_fill"] <= 1
     assert 0.1 < row["tiled_density"] < 0.4 and 0 < row["rest_share"] < 1
-    assert len(lines) == 2
+    # "auto" beside them, its regime named, its attention's two halves.
+    assert row["auto_ratio"] == row["auto_time"] / row["sdpa_time"]
+    assert row["auto_backends"]["attention"] in ("tiles", row["backends"]["attention"])
+    split = row["auto_attention"]
+    assert split["forward"] > 0 and split["backward"] > 0
+    assert row["auto_backward_vs_forward"] == split["backward"] / split["forward"]
+    assert len(lines) == 3
+
+
+def test_the_sharp_layer_computes_the_sharp_head():
+    # Through the layer's own projections, MLP and clusters: each token's
+    # membership 0.98 on its drawn cluster, the block 0.8 / 0.98^2 inside a
+    # cluster and sigma(-9) across, so p = 0.8 + O(1e-4) within a block.
+    conv, x = sharp_conv(64, 0.2, torch.device("cpu"))
+    H = HEADS
+    q = conv.lin_query(x).view(-1, H, HEAD_DIM)
+    k = conv.lin_key(x).view(-1, H, HEAD_DIM)
+    q_memb, block, k_memb = conv.sbm(q, k)
+    top = x.view(-1, H, HEAD_DIM).argmax(-1)
+    assert torch.equal(q_memb.argmax(-1), top) and torch.equal(k_memb.argmax(-1), top)
+    torch.testing.assert_close(q_memb.max(-1).values, torch.full((64, H), OWN))
+    inside = block[:, range(4), range(4)]
+    torch.testing.assert_close(inside, torch.full_like(inside, INSIDE / OWN**2))
+    assert block[:, 0, 1].max() < 2e-4 and block[:, 5, 5].max() < 2e-4
+    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb).detach()
+    same = top.T[:, :, None] == top.T[:, None, :]
+    assert (p[same] - INSIDE).abs().max() < 1e-3 and p[~same].max() < 1e-3
+    with pytest.raises(ValueError, match="more than the head dimension"):
+        sharp_conv(64, 0.01, torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_a_quick_layer_row():
+    lines = []
+    row = bench_sharp_conv(256, 0.2, torch.device("cpu"), 1, lines.append)
+    assert row["auto_ratio"] == row["auto_time"] / row["mha_time"]
+    assert row["edges_ratio"] == row["edges_time"] / row["mha_time"]
+    assert row["edges_backends"]["attention"] != "tiles"
+    assert 0.1 < row["auto_density"] < 0.3 and 0.1 < row["edges_density"] < 0.3
+    assert len(lines) == 1
