@@ -48,7 +48,7 @@ from benchmarks.sampler import (
     sampler_memory,
 )
 from benchmarks.scaling import bench_scaling
-from benchmarks.sharp import INSIDE, OWN, bench_sharp, bench_sharp_conv
+from benchmarks.sharp import sharp_section
 from benchmarks.training import bench_training, training_step
 from sbm_pyg.ops import backends
 
@@ -181,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--crossover-sizes", type=int, nargs="+", default=[2048],
                         help="sequence lengths of the crossover section")
+    parser.add_argument("--sharp-cases", nargs="+", default=None, metavar="N:RHO",
+                        help="the sharp section's heads, e.g. 16384:0.05 "
+                             "(default: the suite's)")
+    parser.add_argument("--sharp-dtype", choices=["float32", "bfloat16"],
+                        default="float32",
+                        help="the sharp section's queries, keys and values, "
+                             "SDPA's alike (default float32)")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch CPU threads (default 2)")
     parser.add_argument("--sections", nargs="+", default=None, choices=SECTIONS,
@@ -208,6 +215,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         parser.error("--sections cuda: the CUDA suite runs on a GPU (--device cuda)")
     if args.repeats < 1 or args.threads < 1:
         parser.error("--repeats and --threads must be >= 1")
+    if args.sharp_cases is not None:
+        try:
+            args.sharp_cases = [(int(n), float(rho)) for n, rho in
+                                (case.split(":") for case in args.sharp_cases)]
+        except ValueError:
+            parser.error(f"--sharp-cases: N:RHO pairs, e.g. 16384:0.05, got "
+                         f"{' '.join(args.sharp_cases)}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
@@ -308,14 +322,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             int(gps_scaling.MEMORY_LIMIT_GIB * 2**30), gps_scaling.TIMEOUT_S,
             gps_scaling.WEIGHTS, log)
     if "sharp" in args.sections:
-        log(f"\n[sharp] a sharp head (memberships {OWN} on one of V clusters, p = "
-            f"{INSIDE} inside a cluster) through sbm_attention, exact mode, "
-            f"fwd+bwd with the straight-through gradients, vs SDPA")
-        results["sharp"] = bench_sharp(z.sharp_cases, device, args.repeats, log)
-        log("  the layer: SBMConv whose heads are that head, fwd+bwd, vs "
-            "MultiheadAttention")
-        results["sharp_conv"] = bench_sharp_conv(*z.sharp_conv_case, device,
-                                                 args.repeats, log)
+        results.update(sharp_section(args.sharp_cases or z.sharp_cases,
+                                     z.sharp_conv_case, device, args.repeats,
+                                     getattr(torch, args.sharp_dtype), log))
     if "cuda" in args.sections:
         results["cuda"] = run_cuda_suite(out, args.repeats, args.quick, log)
     out.write_text(json.dumps(results, indent=1))

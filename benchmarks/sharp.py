@@ -115,16 +115,18 @@ def tile_figures(sbm: Tuple[Tensor, Tensor, Tensor], q: Tensor, k: Tensor,
 
 
 def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
-                repeats: int, log, tile: int = TILE) -> List[dict]:
+                repeats: int, log, tile: int = TILE,
+                dtype: torch.dtype = torch.float32) -> List[dict]:
     """One row per (n, density): the sharp head's fwd+bwd against SDPA's,
-    the tiled path's with tiles of :obj:`tile` tokens."""
+    the tiled path's with tiles of :obj:`tile` tokens; queries, keys and
+    values (SDPA's too) in :obj:`dtype`, the SBM in float32."""
     rows = []
     # The edge path: the sparse kernel that "auto" would take, named.
     options = SBMAttentionOptions(
         mode="exact", attention_backend=resolve_backend("attention", "auto", device))
     chosen = SBMAttentionOptions(mode="exact")
     for n, density in sizes:
-        q, k, v = qkv(n, device)
+        q, k, v = (t.detach().to(dtype).requires_grad_() for t in qkv(n, device))
         q4, k4, v4 = batched(q, k, v)
         sbm = sharp_sbm(n, density, device)
         gen = torch.Generator(device).manual_seed(0)
@@ -161,6 +163,7 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
                              device, repeats)
         last.update(tile_figures(sbm, q, k, v, tile, gen))
         row = dict(n=n, density=density, clusters=num_clusters(density),
+                   dtype=str(dtype).replace("torch.", ""),
                    sampled_density=last["density"], backends=last["backends"],
                    sbm_time=times["sbm"], sdpa_time=times["sdpa"],
                    ratio=times["sbm"] / times["sdpa"],
@@ -288,3 +291,19 @@ def bench_sharp_conv(n: int, density: float, device: torch.device,
         f"{row['auto_ratio']:.3f}x MultiheadAttention ({row['mha_time'] * 1e3:.1f} ms); "
         f"edge path {row['edges_time'] * 1e3:.1f} ms, {row['edges_ratio']:.3f}x")
     return row
+
+
+def sharp_section(cases: Sequence[Tuple[int, float]], conv_case: Tuple[int, float],
+                  device: torch.device, repeats: int, dtype: torch.dtype,
+                  log) -> dict:
+    """The suite's ``sharp`` section: :func:`bench_sharp` on :obj:`cases`
+    (queries, keys and values in :obj:`dtype`) and :func:`bench_sharp_conv`
+    on :obj:`conv_case`, as the results' ``sharp`` and ``sharp_conv``."""
+    log(f"\n[sharp] a sharp head (memberships {OWN} on one of V clusters, p = "
+        f"{INSIDE} inside a cluster) through sbm_attention, exact mode, "
+        f"fwd+bwd with the straight-through gradients, vs SDPA")
+    rows = bench_sharp(cases, device, repeats, log, dtype=dtype)
+    log("  the layer: SBMConv whose heads are that head, fwd+bwd, vs "
+        "MultiheadAttention")
+    return dict(sharp=rows, sharp_conv=bench_sharp_conv(*conv_case, device,
+                                                        repeats, log))

@@ -23,8 +23,10 @@
 #        (exact float32 products, bfloat16 products, bfloat16 with dropout)
 #   380  cuda-degree.json: SBMConv vs MultiheadAttention under bfloat16
 #        autocast at a constant expected degree of 64, n = 16384 and 65536
-#   430  crossover.json: SBMConv on the sparse and the dense kernels at
-#        n = 8192 and 16384
+#   440  bench-b.json: SBMConv on the sparse and the dense kernels at
+#        n = 8192 and 16384 (crossover); a sharp head at 5%, n = 4096 and
+#        16384, in bfloat16 on the edge path, the tiled regime and "auto"
+#        against SDPA, and the sharp SBMConv at n = 4096 (sharp)
 #   480  the CUDA tests of the attention function and the kernels
 #        (SBM_PYG_TEST_DEVICE=cuda)
 #
@@ -94,8 +96,10 @@ fi
 sizes_a=(--layer-sizes 16384 --training-sizes 4096 --sampler-sizes 65536
          --sampler-densities 0.01)
 sizes_dense=(--dense-sizes 16384) crossover=(--crossover-sizes 8192 16384)
+sharp=(--sharp-cases 4096:0.05 16384:0.05 --sharp-dtype bfloat16)
 sizes_degree=(--degree-sizes 16384 65536 --degree 64)
-[ $tiny = 1 ] && sizes_a=() sizes_dense=() crossover=() sizes_degree=()
+[ $tiny = 1 ] && sizes_a=() sizes_dense=() crossover=() sizes_degree=() \
+  sharp=(--sharp-dtype bfloat16)
 stage profile 150 $PY -m benchmarks.gpu.cuda_profile "${QUICK[@]}" \
   --sections layer training --out "$OUT/profile.json"
 [ $tiny = 0 ] && stage syncs 180 $PY -m benchmarks.gpu.syncs --n 16384
@@ -105,8 +109,8 @@ stage bench-dense 330 $PY -m benchmarks.cuda "${QUICK[@]}" \
   --out "$OUT/cuda-dense.json" --sections dense "${sizes_dense[@]}"
 stage degree 380 $PY -m benchmarks.cuda "${QUICK[@]}" \
   --out "$OUT/cuda-degree.json" --sections degree "${sizes_degree[@]}"
-stage crossover 430 $PY -m benchmarks --device $DEV "${QUICK[@]}" \
-  --sections crossover "${crossover[@]}" --out "$OUT/crossover.json"
+stage bench-b 440 $PY -m benchmarks --device $DEV "${QUICK[@]}" \
+  --sections crossover sharp "${crossover[@]}" "${sharp[@]}" --out "$OUT/bench-b.json"
 if [ -n "$build" ]; then
   wait $build
   rc=$?

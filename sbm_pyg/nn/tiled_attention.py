@@ -45,7 +45,7 @@ from torch_geometric.utils.sparse import ptr2index
 from sbm_pyg.nn.functional import STE_MODES, check_sbm_shapes, edge_attention
 from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
-from sbm_pyg.ops.dense_attention import dense_attention, mask_keys
+from sbm_pyg.ops.dense_attention import dense_attention, mask_keys, matmul_precision
 from sbm_pyg.sampling.fastrg_op import included_csr, stream_seed
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.sampling.tiled_graph import TiledGraph, draw_rest, draw_tiled
@@ -295,6 +295,9 @@ def tiled_parts(query: Tensor, key: Tensor, value: Tensor,
                      self_loops=self_loops, generator=generator, backend=sampler)
     seq = tile_sequences(plan)
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    # The tiles' products as the dense regime takes them: as PyTorch's
+    # matmuls would for the queries' dtype (bfloat16 under autocast).
+    precision = matmul_precision(query.dtype)
     q, k, v = (heads_first(x.to(dtype)) for x in (query, key, value))
     scale = 1.0 / math.sqrt(D)
     grad = ste is not None and torch.is_grad_enabled()
@@ -313,7 +316,7 @@ def tiled_parts(query: Tensor, key: Tensor, value: Tensor,
         exploration=exploration,
         included=included_csr(*seq.loops, H * Nq, seq.k_rows.numel())
         if self_loops else None, ste=ste if grad else None,
-        triton_on_cpu=False)
+        precision=precision, triton_on_cpu=False)
     place = seq.q_place.flatten()
     out_t, lse_t = tiles.out.index_select(0, place), tiles.lse.index_select(0, place)
     out_r, _, lse_r = edge_attention(

@@ -52,6 +52,7 @@ def test_quick_benchmark_runs(tmp_path, capsys):
     assert all(row["step_s"] > 0 for row in results["gps"])
     assert [(row["n"], row["clusters"]) for row in results["sharp"]] == [(256, 16), (256, 4)]
     assert all(row["ratio"] > 0 for row in results["sharp"])
+    assert results["sharp_conv"]["auto_ratio"] > 0
     assert "[layer]" in capsys.readouterr().out
 
 
@@ -73,3 +74,16 @@ def test_cuda_suite_is_a_section_on_a_gpu_only(tmp_path, capsys, monkeypatch):
     assert bench.run_cuda_suite(out, 3, True, print) == {"ok": 1}
     assert calls == [["--out", str(tmp_path / "r-suite.json"), "--repeats", "3",
                       "--quick"]]
+
+
+def test_sharp_cases_and_dtype(tmp_path, capsys):
+    # The GPU plan's sharp stage: its cases and dtype from the command line.
+    out = tmp_path / "r.json"
+    results = main(["--quick", "--repeats", "1", "--sections", "sharp",
+                    "--sharp-cases", "128:0.2", "--sharp-dtype", "bfloat16",
+                    "--out", str(out)])
+    (row,) = results["sharp"]
+    assert (row["n"], row["density"], row["dtype"]) == (128, 0.2, "bfloat16")
+    with pytest.raises(SystemExit):
+        main(["--sections", "sharp", "--sharp-cases", "128-0.2"])
+    assert "--sharp-cases: N:RHO pairs" in capsys.readouterr().err

@@ -365,3 +365,31 @@ def test_a_recorder_names_the_regime_of_each_graph():
     assert recorder.backends == [conv.last_backends]
     assert conv.last_backends["attention"] == "tiles"
     assert graph.num_edges == pytest.approx(0.2 * 2 * 2048**2, rel=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_tiles_take_the_dense_regimes_precision(dtype, monkeypatch):
+    # As the dense regime: the tiles' products in the precision PyTorch's
+    # matmuls would take for the queries' dtype; on the same draws the
+    # output is the float32 call's up to that dtype's rounding.
+    device = torch.get_default_device()
+    if not dense_runs(device):
+        pytest.skip("no dense-regime kernel on this device")
+    from sbm_pyg.ops.dense_attention import matmul_precision
+    seen = []
+    real = tiled_module.dense_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["precision"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tiled_module, "dense_attention", spy)
+    sbm = tuple(t.float() for t in tiled_case("sharp", False)[0])
+    x = torch.randn(28, 2, 4, generator=seeded(0), device=device)
+    options = SBMAttentionOptions(attention_backend="tiles", tile_size=4, tile_fill=0.1)
+    out = [sbm_attention(y, y, y, sbm, ptr_q=PTR, ptr_k=PTR, options=options,
+                         generator=seeded(3)).out for y in (x, x.to(dtype))]
+    assert seen == [matmul_precision(torch.float32), matmul_precision(dtype)]
+    assert out[1].dtype == dtype
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(out[1].float(), out[0], atol=tol, rtol=tol)
