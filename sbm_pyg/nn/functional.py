@@ -315,7 +315,9 @@ def sparse_attention(
     q, k, v = heads_first(query), heads_first(key), heads_first(value)
     # One draw from the generator, on the host (no sync): the mask's seed.
     seed = stream_seed(generator, query.device) if dropout > 0 else 0
-    flat, alpha, lse = edge_attention(graph, q, k, v, edge_prob, sbm, scale,
+    factors = None if sbm is None else sbm_factors(
+        sbm, torch.float64 if query.dtype == torch.float64 else torch.float32)
+    flat, alpha, lse = edge_attention(graph, q, k, v, edge_prob, factors, scale,
                                       ste, return_attention_weights, dropout,
                                       seed, backend)
     if sink is not None:
@@ -360,21 +362,35 @@ def with_sink(out: Tensor, alpha: Optional[Tensor], lse: Tensor, sink: Tensor,
     return out, alpha
 
 
+def sbm_factors(sbm: Tuple[Tensor, Tensor, Tensor], dtype: torch.dtype
+                ) -> Tuple[Tensor, Tensor]:
+    r"""The SBM's two factors as the kernels read them, heads-first in
+    :obj:`dtype` and full precision: :math:`\hat{\mathbf{Q}}\hat{\mathbf{S}}`
+    :obj:`[H * N_q, k]` and :math:`\hat{\mathbf{K}}` :obj:`[H * N_k, k]`
+    (:math:`p_{ij}` is their rows' dot product)."""
+    q_memb, block, k_memb = sbm
+    with full_precision(q_memb.device):
+        return (_query_block(q_memb.to(dtype), block.to(dtype)),
+                heads_first(k_memb.to(dtype)).contiguous())
+
+
 def edge_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                    edge_prob: Optional[Tensor],
-                   sbm: Optional[Tuple[Tensor, Tensor, Tensor]], scale: float,
+                   factors: Optional[Tuple[Tensor, Tensor]], scale: float,
                    ste: str, weights: bool, dropout: float, dropout_seed: int,
                    backend: str) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     r"""The attention over :obj:`graph`'s edges on the resolved
     :obj:`backend`'s kernel, heads-first (:obj:`q` :obj:`[H * N_q, D]`,
-    checked by the caller): the output :obj:`[H * N_q, D_v]`, the weights
-    per edge (with :obj:`weights`) and each row's log-sum-exp."""
+    checked by the caller), the straight-through gradient to the SBM's
+    :func:`sbm_factors` where given (a caller that has them, e.g. the
+    tiled regime's, passes its own): the output :obj:`[H * N_q, D_v]`, the
+    weights per edge (with :obj:`weights`) and each row's log-sum-exp."""
     if backend in ("cpp", "triton"):
         return _fused_attention(
-            graph.csr, q, k, v, edge_prob, sbm, scale, ste, weights, dropout,
+            graph.csr, q, k, v, edge_prob, factors, scale, ste, weights, dropout,
             dropout_seed, triton=backend == "triton",
             triton_on_cpu=backend == "triton" and q.device.type == "cpu")
-    return _torch_attention(graph, q, k, v, edge_prob, sbm, scale, dropout,
+    return _torch_attention(graph, q, k, v, edge_prob, factors, scale, dropout,
                             dropout_seed, ste)
 
 
@@ -384,11 +400,11 @@ def edge_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
 @torch.compiler.disable
 def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
-                     sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
+                     factors: Optional[Tuple[Tensor, Tensor]],
                      scale: float, dropout: float, dropout_seed: int,
                      ste: str) -> Tuple[Tensor, Tensor, Tensor]:
-    if sbm is not None:
-        edge_prob = straight_through_probability(*sbm, graph)
+    if factors is not None:  # zeros with edge_probability's backward
+        edge_prob = SDDMMGradOnly.apply(graph.csr, *factors)
     return SparseAttention.apply(graph.csr, q, k, v, edge_prob, scale,
                                  dropout, dropout_seed, ste)
 
@@ -431,7 +447,7 @@ def check_sbm_shapes(sbm: object, Nq: Optional[int] = None, Nk: Optional[int] = 
 
 def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
-                     sbm: Optional[Tuple[Tensor, Tensor, Tensor]],
+                     factors: Optional[Tuple[Tensor, Tensor]],
                      scale: float, ste: str, weights: bool, dropout: float,
                      dropout_seed: int, triton: bool,
                      triton_on_cpu: bool) -> Tuple[Tensor, Optional[Tensor], Tensor]:
@@ -445,11 +461,9 @@ def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     rows = (q.dtype if triton and not weights and q.dtype in half
             and k.dtype == v.dtype == q.dtype else dtype)
     q_block = k_memb = None
+    if factors is not None:
+        q_block, k_memb = (x.to(dtype).contiguous() for x in factors)
     with full_precision(q.device):
-        if sbm is not None:
-            q_memb, block, k_memb = sbm
-            q_block = _query_block(q_memb.to(dtype), block.to(dtype))
-            k_memb = heads_first(k_memb.to(dtype)).contiguous()
         if edge_prob is not None:
             edge_prob = edge_prob.to(dtype)
         return fused_attention(

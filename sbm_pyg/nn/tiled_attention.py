@@ -42,9 +42,9 @@ import torch
 from torch import Tensor
 from torch_geometric.utils.sparse import ptr2index
 
-from sbm_pyg.nn.functional import STE_MODES, check_sbm_shapes, edge_attention
+from sbm_pyg.nn.functional import STE_MODES, check_sbm_shapes, edge_attention, sbm_factors
 from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
-from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
+from sbm_pyg.ops.csr import heads_first, nodes_first
 from sbm_pyg.ops.dense_attention import dense_attention, mask_keys, matmul_precision
 from sbm_pyg.sampling.fastrg_op import included_csr, stream_seed
 from sbm_pyg.sampling.graph import SampledGraph
@@ -138,9 +138,12 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
     q, k, v = (heads_first(x.to(dtype)) for x in (query, key, value))
     scale = 1.0 / math.sqrt(D)
 
+    # The SBM's factors, the straight-through gradients' (one product for
+    # the rest's edges and the tiles).
+    factors = None if sbm is None else sbm_factors(sbm, dtype)
     # The rest: normalized output and log-sum-exp per heads-first row.
     out_r, _, lse_r = edge_attention(
-        rest, q, k, v, None, sbm, scale, ste, False, 0.0, 0,
+        rest, q, k, v, None, factors, scale, ste, False, 0.0, 0,
         resolve_backend("attention", backend, query.device))
 
     # The tiles: scores, the straight-through term, masked exponentials
@@ -149,11 +152,8 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor,
     qi = head[:, None] * Nq + q_rows.clamp(min=0)  # heads-first rows
     kj = head[:, None] * key.size(0) + k_rows.clamp(min=0)
     score = torch.bmm(q[qi], k[kj].transpose(1, 2)) * scale
-    if sbm is not None:
-        q_memb, block, k_memb = (x.to(dtype) for x in sbm)
-        qs = torch.bmm(q_memb.transpose(0, 1), block).reshape(H * Nq, -1)
-        score = _TileEstimator.apply(score, qs, heads_first(k_memb), qi, kj,
-                                     ste == "paper")
+    if factors is not None:
+        score = _TileEstimator.apply(score, *factors, qi, kj, ste == "paper")
     score = score.masked_fill(~tiled.mask, -math.inf)
     R = H * Nq
     top = score.new_full((R,), -math.inf).scatter_reduce(
@@ -302,10 +302,7 @@ def tiled_parts(query: Tensor, key: Tensor, value: Tensor,
     scale = 1.0 / math.sqrt(D)
     grad = ste is not None and torch.is_grad_enabled()
     # Q̂Ŝ feeds the draws: in full precision, whatever autocast says.
-    with full_precision(query.device):
-        qs = heads_first(torch.einsum("nhu,huv->nhv", q_memb.to(dtype),
-                                      block.to(dtype)))
-    km = heads_first(k_memb.to(dtype))
+    qs, km = sbm_factors((q_memb, block, k_memb), dtype)
     if not grad:
         qs, km = qs.detach(), km.detach()
     tiles = dense_attention(
@@ -319,8 +316,10 @@ def tiled_parts(query: Tensor, key: Tensor, value: Tensor,
         precision=precision, triton_on_cpu=False)
     place = seq.q_place.flatten()
     out_t, lse_t = tiles.out.index_select(0, place), tiles.lse.index_select(0, place)
+    # The rest's straight-through gradients take the tiles' factors: Q̂Ŝ
+    # formed once.
     out_r, _, lse_r = edge_attention(
-        rest, q, k, v, None, sbm if grad else None, scale, ste or "paper",
+        rest, q, k, v, None, (qs, km) if grad else None, scale, ste or "paper",
         False, 0.0, 0, resolve_backend("attention", backend, query.device))
     # A row with no rest edge takes no weight from it (the Triton kernel
     # writes its log-sum-exp as 0, the others as -inf).
