@@ -11,7 +11,8 @@ resident set; on CUDA ``max_memory_allocated``.
 
 Sections (one module each): ``attention``, ``sampler``, ``published``,
 ``exact``, ``memory`` (in :mod:`benchmarks.sampler`), ``scaling``,
-``layer`` (and ``crossover``, in :mod:`benchmarks.layer`), ``training``,
+``layer`` (and ``choice``, ``crossover``, in :mod:`benchmarks.layer`),
+``training``,
 ``ext``, ``budget``, ``gps`` (:mod:`benchmarks.gps_scaling`, CPU only),
 ``sharp`` (a head of nearly complete blocks, :mod:`benchmarks.sharp`),
 ``cuda`` (the CUDA suite, :mod:`benchmarks.cuda`, on a GPU only; also run
@@ -38,7 +39,7 @@ from benchmarks.budget import bench_budget
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
 from benchmarks.edge_buffers import edge_buffers
 from benchmarks.ext import bench_ext
-from benchmarks.layer import bench_crossover, bench_layer
+from benchmarks.layer import bench_choice, bench_crossover, layer_section
 from benchmarks.measure import MEMORY, peak_rss, pin_mmap_threshold
 from benchmarks.sampler import (
     bench_exact_dense,
@@ -154,7 +155,8 @@ def bench_memory(z: SimpleNamespace, device: torch.device, threads: int,
 
 
 SECTIONS = ["attention", "sampler", "published", "exact", "memory", "scaling",
-            "layer", "crossover", "training", "ext", "budget", "gps", "sharp", "cuda"]
+            "layer", "choice", "crossover", "training", "ext", "budget", "gps",
+            "sharp", "cuda"]
 # The sections of one device only: the rest run on either.
 CPU_ONLY, CUDA_ONLY = ("gps",), ("cuda",)
 
@@ -284,13 +286,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         results["scaling"] = bench_scaling(z.scaling_n, z.scaling_densities, device,
                                            args.repeats, args.threads, log)
     if "layer" in args.sections:
-        results["layer"] = []
-        for n in z.layer_sizes:
-            for density in z.layer_densities:
-                log(f"\n[layer] n={n}, width {HEADS * HEAD_DIM}, calibrated "
-                    f"to ~{density:.0%} expected density")
-                results["layer"].append(bench_layer(n, density, device,
-                                                    args.repeats, log))
+        results["layer"] = layer_section(z.layer_sizes, z.layer_densities, device,
+                                         args.repeats, log)
+    if "choice" in args.sections:
+        results["choice"] = bench_choice(z.layer_n, z.layer_densities[:2], device,
+                                         args.repeats, log)
     if "crossover" in args.sections:
         results["crossover"] = []
         for n in z.crossover_sizes:

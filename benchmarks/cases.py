@@ -60,13 +60,15 @@ def kaiming_sbm(batch: int, n: int, device: torch.device, seed: int = 0):
 
 
 def calibrated_conv(channels: int, density: float, device: torch.device,
-                    steps: int = 300) -> SBMConv:
+                    steps: int = 300, attention_backend: str = "auto") -> SBMConv:
     """An SBMConv whose expected density on N(0, 1) inputs is about
     ``density``: its SBM is fitted to that target with Adam on the
-    closed-form expected density (no sampling needed)."""
+    closed-form expected density (no sampling needed); the same weights
+    for every ``attention_backend``."""
     torch.manual_seed(0)
     conv = SBMConv(channels, HEAD_DIM, heads=HEADS, num_clusters=CLUSTERS,
-                   root_weight=False, exploration=0.0).to(device)
+                   root_weight=False, exploration=0.0,
+                   attention_backend=attention_backend).to(device)
     opt = torch.optim.Adam(conv.sbm.parameters(), lr=1e-2)
     x = torch.randn(512, channels, device=device)
     for _ in range(steps):

@@ -3,7 +3,7 @@ attention) calibrated to a density vs ``torch.nn.MultiheadAttention`` of the
 same width."""
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, List, Sequence
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -11,6 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS, calibrated_conv
 from benchmarks.measure import median_times
 from sbm_pyg.ops import backends
+from sbm_pyg.ops.backend_info import resolve_backend
 
 #: The parts of a layer call, by the operators whose own time they take
 #: (torch.profiler's self time); every other operator is glue: layout
@@ -125,6 +126,56 @@ def bench_layer(n: int, density: float, device: torch.device, repeats: int,
         else:
             log(f"  SBMConv's GPU kernels: {format_breakdown(result['cuda_kernels'])}")
     return result
+
+
+def layer_section(sizes: Sequence[int], densities: Sequence[float],
+                  device: torch.device, repeats: int, log) -> List[dict]:
+    """The suite's ``layer`` section: :func:`bench_layer` at every size and
+    density."""
+    rows = []
+    for n in sizes:
+        for density in densities:
+            log(f"\n[layer] n={n}, width {HEADS * HEAD_DIM}, calibrated "
+                f"to ~{density:.0%} expected density")
+            rows.append(bench_layer(n, density, device, repeats, log))
+    return rows
+
+
+def bench_choice(n: int, densities: Sequence[float], device: torch.device,
+                 repeats: int, log) -> List[dict]:
+    """What ``attention_backend="auto"``'s regime choice costs a layer that
+    keeps the edge path: the calibrated SBMConv forward+backward as
+    ``"auto"`` runs it (the dense regime weighed by the expected density,
+    the tiles by :func:`~sbm_pyg.sampling.tiles.tile_edges`) against the
+    same layer with its sparse kernel named (nothing weighed), in turns."""
+    channels = HEADS * HEAD_DIM
+    kernel = resolve_backend("attention", "auto", device)
+    log(f"\n[choice] SBMConv forward+backward, n={n}: \"auto\" against its "
+        f"sparse kernel named (what weighing the regimes costs)")
+    x = torch.randn(n, channels, device=device, requires_grad=True)
+    rows = []
+    for density in densities:
+        convs = {name: calibrated_conv(channels, density, device,
+                                       attention_backend=backend)
+                 for name, backend in (("auto", "auto"), ("named", kernel))}
+        gen = torch.Generator(device).manual_seed(0)
+
+        def run(conv):
+            def call():
+                out = conv(x, generator=gen)
+                torch.autograd.grad(out.sum(), [x] + list(conv.parameters()))
+            return call
+
+        times = median_times({k: run(c) for k, c in convs.items()}, device, repeats)
+        row = dict(n=n, density=density, auto_time=times["auto"],
+                   named_time=times["named"], kernel=kernel,
+                   auto_backends=dict(convs["auto"].last_backends or {}),
+                   overhead=times["auto"] / times["named"] - 1)
+        log(f"  n={n} ~{density:.0%}: \"auto\" ({row['auto_backends'].get('attention')}) "
+            f"{row['auto_time'] * 1e3:.1f} ms vs the {kernel} kernel named "
+            f"{row['named_time'] * 1e3:.1f} ms: {row['overhead']:+.1%}")
+        rows.append(row)
+    return rows
 
 
 def bench_crossover(n: int, densities, device: torch.device, repeats: int,

@@ -1,9 +1,12 @@
 """benchmarks.layer: the kernel breakdown beside the layer's timings."""
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from benchmarks import layer
+from benchmarks.cases import calibrated_conv
+from benchmarks.layer import bench_choice
 
 
 def _event(key, seconds, annotation=False, device="CUDA"):
@@ -36,3 +39,19 @@ def test_busy_time_counts_kernels_not_annotations(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     out = layer.cuda_kernels(lambda: None, calls=2)
     assert out == {"_draw_kernel": 0.0015, "gemm": 0.001, "all_kernels": 0.0025}
+
+
+@pytest.mark.slow
+def test_the_choice_row_times_one_layer_both_ways():
+    # "auto" and the sparse kernel named run the same calibrated layer (the
+    # same weights), its regime named in the row; the overhead is the ratio.
+    lines = []
+    (row,) = bench_choice(128, [0.05], torch.device("cpu"), 1, lines.append)
+    assert row["kernel"] in ("cpp", "torch", "triton")
+    assert row["auto_backends"]["attention"] == row["kernel"]  # no dense, no tiles
+    assert row["overhead"] == pytest.approx(row["auto_time"] / row["named_time"] - 1)
+    assert len(lines) == 2
+    a = calibrated_conv(64, 0.05, torch.device("cpu"), steps=3)
+    b = calibrated_conv(64, 0.05, torch.device("cpu"), steps=3,
+                        attention_backend=row["kernel"])
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))

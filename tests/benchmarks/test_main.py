@@ -31,6 +31,7 @@ def test_quick_benchmark_runs(tmp_path, capsys):
             sum(t for name, t in parts.items() if name != "total"))
     assert all(row["dense_time"] > 0 and row["sparse_time"] > 0
                for row in results["crossover"])
+    assert [row["density"] for row in results["choice"]] == [0.05, 0.01]
     for row in results["training"]:
         assert {"sbm-sparse@0.2", "sbm@0.2"} <= set(row)
         assert row["sbm-sparse@0.2"]["attention"] in ("cpp", "triton", "torch")
