@@ -28,6 +28,7 @@ clusters (:func:`sharp_conv`), fwd+bwd against
 :class:`torch.nn.MultiheadAttention`."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -83,15 +84,24 @@ def num_clusters(density: float) -> int:
 
 
 def sharp_sbm(n: int, density: float, device: torch.device,
-              seed: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+              seed: int = 0, sparse: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """Memberships :obj:`[n, H, k]` (queries and keys alike) and a block
     :obj:`[H, k, k]` of V = round(0.8 / density) clusters, each token in one
-    drawn at random, as leaves that take gradients."""
+    drawn at random, as leaves that take gradients. :obj:`sparse`: a
+    token's other 0.02 on one more of the V clusters, drawn (on its own
+    where V = 1), zero elsewhere, as the :obj:`"sharp"` parametrization's
+    top-2 memberships are."""
     V = num_clusters(density)
     g = torch.Generator().manual_seed(seed)
     cluster = torch.randint(V, (n, HEADS, 1), generator=g)
-    memb = torch.full((n, HEADS, CLUSTERS), (1 - OWN) / (CLUSTERS - 1))
-    memb.scatter_(2, cluster, OWN)
+    if sparse:
+        memb = torch.zeros(n, HEADS, CLUSTERS)
+        other = (cluster + torch.randint(1, max(V, 2), (n, HEADS, 1), generator=g)) % V
+        memb.scatter_add_(2, other, torch.full((n, HEADS, 1), 1 - OWN))
+        memb.scatter_add_(2, cluster, torch.full((n, HEADS, 1), OWN))
+    else:
+        memb = torch.full((n, HEADS, CLUSTERS), (1 - OWN) / (CLUSTERS - 1))
+        memb.scatter_(2, cluster, OWN)
     block = torch.zeros(HEADS, CLUSTERS, CLUSTERS)
     block[:, torch.arange(V), torch.arange(V)] = INSIDE / OWN**2
     return tuple(t.to(device).requires_grad_() for t in (memb, block, memb.clone()))
@@ -151,6 +161,20 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
             backward(tiled_sbm_attention(q, k, v, sbm, plan, mode="exact",
                                          generator=gen), (q, k, v, *sbm))
 
+        # The sparse form (sharp_sbm's sparse memberships), over the clusters
+        # its memberships use: "auto", and the edge path named.
+        sparse = sharp_sbm(n, density, device, sparse=True)
+
+        def run_sparse(name: str, opts: SBMAttentionOptions) -> Callable[[], None]:
+            opts = dataclasses.replace(opts, sparse_memberships=True)
+
+            def call() -> None:
+                res = sbm_attention(q, k, v, sparse, options=opts, training=True,
+                                    generator=gen)
+                last[name] = (dict(res.backends), float(res.sampled_density.mean()))
+                backward(res.out, (q, k, v, *sparse))
+            return call
+
         def run_tiles_torch() -> None:
             fixed = [t.detach() for t in sbm]
             plan = plan_tiles(*fixed, tile_q=tile, tile_k=tile, min_fill=MIN_FILL)
@@ -159,6 +183,8 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
 
         times = median_times(dict(sbm=run_sbm, auto=run_auto, tiles=run_tiles,
                                   tiles_torch=run_tiles_torch,
+                                  sparse_auto=run_sparse("sparse_auto", chosen),
+                                  sparse_edges=run_sparse("sparse_edges", options),
                                   sdpa=lambda: run_sdpa(q4, k4, v4)),
                              device, repeats)
         last.update(tile_figures(sbm, q, k, v, tile, gen))
@@ -178,6 +204,11 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
                    tile_fill=last["tile_edges"] / max(last["tiles"] * tile**2, 1),
                    rest_share=last["rest_edges"] / max(
                        last["rest_edges"] + last["tile_edges"], 1))
+        for name in ("sparse_auto", "sparse_edges"):
+            backends, sampled = last[name]
+            row.update({f"{name}_time": times[name], f"{name}_backends": backends,
+                        f"{name}_density": sampled,
+                        f"{name}_ratio": times[name] / times["sdpa"]})
         log(f"  n={n:>6} target {density:<5} sampled {row['sampled_density']:.4f} "
             f"({row['backends']['sampler']}/{row['backends']['attention']}): "
             f"sbm_attention {row['sbm_time'] * 1e3:.1f} ms vs SDPA "
@@ -187,6 +218,11 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
             f"({row['tiles_ratio']:.3f}x; in PyTorch {row['tiles_torch_ratio']:.3f}x, "
             f"density {row['tiled_density']:.4f}, {row['tiles']} tiles filled "
             f"{row['tile_fill']:.2f}, rest {row['rest_share']:.3f} of the edges)")
+        log(f"  sparse memberships (density {row['sparse_auto_density']:.4f}, "
+            f"clusters {row['sparse_auto_backends']['clusters']}): auto "
+            f"({row['sparse_auto_backends']['attention']}) "
+            f"{row['sparse_auto_time'] * 1e3:.1f} ms, {row['sparse_auto_ratio']:.3f}x; "
+            f"edge path {row['sparse_edges_ratio']:.3f}x")
         if device.type == "cpu":
             parts = breakdown(run_sbm, calls=1)
             row["breakdown"] = parts
@@ -199,6 +235,12 @@ def bench_sharp(sizes: Sequence[Tuple[int, float]], device: torch.device,
             row["auto_backward_vs_forward"] = (split["backward"] / split["forward"]
                                                if split["forward"] > 0 else None)
             log(f"  auto's attention: forward {split['forward'] * 1e3:.1f} ms, "
+                f"backward {split['backward'] * 1e3:.1f} ms")
+            split = attention_split(run_sparse("sparse_auto", chosen))
+            row["sparse_auto_attention"] = split
+            row["sparse_auto_backward_vs_forward"] = (
+                split["backward"] / split["forward"] if split["forward"] > 0 else None)
+            log(f"  with sparse memberships: forward {split['forward'] * 1e3:.1f} ms, "
                 f"backward {split['backward'] * 1e3:.1f} ms")
         rows.append(row)
     return rows
@@ -217,14 +259,20 @@ SCALE = math.log(OWN * (CLUSTERS - 1) / (1 - OWN)) / RADIUS
 
 
 def sharp_conv(n: int, density: float, device: torch.device, seed: int = 0,
-               attention_backend: str = "auto") -> Tuple[SBMConv, Tensor]:
+               attention_backend: str = "auto",
+               parametrization: str = "mmsb") -> Tuple[SBMConv, Tensor]:
     """An :class:`~sbm_pyg.nn.SBMConv` (:obj:`"mmsb"`, no exploration, no
     root weight) and its input :obj:`[n, H d]` whose heads compute the
     sharp head of :func:`sharp_sbm` (memberships 0.98 on one of V clusters,
     p = 0.8 inside, about 1e-4 across) through the layer's own projections,
     MLP and clusters; V = round(0.8 / density) must not exceed the head
     dimension. The input takes gradients; :obj:`attention_backend` is the
-    layer's."""
+    layer's. :obj:`parametrization="sharp"` builds it in the sharp form
+    (key clusters the query clusters, temperature 1): a token's membership
+    its top two clusters' softmax renormalized, about 0.9998 on its own and
+    the rest on one other (one of the tied zero logits, as topk picks it),
+    p about 0.83 inside a cluster; the layer computes over the clusters in
+    use."""
     V = num_clusters(density)
     if V > HEAD_DIM:
         raise ValueError(f"density {density} needs {V} clusters, more than "
@@ -233,7 +281,8 @@ def sharp_conv(n: int, density: float, device: torch.device, seed: int = 0,
     torch.manual_seed(seed)
     conv = SBMConv(channels, HEAD_DIM, heads=HEADS, num_clusters=CLUSTERS,
                    root_weight=False, exploration=0.0,
-                   sbm_parametrization="mmsb", attention_backend=attention_backend)
+                   sbm_parametrization=parametrization,
+                   attention_backend=attention_backend)
     sbm, eye = conv.sbm, torch.eye(HEAD_DIM)
     with torch.no_grad():
         for lin in (conv.lin_query, conv.lin_key):
@@ -246,6 +295,9 @@ def sharp_conv(n: int, density: float, device: torch.device, seed: int = 0,
         sbm.clusters.zero_()
         sbm.clusters[:, torch.arange(V), torch.arange(V)] = RADIUS
         sbm.block_bias.fill_(OFFSET)
+        if sbm.key_clusters is not None and sbm.log_temperature is not None:
+            sbm.key_clusters.copy_(sbm.clusters)
+            sbm.log_temperature.zero_()
     g = torch.Generator().manual_seed(seed)
     cluster = torch.randint(V, (n, HEADS, 1), generator=g)
     x = torch.zeros(n, HEADS, HEAD_DIM).scatter_(2, cluster, SCALE)
@@ -261,6 +313,7 @@ def bench_sharp_conv(n: int, density: float, device: torch.device,
     conv, x = sharp_conv(n, density, device)
     edges, _ = sharp_conv(n, density, device, attention_backend=resolve_backend(
         "attention", "auto", device))
+    sharp_form, _ = sharp_conv(n, density, device, parametrization="sharp")
     mha = torch.nn.MultiheadAttention(x.size(1), HEADS, batch_first=True).to(device)
     gen = torch.Generator(device).manual_seed(0)
     ran: dict = {}
@@ -278,10 +331,11 @@ def bench_sharp_conv(n: int, density: float, device: torch.device,
         torch.autograd.grad(out.sum(), [x] + list(mha.parameters()))
 
     times = median_times(dict(auto=run(conv, "auto"), edges=run(edges, "edges"),
+                              sharp_form=run(sharp_form, "sharp_form"),
                               mha=run_mha), device, repeats)
     row = dict(n=n, density=density, clusters=num_clusters(density),
                mha_time=times["mha"])
-    for name in ("auto", "edges"):
+    for name in ("auto", "edges", "sharp_form"):
         backends, sampled = ran[name]
         row.update({f"{name}_time": times[name], f"{name}_backends": backends,
                     f"{name}_density": sampled,
@@ -289,7 +343,10 @@ def bench_sharp_conv(n: int, density: float, device: torch.device,
     log(f"  SBMConv n={n} sharp at {density}: auto ({row['auto_backends']['attention']}, "
         f"density {row['auto_density']:.4f}) {row['auto_time'] * 1e3:.1f} ms, "
         f"{row['auto_ratio']:.3f}x MultiheadAttention ({row['mha_time'] * 1e3:.1f} ms); "
-        f"edge path {row['edges_time'] * 1e3:.1f} ms, {row['edges_ratio']:.3f}x")
+        f"edge path {row['edges_time'] * 1e3:.1f} ms, {row['edges_ratio']:.3f}x; the "
+        f"sharp form ({row['sharp_form_backends']['attention']}, clusters "
+        f"{row['sharp_form_backends']['clusters']}) {row['sharp_form_time'] * 1e3:.1f} ms, "
+        f"{row['sharp_form_ratio']:.3f}x")
     return row
 
 

@@ -5,7 +5,7 @@ crossover; and for a call with no dense pair, the share of its expected
 edges that the tiled regime's tiles would hold."""
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -18,7 +18,7 @@ from sbm_pyg.sampling.checks import PtrLike, check_pointers
 from sbm_pyg.sampling.tiles import tile_edges
 from sbm_pyg.validation import Check
 
-__all__ = ["regimes", "tiles_share", "TILES_MIN_SHARE", "DenseChoice",
+__all__ = ["regimes", "tiles_share", "backend_notes", "TILES_MIN_SHARE", "DenseChoice",
            "MixedChoice", "TiledChoice"]
 
 #: The least share of a call's expected edges that the tiles must hold for
@@ -100,3 +100,19 @@ def tiles_share(sbm: Tuple[Tensor, Tensor, Tensor], ptr_q: Tensor, ptr_k: Tensor
                        tile_q=opts.tile_size, tile_k=opts.tile_size,
                        min_fill=opts.tile_fill).sum()
     return tiled / total.clamp_min(torch.finfo(total.dtype).tiny)
+
+
+def backend_notes(device: torch.device, chose: bool, opts: SBMAttentionOptions,
+                  width: int, num_clusters: int) -> Dict[str, str]:
+    r"""What a call's :obj:`backends` says beside its kernels: on a GPU,
+    the crossover that :obj:`chose` the regimes (the GPU's or the CPU's
+    figure); with :obj:`sparse_memberships`, the clusters kept of the
+    memberships' (:func:`~sbm_pyg.nn.support.compact_clusters`), as
+    :obj:`"k'/k"`."""
+    notes = {}
+    if chose and device.type != "cpu":
+        crossover, source = backend_info.dense_crossover(device)
+        notes["crossover"] = f"{crossover:g} ({source})"
+    if opts.sparse_memberships:
+        notes["clusters"] = f"{width}/{num_clusters}"
+    return notes

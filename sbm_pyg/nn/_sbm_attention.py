@@ -22,6 +22,7 @@ from sbm_pyg.nn._regimes import (
     DenseChoice,
     MixedChoice,
     TiledChoice,
+    backend_notes,
     regimes,
     tiles_share,
 )
@@ -33,9 +34,9 @@ from sbm_pyg.nn.functional import (
     with_sink,
 )
 from sbm_pyg.nn.options import SBMAttentionOptions
+from sbm_pyg.nn.support import compact_clusters
 from sbm_pyg.nn.tiled_attention import tiled_regime
-from sbm_pyg.ops import backend_info
-from sbm_pyg.ops.backend_info import resolve_backend
+from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
 from sbm_pyg.ops.dense_attention import dense_attention, mask_bytes, mask_keys, matmul_precision
 from sbm_pyg.sampling.checks import PtrLike, check_draws, check_sbm, included_pairs
@@ -63,7 +64,8 @@ class SBMAttention(NamedTuple):
     'attention': 'cpp'}` (:obj:`'dense'` for both where the dense-regime
     kernel ran for every (sequence, head), and :obj:`'dense_pairs': 'd/n'`
     where it ran for :math:`d` of the :math:`n` pairs of non-empty
-    sequences only)."""
+    sequences only; :obj:`'clusters': "k'/k"`, the clusters computed
+    over, with the options' :obj:`sparse_memberships`)."""
 
     out: Tensor
     graph: Optional[SampledGraph]
@@ -126,7 +128,9 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     before the choice, its first seed the dense kernel's where every pair
     is dense). On CUDA the Triton sampler then reads its graph's edge
     count (the dense kernel takes its mask's size from the sync); the
-    backward reads nothing. A batch of both regimes reads more.
+    backward reads nothing. A batch of both regimes reads more, and
+    :obj:`sparse_memberships` once more first (the clusters in use,
+    :func:`~sbm_pyg.nn.support.compact_clusters`).
 
     Args:
         query (Tensor): :obj:`[N_q, H, D]`.
@@ -182,8 +186,9 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     if not isinstance(opts, SBMAttentionOptions):
         raise TypeError(f"options must be an SBMAttentionOptions or None, got "
                         f"{type(options).__name__}")
-    q_memb, block, k_memb = sbm = check_sbm_shapes(
-        sbm, query.size(0), key.size(0), query.size(1))
+    given = check_sbm_shapes(sbm, query.size(0), key.size(0), query.size(1))
+    # With sparse memberships, over the clusters some token uses.
+    q_memb, block, k_memb = sbm = compact_clusters(given) if opts.sparse_memberships else given
     device = query.device
     check_generator(generator, device)
     check_sink(sink, query.size(1))
@@ -206,7 +211,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
         part = _tiles(call, sampler, attention)
         # The tiles' kernel, and the rest's sampler and sparse kernel.
         backends = dict(sampler=sampler, attention="tiles", tiles=(
-            "dense" if backend_info.dense_runs(device) else "torch"), rest=attention)
+            "dense" if dense_runs(device) else "torch"), rest=attention)
     elif attend is None and opts.attention_backend == "dense":
         part, backends = _dense(call), dense_backends
     elif dense is None:
@@ -230,9 +235,8 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
                           attention)
             backends = dict(sampler=sampler, attention=attention,
                             dense_pairs=f"{choice.dense}/{choice.busy}")
-    if dense is not None and device.type != "cpu":
-        crossover, source = backend_info.dense_crossover(device)  # GPU's or CPU's
-        backends["crossover"] = f"{crossover:g} ({source})"
+    backends.update(backend_notes(device, dense is not None, opts, block.size(-1),
+                                  given[1].size(-1)))
     if per is None:
         per = expected_densities(seq_q, seq_k, q_memb, block, k_memb)
     expected, sampled = mean_densities(seq_q, seq_k, part.edges, per)

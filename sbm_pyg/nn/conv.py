@@ -237,9 +237,10 @@ class SBMConv(MessagePassing):
         # A dense warm-up (set by a training loop): in training, every pair
         # is sampled (exploration 1) whatever the SBM says.
         self.attend_all = False
-        self.sampler_backend = sampler_backend
-        self.attention_backend = attention_backend
+        self.sampler_backend, self.attention_backend = sampler_backend, attention_backend
         self.eval_seed = eval_seed
+        # The sharp form's memberships are zero off a token's top clusters.
+        self.sparse_memberships = sbm_parametrization == "sharp"
         self._attention_options(warmup=False)  # checks them, naming each
         if isinstance(in_channels, int):
             in_channels = (in_channels, in_channels)
@@ -281,7 +282,8 @@ class SBMConv(MessagePassing):
             self_loops=self.self_loops, max_edges=self.max_edges,
             ste=None if warmup else self.ste, dropout=self.dropout,
             sampler_backend=self.sampler_backend,
-            attention_backend="auto" if backend == "message_passing" else backend)
+            attention_backend="auto" if backend == "message_passing" else backend,
+            sparse_memberships=self.sparse_memberships)
 
     def _dense_warmup(self, x_dst: Tensor, query: Tensor, key: Tensor,
                       value: Tensor, memb: Tuple[Tensor, Tensor, Tensor],

@@ -69,6 +69,15 @@ class SBMAttentionOptions:
             tiled regime computes as tiles
             (:func:`~sbm_pyg.sampling.tiles.plan_tiles`'s :obj:`min_fill`).
             (default: :obj:`0.5`)
+        sparse_memberships (bool): the memberships' zeros are their
+            parametrization's (a token in its top clusters, as
+            :class:`~sbm_pyg.nn.StochasticBlockModel`'s :obj:`"sharp"`
+            form): each call computes over the clusters some token of a
+            head uses (:func:`~sbm_pyg.nn.support.compact_clusters`, their
+            count read from the device once more): the same law and
+            outputs, the straight-through gradients reaching the
+            memberships on those clusters only, every product over the
+            clusters as narrow as they are. (default: :obj:`False`)
 
     Example:
         >>> from dataclasses import replace
@@ -87,12 +96,14 @@ class SBMAttentionOptions:
     attention_backend: str = "auto"
     tile_size: int = 64
     tile_fill: float = 0.5
+    sparse_memberships: bool = False
 
     def __post_init__(self) -> None:
         check_sampler_options(self.mode, self.exploration, self.max_edges)
-        if not isinstance(self.self_loops, bool):
-            raise TypeError(f"self_loops must be a bool, got "
-                            f"{self.self_loops!r}")
+        for name in ("self_loops", "sparse_memberships"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got "
+                                f"{getattr(self, name)!r}")
         if self.ste is not None and self.ste not in STE_MODES:
             raise ValueError(f"ste must be one of {STE_MODES} or None, got "
                              f"{self.ste!r}")

@@ -30,6 +30,21 @@ def test_the_sharp_sbm_is_nearly_complete_blocks():
     torch.testing.assert_close(p[same], torch.full_like(p[same], INSIDE + eps**2 * S))
     torch.testing.assert_close(p[~same], torch.full_like(p[~same], 2 * OWN * eps * S))
     assert q_memb.argmax(-1).unique().numel() == 2  # both clusters drawn
+    # The sparse form: the other 0.02 on the other of the V = 2 clusters.
+    q_memb, block, k_memb = sharp_sbm(6, 0.4, torch.device("cpu"), sparse=True)
+    top = q_memb.argmax(-1)
+    assert (q_memb.max(-1).values == OWN).all() and (top < 2).all()
+    assert torch.equal(q_memb.gather(-1, 1 - top[..., None]).squeeze(-1),
+                       torch.full((6, HEADS), 1 - OWN))
+    assert (q_memb[..., 2:] == 0).all() and torch.equal(q_memb, k_memb)
+    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb).detach()
+    same = top.T[:, :, None] == top.T[:, None, :]
+    S = INSIDE / OWN**2
+    torch.testing.assert_close(p[same], torch.full_like(p[same], INSIDE + (1 - OWN)**2 * S))
+    torch.testing.assert_close(p[~same], torch.full_like(p[~same], 2 * OWN * (1 - OWN) * S))
+    # One cluster: all on it.
+    q_memb, _, _ = sharp_sbm(6, 0.9, torch.device("cpu"), sparse=True)
+    assert (q_memb[..., 0] == 1).all() and (q_memb[..., 1:] == 0).all()
 
 
 @pytest.mark.slow
@@ -59,7 +74,14 @@ def test_a_quick_row():
     split = row["auto_attention"]
     assert split["forward"] > 0 and split["backward"] > 0
     assert row["auto_backward_vs_forward"] == split["backward"] / split["forward"]
-    assert len(lines) == 3
+    # The sparse form over its V clusters, through "auto" and the edge path.
+    for name in ("sparse_auto", "sparse_edges"):
+        assert row[f"{name}_backends"]["clusters"] == "4/128"
+        assert row[f"{name}_ratio"] == row[f"{name}_time"] / row["sdpa_time"]
+        assert 0.1 < row[f"{name}_density"] < 0.4
+    assert row["sparse_edges_backends"]["attention"] == row["backends"]["attention"]
+    assert row["sparse_auto_attention"]["backward"] > 0
+    assert len(lines) == 5
 
 
 def test_the_sharp_layer_computes_the_sharp_head():
@@ -82,6 +104,16 @@ def test_the_sharp_layer_computes_the_sharp_head():
     assert (p[same] - INSIDE).abs().max() < 1e-3 and p[~same].max() < 1e-3
     with pytest.raises(ValueError, match="more than the head dimension"):
         sharp_conv(64, 0.01, torch.device("cpu"))
+    # The sharp form: top-2 memberships, the layer over the V clusters.
+    conv, x = sharp_conv(64, 0.2, torch.device("cpu"), parametrization="sharp")
+    q_memb, block, k_memb = conv.sbm(conv.lin_query(x).view(-1, H, HEAD_DIM),
+                                     conv.lin_key(x).view(-1, H, HEAD_DIM))
+    assert torch.equal(q_memb.argmax(-1), top) and ((q_memb > 0).sum(-1) == 2).all()
+    assert q_memb.max(-1).values.min() > 0.9998
+    p = torch.einsum("ihu,huv,jhv->hij", q_memb, block, k_memb).detach()
+    assert (p[same] - INSIDE).abs().max() < 0.04 and p[~same].max() < 1e-3
+    conv(x)
+    assert conv.last_backends["clusters"] == "4/128"
 
 
 @pytest.mark.slow
@@ -92,4 +124,7 @@ def test_a_quick_layer_row():
     assert row["edges_ratio"] == row["edges_time"] / row["mha_time"]
     assert row["edges_backends"]["attention"] != "tiles"
     assert 0.1 < row["auto_density"] < 0.3 and 0.1 < row["edges_density"] < 0.3
+    assert row["sharp_form_ratio"] == row["sharp_form_time"] / row["mha_time"]
+    assert row["sharp_form_backends"]["clusters"] == "4/128"
+    assert 0.1 < row["sharp_form_density"] < 0.3
     assert len(lines) == 1

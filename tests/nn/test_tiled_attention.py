@@ -22,6 +22,7 @@ from tests.sampling.test_tiles import assert_has_the_law, sharp_sbm
 
 # The module (sbm_pyg.nn's attribute of that name is the function).
 tiled_module = importlib.import_module("sbm_pyg.nn.tiled_attention")
+attention_module = importlib.import_module("sbm_pyg.nn._sbm_attention")
 BACKENDS = ["torch", pytest.param("cpp", marks=needs_cpp),
             pytest.param("triton", marks=needs_triton)]
 
@@ -220,7 +221,7 @@ def test_the_tiled_regime_of_sbm_attention(self_loops, dense_kernel, monkeypatch
     # edges per (sequence, head) over its pairs, the kernels named; with the
     # dense-regime kernel and without it (the PyTorch tiles).
     if not dense_kernel:
-        for module in (tiled_module, backend_info):
+        for module in (tiled_module, attention_module, backend_info):
             monkeypatch.setattr(module, "dense_runs", lambda device: False)
     elif not dense_runs(torch.get_default_device()):
         pytest.skip("no dense-regime kernel on this device")
