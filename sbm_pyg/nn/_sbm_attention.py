@@ -114,8 +114,8 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     (:func:`~sbm_pyg.nn.tiled_sbm_attention`: the heavy cluster pairs as
     tiles of cluster-sorted tokens on the dense-regime kernel, the rest on
     the sparse path; :obj:`backends` names the tiles' kernel and the rest's
-    sampler and kernel); it reads the device five times (the inputs'
-    checks, the plan's two, the layout's, the rest sampler's).
+    sampler and kernel); it reads the device four times (the inputs'
+    checks, the plan's, the rest sampler's, the layout's).
     :obj:`"auto"` takes it for a call with no dense pair whose tiles
     would hold half its expected edges or more
     (:func:`~sbm_pyg.sampling.tiles.tile_edges`, read with the choice;

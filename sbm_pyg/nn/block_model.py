@@ -253,11 +253,11 @@ ROW_CHUNK = 1024
 
 def _top(logits: Tensor) -> Tensor:
     # The softmax over the clusters kept on its SHARP_TOP largest entries,
-    # renormalized: a token in at most SHARP_TOP clusters.
-    memb = logits.softmax(dim=-1)
-    top = memb.topk(min(SHARP_TOP, memb.size(-1)), dim=-1)
-    kept = torch.zeros_like(memb).scatter(-1, top.indices, top.values)
-    return kept / kept.sum(-1, keepdim=True)
+    # renormalized: a token in at most SHARP_TOP clusters. That is the
+    # softmax of the kept logits alone (the full softmax's normalizer
+    # cancels), with no k-wide softmax or division.
+    top = logits.topk(min(SHARP_TOP, logits.size(-1)), dim=-1)
+    return torch.zeros_like(logits).scatter(-1, top.indices, top.values.softmax(-1))
 
 
 def _row_chunks(x: Tensor) -> Tuple[Tensor, int]:

@@ -132,6 +132,37 @@ class SampledGraph:
         counts = self.edge_counts().double()
         return torch.where(pairs > 0, counts / pairs.clamp(min=1), 0.0)
 
+    def edge_subgraph(self, mask: Tensor) -> SampledGraph:
+        r"""The graph of the edges where :obj:`mask` :obj:`[E]` (bool, in
+        edge order) is set, its CSR filtered in both orders: :math:`O(E)`,
+        no sort.
+
+        Example:
+            >>> g = SampledGraph.from_keys(torch.tensor([0, 3, 5]), 1, 2, 3)
+            >>> g.edge_subgraph(torch.tensor([True, False, True])).edge_index
+            tensor([[0, 2],
+                    [0, 1]])
+        """
+        require_tensor("mask", mask, 1)
+        if mask.dtype != torch.bool or mask.numel() != self.num_edges:
+            raise ValueError(f"mask must be a bool tensor of the graph's "
+                             f"{self.num_edges} edges, got {mask.dtype} "
+                             f"{tuple(mask.shape)}")
+        csr, dtype = self.csr, self.csr.col.dtype
+        mask = mask.to(self.device)
+
+        def before(m: Tensor) -> Tensor:  # kept entries before each place
+            return torch.cat([m.new_zeros(1, dtype=torch.long), m.cumsum(0)])
+
+        kept, perm = before(mask), csr.perm.long()
+        mask_t = mask[perm]
+        col = csr.col[mask]
+        graph = CSRGraph(kept[csr.rowptr.long()].to(dtype), col,
+                         before(mask_t)[csr.colptr.long()].to(dtype),
+                         kept[perm][mask_t].to(dtype))
+        return SampledGraph(graph, self.num_queries, self.num_keys, self.num_heads,
+                            self.ptr_q, self.ptr_k, col.numel(), float(col.numel()))
+
     def sequence(self, index: int) -> SampledGraph:
         r"""The graph of one sequence of the batch, all heads, with its own
         query and key indices :obj:`0..n_q-1` and :obj:`0..n_k-1`.

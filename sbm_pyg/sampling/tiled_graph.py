@@ -103,12 +103,8 @@ def draw_rest(plan: TilePlan, *, mode: str = "poisson", exploration: float = 0.0
     rest = fastrg(*plan.rest, ptr_q=plan.ptr_q, ptr_k=plan.ptr_k, mode=mode,
                   exploration=exploration, self_loops=self_loops,
                   generator=generator, backend=backend)
-    H, Nq, Nk = rest.num_heads, rest.num_queries, rest.num_keys
     key, query = rest.edge_index
-    keep = ~in_tiles(plan, rest.head, query, key)
-    return SampledGraph.from_keys(
-        ((rest.head * Nq + query) * Nk + key)[keep], H, Nq, Nk,
-        ptr_q=plan.ptr_q, ptr_k=plan.ptr_k)
+    return rest.edge_subgraph(~in_tiles(plan, rest.head, query, key))
 
 
 def sample_tiled(q_memb: Tensor, block: Tensor, k_memb: Tensor,

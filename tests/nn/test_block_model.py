@@ -319,6 +319,29 @@ def test_sharp_memberships_keep_two_clusters_and_learn_their_temperature():
     assert repr(sbm).endswith("parametrization='sharp')")
 
 
+def test_sharp_memberships_are_the_renormalized_top_of_the_softmax():
+    # Values and gradients: the kept logits' softmax is the full softmax
+    # kept on the top two and renormalized.
+    from sbm_pyg.nn.block_model import _top
+    logits = torch.randn(40, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    weight = torch.randn(40, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def reference(x):
+        memb = x.softmax(-1)
+        top = memb.topk(2, dim=-1)
+        kept = torch.zeros_like(memb).scatter(-1, top.indices, top.values)
+        return kept / kept.sum(-1, keepdim=True)
+
+    grads = []
+    for fn in (_top, reference):
+        x = logits.clone().requires_grad_()
+        out = fn(x)
+        (out * weight).sum().backward()
+        grads.append((out.detach(), x.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=1e-15)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=0, atol=1e-14)
+
+
 def test_sharp_init_draws_its_clusters_wide():
     # N(0, 0.3^2) for the query and the key clusters (the library's other
     # forms start at the kaiming std, about 0.02 here).

@@ -136,3 +136,26 @@ def test_sequence_is_the_batch_restricted_to_one_input():
     assert repr(graph) == (f"SampledGraph(num_edges={graph.num_edges}, num_heads=2, "
                            f"num_queries=11, num_keys=12, num_graphs=3, "
                            f"device={graph.device})")
+
+
+def test_edge_subgraph_filters_both_orders():
+    # Every other edge and a hand-picked pattern: the CSR in both orders
+    # that from_keys builds from the kept edges' keys.
+    graph, _ = conversion_graph()
+    key, query = graph.edge_index
+    keys = (graph.head * NQ + query) * NK + key
+    E = graph.num_edges
+    for mask in (torch.arange(E) % 2 == 0, torch.zeros(E, dtype=torch.bool),
+                 torch.ones(E, dtype=torch.bool), keys % 3 == 1):
+        mask = mask.to(keys.device)
+        sub = graph.edge_subgraph(mask)
+        want = SampledGraph.from_keys(keys[mask], H, NQ, NK, ptr_q=graph.ptr_q,
+                                      ptr_k=graph.ptr_k)
+        for name in ("rowptr", "col", "colptr", "perm"):
+            assert torch.equal(getattr(sub.csr, name), getattr(want.csr, name)), name
+        assert sub.num_edges == int(mask.sum()) and sub.num_draws == sub.num_edges
+        assert torch.equal(sub.ptr_q, graph.ptr_q)
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        graph.edge_subgraph(torch.ones(E + 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        graph.edge_subgraph(torch.ones(E))
