@@ -4,12 +4,13 @@ attended (or the dense-regime kernel run), the density statistics
 computed."""
 from __future__ import annotations
 
-import math
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from sbm_pyg.nn._call import Attend, Call, Part, attend_graph, unsupported
+from sbm_pyg.nn._dense_regime import dense as dense_regime
 from sbm_pyg.nn._pair_split import (
     dense_keys,
     merged_graph,
@@ -30,27 +31,19 @@ from sbm_pyg.nn.block_model import expected_densities, mean_densities
 from sbm_pyg.nn.functional import (
     check_sbm_shapes,
     check_sink,
-    sparse_attention,
-    with_sink,
 )
 from sbm_pyg.nn.options import SBMAttentionOptions
 from sbm_pyg.nn.support import compact_clusters
 from sbm_pyg.nn.tiled_attention import tiled_regime
 from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
-from sbm_pyg.ops.dense_attention import dense_attention, mask_bytes, mask_keys, matmul_precision
-from sbm_pyg.sampling.checks import PtrLike, check_draws, check_sbm, included_pairs
+from sbm_pyg.ops.dense_attention import mask_bytes
+from sbm_pyg.sampling.checks import PtrLike, included_pairs
 from sbm_pyg.sampling.fastrg import PlannedGraph, plan_fastrg
-from sbm_pyg.sampling.fastrg_op import included_csr, stream_seed
 from sbm_pyg.sampling.graph import SampledGraph
-from sbm_pyg.validation import Check, check_generator, sync
+from sbm_pyg.validation import check_generator, sync
 
 __all__ = ["sbm_attention", "SBMAttention"]
-
-# attend(graph, need_weights) -> (out [N_q, H, D_v], weights [E] or None):
-# an attention over the sampled graph in place of the kernels (a layer's
-# MessagePassing path).
-Attend = Callable[[SampledGraph, bool], Tuple[Tensor, Optional[Tensor]]]
 
 
 class SBMAttention(NamedTuple):
@@ -73,14 +66,6 @@ class SBMAttention(NamedTuple):
     expected_density: Tensor
     sampled_density: Tensor
     backends: Dict[str, str]
-
-
-class _Part(NamedTuple):
-    # One regime's share of a call, with the edges of each (sequence, head).
-    out: Tensor
-    graph: Optional[SampledGraph]
-    alpha: Optional[Tensor]
-    edges: Tensor
 
 
 def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
@@ -195,7 +180,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     seq_q, seq_k, checks, dense, per = regimes(
         query, sbm, ptr_q, ptr_k, key.size(0), opts, attend is not None)
     need_graph = return_graph or return_attention_weights
-    call = _Call(query, key, value, q_memb, block, k_memb, seq_q, seq_k,
+    call = Call(query, key, value, q_memb, block, k_memb, seq_q, seq_k,
                  include_edges, opts, training, need_graph,
                  return_attention_weights, attend, generator, checks, None, sink)
     sampler = resolve_backend("sampler", opts.sampler_backend, device)
@@ -213,7 +198,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
         backends = dict(sampler=sampler, attention="tiles", tiles=(
             "dense" if dense_runs(device) else "torch"), rest=attention)
     elif attend is None and opts.attention_backend == "dense":
-        part, backends = _dense(call), dense_backends
+        part, backends = dense_regime(call), dense_backends
     elif dense is None:
         graph = _sample(call, q_memb, opts.max_edges, sampler)
         part = _sparse(call, graph, attention)
@@ -229,7 +214,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
             part = _sparse(call, choice, attention)
             backends = dict(sampler=sampler, attention=attention)
         elif isinstance(choice, DenseChoice):  # every pair dense
-            part, backends = _dense(call, choice), dense_backends
+            part, backends = dense_regime(call, choice), dense_backends
         else:  # some of each: (dense pairs, non-empty pairs)
             part = _mixed(call._replace(seed=choice.seed), dense, sampler,
                           attention)
@@ -244,55 +229,19 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
                         expected, sampled, backends)
 
 
-def _unsupported(call: _Call) -> Dict[str, bool]:
-    # What the tiled regime does not serve, by name.
-    return dict(include_edges=call.include_edges is not None,
-                sink=call.sink is not None, attend=call.attend is not None,
-                dropout=call.training and call.options.dropout > 0,
-                return_attention_weights=call.need_alpha)
-
-
-def _tiles(call: _Call, sampler: str, rest: str) -> _Part:
+def _tiles(call: Call, sampler: str, rest: str) -> Part:
     # The tiled regime (sbm_pyg.nn.tiled_attention); the inputs' checks
     # read first.
     out, graph, edges = tiled_regime(
         call.query, call.key, call.value, (call.q_memb, call.block, call.k_memb),
-        call.ptr_q, call.ptr_k, call.options, call.checks, _unsupported(call),
+        call.ptr_q, call.ptr_k, call.options, call.checks, unsupported(call),
         generator=call.generator, sampler=sampler, rest=rest,
         need_graph=call.need_graph)
-    return _Part(out, graph, None, edges)
-
-
-class _Call(NamedTuple):
-    # One call's inputs and requests, as each regime takes them (the
-    # pointers checked; a mixed batch's dense part is a _Call of its own).
-    query: Tensor
-    key: Tensor
-    value: Tensor
-    q_memb: Tensor
-    block: Tensor
-    k_memb: Tensor
-    ptr_q: Tensor
-    ptr_k: Tensor
-    include_edges: Optional[Tensor]
-    options: SBMAttentionOptions
-    training: bool
-    need_graph: bool
-    need_alpha: bool
-    attend: Optional[Attend]
-    generator: Optional[torch.Generator]
-    # Checks of the inputs not raised yet (they raise at the regime's one
-    # host sync) and the first seed, where it was drawn before the regime
-    # was chosen.
-    checks: List[Check]
-    seed: Optional[int]
-    # The sink's logits: [H], or one per heads-first row (a mixed batch's
-    # dense pairs, as one head).
-    sink: Optional[Tensor] = None
+    return Part(out, graph, None, edges)
 
 
 @torch.compiler.disable  # data-dependent: the choice read at the sync
-def _choose(call: _Call, dense: Tensor, per: Tensor, sampler: str
+def _choose(call: Call, dense: Tensor, per: Tensor, sampler: str
             ) -> Union[SampledGraph, DenseChoice, MixedChoice, TiledChoice]:
     # The regime of a batch whose pairs chose by their expected density,
     # with one host read: the sampler's plan is made first (its first seed
@@ -304,7 +253,7 @@ def _choose(call: _Call, dense: Tensor, per: Tensor, sampler: str
     # are planned and checked each on its own).
     planned = _plan(call, call.q_memb, call.options.max_edges, sampler)
     H = call.query.size(1)
-    share = ([] if any(_unsupported(call).values()) else [tiles_share(
+    share = ([] if any(unsupported(call).values()) else [tiles_share(
         (call.q_memb, call.block, call.k_memb), call.ptr_q, call.ptr_k, per,
         call.options)])
     values = sync([*call.checks, *planned.checks], *planned.scalars,
@@ -324,12 +273,12 @@ def _choose(call: _Call, dense: Tensor, per: Tensor, sampler: str
     return MixedChoice(int(dense_busy), int(num_busy), planned.seed)
 
 
-def _sparse(call: _Call, graph: SampledGraph, attention: str) -> _Part:
-    out, alpha = _attend(call, graph, attention)
-    return _Part(out, graph, alpha, graph.edge_counts())
+def _sparse(call: Call, graph: SampledGraph, attention: str) -> Part:
+    out, alpha = attend_graph(call, graph, attention)
+    return Part(out, graph, alpha, graph.edge_counts())
 
 
-def _plan(call: _Call, q_memb: Tensor, max_edges: Optional[int],
+def _plan(call: Call, q_memb: Tensor, max_edges: Optional[int],
           sampler: str) -> PlannedGraph:
     # The plan of the call's SBM with the query memberships q_memb (a mixed
     # batch zeroes its dense pairs'), from the call's first seed if drawn.
@@ -347,100 +296,15 @@ def _plan(call: _Call, q_memb: Tensor, max_edges: Optional[int],
 # Data-dependent edge count: the sampler runs eagerly under torch.compile,
 # which compiles the code around it, the attention operator included.
 @torch.compiler.disable
-def _sample(call: _Call, q_memb: Tensor, max_edges: Optional[int],
+def _sample(call: Call, q_memb: Tensor, max_edges: Optional[int],
             sampler: str) -> SampledGraph:
     # The graph, with the call's checks raised at the sampler's one sync.
     planned = _plan(call, q_memb, max_edges, sampler)
     return planned.finish(sync([*call.checks, *planned.checks], *planned.scalars))
 
 
-def _attend(call: _Call, graph: SampledGraph, attention: str
-            ) -> Tuple[Tensor, Optional[Tensor]]:
-    # The attention over a sampled graph: the kernels or `attend`.
-    if call.attend is not None:
-        return call.attend(graph, call.need_alpha)
-    # The straight-through estimator uses the edge probabilities' gradient
-    # only: their values are never computed.
-    ste = call.options.ste
-    need_ste = (torch.is_grad_enabled() and call.q_memb.requires_grad
-                and ste is not None)
-    sbm = (call.q_memb, call.block, call.k_memb) if need_ste else None
-    res = sparse_attention(call.query, call.key, call.value, graph, None,
-                           call.options.dropout, call.training,
-                           ste=ste or "paper", generator=call.generator,
-                           backend=attention, sbm=sbm, sink=call.sink,
-                           return_attention_weights=call.need_alpha)
-    if isinstance(res, tuple):  # with the weights
-        return res[0], res[1]
-    return res, None
-
-
-@torch.compiler.disable  # data-dependent mask size: runs eagerly
-def _dense(call: _Call, sized: Optional[DenseChoice] = None) -> _Part:
-    # The dense-regime kernel samples the mask and attends over it, after
-    # the sampler's argument checks and memory guard. Where the graph is
-    # asked for, only the mask is wanted of it (no autograd graph): the
-    # graph read off the mask goes through the sparse kernel.
-    query, key, value, q_memb, block, k_memb = call[:6]
-    opts = call.options
-    Nq, H, C = query.shape
-    Nk = key.size(0)
-    qm, b, km = q_memb.detach(), block.detach(), k_memb.detach()
-    ptr_q, ptr_k, checks = check_sbm(qm, b, km, call.ptr_q, call.ptr_k,
-                                     opts.self_loops)
-    if call.include_edges is not None:
-        i, j, check = included_pairs(call.include_edges, ptr_q, ptr_k, Nq, Nk)
-        checks.append(check)
-    if sized is None:  # not read with the regime's choice: read here
-        num_pairs, num_bytes = sync(
-            call.checks + checks, H * (ptr_q.diff() * ptr_k.diff()).sum(),
-            mask_bytes(ptr_q, ptr_k, H).sum())
-        sized = DenseChoice(num_pairs, num_bytes, call.seed)
-    check_draws(sized.num_pairs, sized.num_pairs, sized.num_bytes,
-                opts.max_edges, query.device, ptr_q.numel() - 1, H, Nq, Nk)
-    included = (None if call.include_edges is None
-                else included_csr(i, j, Nq, Nk))
-    grad = torch.is_grad_enabled() and not call.need_graph
-    need_ste = grad and q_memb.requires_grad and opts.ste is not None
-    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
-    # As PyTorch's matmuls would take it (before full_precision sets it).
-    precision = matmul_precision(query.dtype)
-    seed = (stream_seed(call.generator, query.device) if sized.seed is None
-            else sized.seed)
-    # The dropout's own seed, drawn after the mask's (none without dropout).
-    drop = opts.dropout if call.training and not call.need_graph else 0.0
-    drop_seed = stream_seed(call.generator, query.device) if drop > 0 else 0
-    # Q̂Ŝ feeds the mask's draws: computed in full precision, whatever
-    # autocast and the TF32 setting say.
-    with full_precision(query.device), torch.set_grad_enabled(grad):
-        q_block = torch.einsum("nhu,huv->nhv", q_memb.to(dtype),
-                               block.to(dtype))
-        k_memb_d = k_memb if need_ste else k_memb.detach()
-        q_block = q_block if need_ste else q_block.detach()
-        # contiguous: the kernel takes contiguous rows (a reshape of a
-        # strided input may stay a view)
-        q, k, v, qb, kmd = (heads_first(x.to(dtype)).contiguous() for x in (
-            query, key, value, q_block, k_memb_d))
-        res = dense_attention(
-            q, k, v, qb, kmd, ptr_q, ptr_k, heads=H, scale=1.0 / math.sqrt(C),
-            seed=seed, mode=opts.mode, exploration=opts.exploration,
-            self_loops=opts.self_loops, included=included,
-            ste=opts.ste if need_ste else None, dropout=drop,
-            dropout_seed=drop_seed, precision=precision,
-            mask_bytes=int(sized.num_bytes))  # read with the choice
-    if not call.need_graph:
-        out = res.out if call.sink is None else with_sink(
-            res.out, None, res.lse, call.sink)[0]
-        return _Part(nodes_first(out, H), None, None, res.edges)
-    graph = SampledGraph.from_keys(mask_keys(res.mask, ptr_q, ptr_k, H), H, Nq,
-                                   Nk, ptr_q=ptr_q, ptr_k=ptr_k)
-    attention = resolve_backend("attention", "auto", query.device)
-    out, alpha = _attend(call, graph, attention)
-    return _Part(out, graph, alpha, res.edges)
-
-
 @torch.compiler.disable  # data-dependent row selections: runs eagerly
-def _mixed(call: _Call, dense: Tensor, sampler: str, attention: str) -> _Part:
+def _mixed(call: Call, dense: Tensor, sampler: str, attention: str) -> Part:
     # Each (sequence, head) pair on its regime. The dense pairs run as a
     # batch of one head, their heads-first rows gathered (Q̂Ŝ with an
     # identity block: the blocks differ between heads); the sampler runs on
@@ -462,7 +326,7 @@ def _mixed(call: _Call, dense: Tensor, sampler: str, attention: str) -> _Part:
         return heads_first(x)[rows][:, None]
 
     eye = torch.eye(k, dtype=q_block.dtype, device=query.device)[None]
-    dense_part = _dense(call._replace(
+    dense_part = dense_regime(call._replace(
         query=gather(query, split.rows_q), key=gather(key, split.rows_k),
         value=gather(value, split.rows_k), q_memb=gather(q_block, split.rows_q),
         block=eye, k_memb=gather(k_memb, split.rows_k), ptr_q=split.ptr_q,
@@ -478,7 +342,7 @@ def _mixed(call: _Call, dense: Tensor, sampler: str, attention: str) -> _Part:
     graph = _sample(call._replace(seed=None, checks=[]), sparse_memb,
                     pairs_left, sampler)
     keys, graph = without_dense_pairs(graph, dense, seq)
-    out, alpha = _attend(call, graph, attention)
+    out, alpha = attend_graph(call, graph, attention)
     out = heads_first(out).index_copy(
         0, split.rows_q, dense_part.out[:, 0].to(out.dtype))
     edges = graph.edge_counts().index_put(
@@ -488,4 +352,4 @@ def _mixed(call: _Call, dense: Tensor, sampler: str, attention: str) -> _Part:
         merged, alpha_all = merged_graph(
             [keys, dense_keys(split, dense_part.graph, Nq, Nk)],
             [alpha, dense_part.alpha], H, Nq, Nk, ptr_q, ptr_k)
-    return _Part(nodes_first(out, H), merged, alpha_all, edges)
+    return Part(nodes_first(out, H), merged, alpha_all, edges)

@@ -156,7 +156,7 @@ def test_gradients_reach_the_sbm_through_ste_and_regularizer(parametrization):
 
 
 def test_no_straight_through_work_without_grad(monkeypatch):
-    import sbm_pyg.nn._sbm_attention as attention_module
+    import sbm_pyg.nn._call as call_module
     sparse_only(monkeypatch)
     conv = make_conv()
     x = x_input()
@@ -168,7 +168,7 @@ def test_no_straight_through_work_without_grad(monkeypatch):
         given.append(sbm is not None)
         return sparse_attention(*args, sbm=sbm, **kwargs)
 
-    monkeypatch.setattr(attention_module, "sparse_attention", spy)
+    monkeypatch.setattr(call_module, "sparse_attention", spy)
     with torch.no_grad():
         torch.manual_seed(3)
         out = run(conv, x, seed=1, batch=BATCH)
