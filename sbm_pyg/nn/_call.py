@@ -70,6 +70,7 @@ def unsupported(call: Call) -> Dict[str, bool]:
     return dict(include_edges=call.include_edges is not None,
                 sink=call.sink is not None, attend=call.attend is not None,
                 dropout=call.training and call.options.dropout > 0,
+                max_edges=call.options.max_edges is not None,
                 return_attention_weights=call.need_alpha)
 
 

@@ -1,14 +1,15 @@
 r"""Which regime each (sequence, head) of an SBM attention call takes,
 chosen before anything is sampled or read to the host: the sparse path or
 the dense-regime kernel, by the expected density against the device's
-crossover; and for a call with no dense pair, the share of its expected
-edges that the tiled regime's tiles would hold."""
+crossover; and the share of the sparse pairs' expected edges that the
+tiled regime's tiles would hold."""
 from __future__ import annotations
 
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch_geometric.utils.sparse import ptr2index
 
 from sbm_pyg.nn.block_model import check_exact_densities, expected_densities
 from sbm_pyg.nn.options import SBMAttentionOptions
@@ -42,10 +43,13 @@ class DenseChoice(NamedTuple):
 
 class MixedChoice(NamedTuple):
     # A batch of both regimes: the dense and the non-empty (sequence, head)
-    # pairs, counted at the one sync; the first seed (the dense part's).
+    # pairs, counted at the one sync; the first seed (the dense part's);
+    # the tiles' share of the sparse pairs' expected edges where the tiled
+    # regime takes them (else None).
     dense: int
     busy: int
     seed: Optional[int]
+    tiles: Optional[float] = None
 
 
 class TiledChoice(NamedTuple):
@@ -88,14 +92,18 @@ def regimes(query: Tensor, sbm: Tuple[Tensor, Tensor, Tensor],
 
 
 def tiles_share(sbm: Tuple[Tensor, Tensor, Tensor], ptr_q: Tensor, ptr_k: Tensor,
-                per: Tensor, opts: SBMAttentionOptions) -> Tensor:
-    r"""The share of a call's expected edges (:obj:`per` :obj:`[G, H]`, the
-    expected densities, plus the exploration) that the tiled regime's tiles
-    would hold (:func:`~sbm_pyg.sampling.tiles.tile_edges` with the
-    :obj:`opts`' tiles), a 0-dim tensor on the device: nothing read."""
+                per: Tensor, opts: SBMAttentionOptions, dense: Tensor) -> Tensor:
+    r"""The share of the expected edges of a call's sparse (sequence, head)
+    pairs (:obj:`per` :obj:`[G, H]`, the expected densities, plus the
+    exploration, where :obj:`dense` :obj:`[G, H]` is not set) that the
+    tiled regime's tiles would hold on them
+    (:func:`~sbm_pyg.sampling.tiles.tile_edges` with the :obj:`opts`' tiles,
+    the dense pairs' queries zeroed), a 0-dim tensor on the device: nothing
+    read."""
     pairs = (ptr_q.diff() * ptr_k.diff()).to(per.dtype)
-    total = ((per.detach() + opts.exploration) * pairs[:, None]).sum()
+    total = ((per.detach() + opts.exploration) * pairs[:, None] * ~dense).sum()
     q_memb, block, k_memb = (x.detach() for x in sbm)
+    q_memb = q_memb * (~dense)[ptr2index(ptr_q, q_memb.size(0))][:, :, None]
     tiled = tile_edges(q_memb, block, k_memb, ptr_q, ptr_k,
                        tile_q=opts.tile_size, tile_k=opts.tile_size,
                        min_fill=opts.tile_fill).sum()

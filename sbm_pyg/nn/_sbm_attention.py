@@ -101,11 +101,13 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     the sparse path; :obj:`backends` names the tiles' kernel and the rest's
     sampler and kernel); it reads the device four times (the inputs'
     checks, the plan's, the rest sampler's, the layout's).
-    :obj:`"auto"` takes it for a call with no dense pair whose tiles
-    would hold half its expected edges or more
+    :obj:`"auto"` takes it for the pairs of a call that the dense regime
+    does not take (all of them, or beside the dense ones) where its tiles
+    would hold half their expected edges or more
     (:func:`~sbm_pyg.sampling.tiles.tile_edges`, read with the choice;
-    :obj:`backends["tile_share"]`), where the dense kernel runs and the
-    call asks nothing the tiles lack.
+    :obj:`backends["tile_share"]`), the dense kernel runs and the call asks
+    nothing the tiles lack (dropout, a sink, included edges, the weights,
+    :obj:`max_edges`).
 
     A call of one regime reads the device once: the inputs' checks, the
     choice and the sizes of what is allocated next (the sampler's draws or
@@ -217,9 +219,12 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
             part, backends = dense_regime(call, choice), dense_backends
         else:  # some of each: (dense pairs, non-empty pairs)
             part = _mixed(call._replace(seed=choice.seed), dense, sampler,
-                          attention)
+                          attention, choice.tiles is not None)
             backends = dict(sampler=sampler, attention=attention,
                             dense_pairs=f"{choice.dense}/{choice.busy}")
+            if choice.tiles is not None:  # the sparse pairs as tiles and rest
+                backends.update(attention="tiles", tiles="dense", rest=attention,
+                                tile_share=f"{choice.tiles:.3f}")
     backends.update(backend_notes(device, dense is not None, opts, block.size(-1),
                                   given[1].size(-1)))
     if per is None:
@@ -255,13 +260,15 @@ def _choose(call: Call, dense: Tensor, per: Tensor, sampler: str
     H = call.query.size(1)
     share = ([] if any(unsupported(call).values()) else [tiles_share(
         (call.q_memb, call.block, call.k_memb), call.ptr_q, call.ptr_k, per,
-        call.options)])
+        call.options, dense)])
     values = sync([*call.checks, *planned.checks], *planned.scalars,
                   dense.sum(), H * (call.ptr_q.diff() * call.ptr_k.diff()).sum(),
                   mask_bytes(call.ptr_q, call.ptr_k, H).sum(), *share)
     num_dense, num_pairs, num_bytes = values[len(planned.scalars):][:3]
-    if num_dense == 0 and share and values[-1] >= TILES_MIN_SHARE:
-        return TiledChoice(float(values[-1]))
+    # The tiles' share of the sparse pairs' expected edges, where it pays.
+    tiles = float(values[-1]) if share and values[-1] >= TILES_MIN_SHARE else None
+    if num_dense == 0 and tiles is not None:
+        return TiledChoice(tiles)
     if num_dense == 0:
         return planned.finish(values[:len(planned.scalars)])
     if num_dense == dense.numel():
@@ -270,7 +277,7 @@ def _choose(call: Call, dense: Tensor, per: Tensor, sampler: str
     busy = ((call.ptr_q.diff() * call.ptr_k.diff() > 0)[:, None]
             .expand_as(dense))
     dense_busy, num_busy = sync([], (dense & busy).sum(), busy.sum())
-    return MixedChoice(int(dense_busy), int(num_busy), planned.seed)
+    return MixedChoice(int(dense_busy), int(num_busy), planned.seed, tiles)
 
 
 def _sparse(call: Call, graph: SampledGraph, attention: str) -> Part:
@@ -304,12 +311,14 @@ def _sample(call: Call, q_memb: Tensor, max_edges: Optional[int],
 
 
 @torch.compiler.disable  # data-dependent row selections: runs eagerly
-def _mixed(call: Call, dense: Tensor, sampler: str, attention: str) -> Part:
+def _mixed(call: Call, dense: Tensor, sampler: str, attention: str,
+           tiles: bool) -> Part:
     # Each (sequence, head) pair on its regime. The dense pairs run as a
     # batch of one head, their heads-first rows gathered (Q̂Ŝ with an
-    # identity block: the blocks differ between heads); the sampler runs on
-    # the whole batch with the dense pairs' query memberships zeroed, and
-    # their edges (exploration, self-loops, included pairs) are dropped.
+    # identity block: the blocks differ between heads); the sampler (or
+    # with `tiles` the tiled regime) runs on the whole batch with the dense
+    # pairs' query memberships zeroed, and their edges (exploration,
+    # self-loops, included pairs) are dropped, their rows' output replaced.
     query, key, value, q_memb, block, k_memb, ptr_q, ptr_k = call[:8]
     Nq, H, _ = query.shape
     Nk, k = key.size(0), block.size(-1)
@@ -339,16 +348,22 @@ def _mixed(call: Call, dense: Tensor, sampler: str, attention: str) -> Part:
                                                device=query.device),
                                   ptr_q.diff(), output_size=Nq)
     sparse_memb = q_memb * (~dense)[seq][:, :, None]
-    graph = _sample(call._replace(seed=None, checks=[]), sparse_memb,
-                    pairs_left, sampler)
-    keys, graph = without_dense_pairs(graph, dense, seq)
-    out, alpha = attend_graph(call, graph, attention)
+    if tiles:  # (no max_edges: the tiles take none)
+        out, graph, alpha, edges = _tiles(call._replace(q_memb=sparse_memb, checks=[]),
+                                          sampler, attention)
+        keys = None if graph is None else without_dense_pairs(graph, dense, seq)[0]
+    else:
+        graph = _sample(call._replace(seed=None, checks=[]), sparse_memb,
+                        pairs_left, sampler)
+        keys, graph = without_dense_pairs(graph, dense, seq)
+        out, alpha = attend_graph(call, graph, attention)
+        edges = graph.edge_counts()
     out = heads_first(out).index_copy(
         0, split.rows_q, dense_part.out[:, 0].to(out.dtype))
-    edges = graph.edge_counts().index_put(
+    edges = edges.index_put(
         dense.nonzero(as_tuple=True), dense_part.edges[split.pair[dense]][:, 0])
     merged = alpha_all = None
-    if call.need_graph:
+    if call.need_graph and keys is not None:
         merged, alpha_all = merged_graph(
             [keys, dense_keys(split, dense_part.graph, Nq, Nk)],
             [alpha, dense_part.alpha], H, Nq, Nk, ptr_q, ptr_k)

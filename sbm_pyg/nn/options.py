@@ -55,13 +55,14 @@ class SBMAttentionOptions:
             a kernel of :data:`~sbm_pyg.ops.backend_info.ATTENTION_BACKENDS`;
             :obj:`"auto"` takes the dense regime per (sequence, head) where
             the expected density reaches the device's crossover, and the
-            tiled regime for a call with no dense pair whose tiles would
-            hold half its expected edges or more;
+            tiled regime for the other pairs where its tiles would hold
+            half their expected edges or more;
             :obj:`"dense"` for every pair; or :obj:`"tiles"`, the tiled
             regime of a sharp head (:func:`~sbm_pyg.nn.tiled_sbm_attention`:
             its heavy cluster pairs as dense tiles of cluster-sorted tokens on
             the dense-regime kernel, the rest on the sparse path; without
-            :obj:`include_edges`, a sink, dropout or the attention weights).
+            :obj:`include_edges`, a sink, dropout, the attention weights
+            or :obj:`max_edges`).
             (default: :obj:`"auto"`)
         tile_size (int): the tiled regime's tiles, :obj:`tile_size` queries
             by as many keys. (default: :obj:`64`)

@@ -268,6 +268,9 @@ def test_the_tiled_regime_refuses_what_it_lacks():
     with pytest.raises(ValueError, match="'tiles' does not take dropout"):
         sbm_attention(x, x, x, sbm, ptr_q=PTR, ptr_k=PTR, training=True,
                       options=dataclasses.replace(tiles, dropout=0.1))
+    with pytest.raises(ValueError, match="'tiles' does not take max_edges"):
+        sbm_attention(x, x, x, sbm, ptr_q=PTR, ptr_k=PTR,
+                      options=dataclasses.replace(tiles, max_edges=10**6))
     for field, value in (("tile_size", 0), ("tile_size", 2.0), ("tile_fill", 0.0),
                          ("tile_fill", float("inf"))):
         with pytest.raises(ValueError, match=f"{field} must be"):
@@ -394,3 +397,58 @@ def test_the_tiles_take_the_dense_regimes_precision(dtype, monkeypatch):
     assert out[1].dtype == dtype
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-6
     torch.testing.assert_close(out[1].float(), out[0], atol=tol, rtol=tol)
+
+
+def test_auto_mixes_dense_pairs_and_tiles(monkeypatch):
+    # Head 0 all in one cluster at p = 0.9 (dense above a crossover pinned
+    # at 0.5), head 1 the even sharp head (its tiles hold 0.075 of its
+    # pairs against 0.077 + 0.02 expected): the dense regime on head 0, the
+    # tiled regime on head 1, their share head 1's alone. Output and every
+    # gradient the edge path's on the graph returned.
+    from tests.helpers import pin_crossover
+    device = torch.get_default_device()
+    if not dense_runs(device):
+        pytest.skip("no dense-regime kernel on this device")
+    pin_crossover(monkeypatch, 0.5)
+    memb, block = (t.double() for t in even_sharp_head())
+    memb[:, 0] = 0.0
+    memb[:, 0, 0] = 1.0
+    block[0] = 0.0
+    block[0, 0, 0] = 0.9
+    sbm = [t.to(device) for t in (memb, block, memb.clone())]
+    g = seeded(0)
+    inputs = [torch.randn(512, 2, 4, dtype=torch.float64, generator=g, device=device)
+              for _ in range(3)]
+    weight = torch.randn(512, 2, 4, dtype=torch.float64, generator=g, device=device)
+    leaves = [x.clone().requires_grad_() for x in (*inputs, *sbm)]
+    options = SBMAttentionOptions(exploration=0.02)
+    tiled_keys = []  # the keys the tiles lay out (the dense part's are not its)
+    real = tiled_module.dense_attention
+
+    def spy(q, k, *args, **kwargs):
+        tiled_keys.append(k.size(0))
+        return real(q, k, *args, **kwargs)
+
+    monkeypatch.setattr(tiled_module, "dense_attention", spy)
+    res = sbm_attention(*leaves[:3], tuple(leaves[3:]), options=options,
+                        return_graph=True, generator=seeded(1))
+    (res.out * weight).sum().backward()
+    assert res.backends["attention"] == "tiles" and res.backends["dense_pairs"] == "1/2"
+    assert tiled_keys == [512]  # head 1's 8 blocks of 64 keys, none of head 0
+    from sbm_pyg.nn.block_model import expected_densities
+    ptr = torch.tensor([0, 512], device=device)
+    per = float(expected_densities(ptr, ptr, *sbm)[0, 1]) + 0.02  # head 1's
+    assert float(res.backends["tile_share"]) == pytest.approx(0.075 / per, abs=2e-3)
+    density = res.graph.density()[0]
+    assert 0.88 < float(density[0]) < 0.93 and 0.08 < float(density[1]) < 0.12
+    want, want_grads = run(sparse_attention, res.graph, inputs, sbm, weight)
+    assert torch.allclose(res.out, want, atol=1e-10)
+    for leaf, b in zip(leaves, want_grads):
+        assert torch.allclose(leaf.grad, b, atol=1e-10)
+    torch.testing.assert_close(res.sampled_density.double(), density.double())
+    # A budget of edges: the tiles take none, the edge path serves the
+    # sparse head.
+    capped = sbm_attention(*inputs, tuple(sbm), generator=seeded(1),
+                           options=dataclasses.replace(options, max_edges=10**6))
+    assert capped.backends["attention"] != "tiles"
+    assert capped.backends["dense_pairs"] == "1/2"
