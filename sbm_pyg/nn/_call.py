@@ -28,7 +28,6 @@ class Call(NamedTuple):
     pointers checked; a mixed batch's dense part is a :class:`Call` of its
     own)."""
 
-
     query: Tensor
     key: Tensor
     value: Tensor
@@ -58,7 +57,6 @@ class Part(NamedTuple):
     r"""One regime's share of a call: its output, graph and weights where
     asked for, and the edges of each (sequence, head) :obj:`[G, H]`."""
 
-
     out: Tensor
     graph: Optional[SampledGraph]
     alpha: Optional[Tensor]
@@ -75,7 +73,7 @@ def unsupported(call: Call) -> Dict[str, bool]:
 
 
 def attend_graph(call: Call, graph: SampledGraph, attention: str
-            ) -> Tuple[Tensor, Optional[Tensor]]:
+                 ) -> Tuple[Tensor, Optional[Tensor]]:
     r"""The attention over a sampled :obj:`graph`: the :obj:`attention`
     kernel, or the call's own :obj:`attend`; the output and, where asked
     for, the weights."""

@@ -28,10 +28,7 @@ from sbm_pyg.nn._regimes import (
     tiles_share,
 )
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
-from sbm_pyg.nn.functional import (
-    check_sbm_shapes,
-    check_sink,
-)
+from sbm_pyg.nn.functional import check_sbm_shapes, check_sink
 from sbm_pyg.nn.options import SBMAttentionOptions
 from sbm_pyg.nn.support import compact_clusters
 from sbm_pyg.nn.tiled_attention import tiled_regime
@@ -183,8 +180,8 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
         query, sbm, ptr_q, ptr_k, key.size(0), opts, attend is not None)
     need_graph = return_graph or return_attention_weights
     call = Call(query, key, value, q_memb, block, k_memb, seq_q, seq_k,
-                 include_edges, opts, training, need_graph,
-                 return_attention_weights, attend, generator, checks, None, sink)
+                include_edges, opts, training, need_graph,
+                return_attention_weights, attend, generator, checks, None, sink)
     sampler = resolve_backend("sampler", opts.sampler_backend, device)
     # The sparse kernel: the one asked for, or where the dense or tiled
     # regime runs (asked for or chosen) the one "auto" takes, for weights,
