@@ -350,6 +350,50 @@ def bench_sharp_conv(n: int, density: float, device: torch.device,
     return row
 
 
+def bench_mixed(n: int, density: float, device: torch.device, repeats: int,
+                log) -> dict:
+    """A batch of both regimes: head 0 dense (one cluster, every pair at
+    p = 0.9, above the device's crossover), head 1 the sharp head of
+    :func:`sharp_sbm` with sparse memberships, through
+    :func:`~sbm_pyg.nn.sbm_attention` (exact mode, ``sparse_memberships``)
+    fwd+bwd against SDPA, in turns: under ``"auto"`` (the dense regime on
+    head 0, the tiles on head 1), and with the tiles' fill out of reach
+    (``tile_fill=1e9``: head 1 on the edge path, as a batch with dense pairs
+    ran before the tiles were weighed beside them)."""
+    q, k, v = (t.detach().requires_grad_() for t in qkv(n, device))
+    q4, k4, v4 = batched(q, k, v)
+    memb, block, _ = (t.detach() for t in sharp_sbm(n, density, device, sparse=True))
+    memb[:, 0] = 0.0
+    memb[:, 0, 0] = 1.0
+    block[0] = 0.0
+    block[0, 0, 0] = 0.9
+    sbm = tuple(t.clone().requires_grad_() for t in (memb, block, memb))
+    gen = torch.Generator(device).manual_seed(0)
+    ran: dict = {}
+
+    def run(name: str, fill: float) -> Callable[[], None]:
+        opts = SBMAttentionOptions(mode="exact", sparse_memberships=True, tile_fill=fill)
+
+        def call() -> None:
+            res = sbm_attention(q, k, v, sbm, options=opts, training=True, generator=gen)
+            ran[name] = dict(res.backends)
+            backward(res.out, (q, k, v, *sbm))
+        return call
+
+    times = median_times(dict(tiles=run("tiles", MIN_FILL), edges=run("edges", 1e9),
+                              sdpa=lambda: run_sdpa(q4, k4, v4)), device, repeats)
+    row = dict(n=n, density=density, sdpa_time=times["sdpa"])
+    for name in ("tiles", "edges"):
+        row.update({f"{name}_time": times[name], f"{name}_backends": ran[name],
+                    f"{name}_ratio": times[name] / times["sdpa"]})
+    log(f"  n={n} head 0 dense, head 1 sharp at {density}: auto "
+        f"({row['tiles_backends']['attention']}, dense pairs "
+        f"{row['tiles_backends']['dense_pairs']}) {row['tiles_time'] * 1e3:.1f} ms, "
+        f"{row['tiles_ratio']:.3f}x SDPA ({row['sdpa_time'] * 1e3:.1f} ms); head 1 "
+        f"on the edge path {row['edges_time'] * 1e3:.1f} ms, {row['edges_ratio']:.3f}x")
+    return row
+
+
 def sharp_section(cases: Sequence[Tuple[int, float]], conv_case: Tuple[int, float],
                   device: torch.device, repeats: int, dtype: torch.dtype,
                   log) -> dict:
@@ -362,5 +406,7 @@ def sharp_section(cases: Sequence[Tuple[int, float]], conv_case: Tuple[int, floa
     rows = bench_sharp(cases, device, repeats, log, dtype=dtype)
     log("  the layer: SBMConv whose heads are that head, fwd+bwd, vs "
         "MultiheadAttention")
-    return dict(sharp=rows, sharp_conv=bench_sharp_conv(*conv_case, device,
-                                                        repeats, log))
+    conv = bench_sharp_conv(*conv_case, device, repeats, log)
+    log("  a batch of both regimes: a dense head beside the sharp one, fwd+bwd, vs SDPA")
+    return dict(sharp=rows, sharp_conv=conv,
+                sharp_mixed=bench_mixed(*conv_case, device, repeats, log))

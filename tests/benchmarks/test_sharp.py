@@ -6,6 +6,7 @@ from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS
 from benchmarks.sharp import (
     INSIDE,
     OWN,
+    bench_mixed,
     bench_sharp,
     bench_sharp_conv,
     sharp_conv,
@@ -127,4 +128,21 @@ def test_a_quick_layer_row():
     assert row["sharp_form_ratio"] == row["sharp_form_time"] / row["mha_time"]
     assert row["sharp_form_backends"]["clusters"] == "4/128"
     assert 0.1 < row["sharp_form_density"] < 0.3
+    assert len(lines) == 1
+
+
+@pytest.mark.slow
+def test_a_quick_mixed_row():
+    # Head 0 dense, head 1 four blocks of about 256 tokens: "auto" runs the
+    # dense regime beside the tiles, or beside the edge path where the
+    # tiles' fill is out of reach.
+    if not dense_runs(torch.device("cpu")):
+        pytest.skip("no dense-regime kernel")
+    lines = []
+    row = bench_mixed(1024, 0.2, torch.device("cpu"), 1, lines.append)
+    assert row["tiles_backends"]["attention"] == "tiles"
+    assert row["edges_backends"]["attention"] != "tiles"
+    for name in ("tiles", "edges"):
+        assert row[f"{name}_backends"]["dense_pairs"] == "1/2"
+        assert row[f"{name}_ratio"] == row[f"{name}_time"] / row["sdpa_time"]
     assert len(lines) == 1
