@@ -45,20 +45,31 @@ SECTIONS = ("sampler", "layer", "training", "dense", "parts")
 
 def parts(n: int, device: torch.device, repeats: int, log) -> list:
     """Two parts of the layer against what they replaced, in turns (device
-    time): the sampler plan's float64 key masses in one
-    :func:`torch.segment_reduce` or in :func:`sequence_reduce`'s two passes,
+    time): the sampler plan's float64 key masses and maxima per sequence
+    (float32 memberships, as the plan takes them) in one
+    :func:`torch.segment_reduce` each, in :func:`sequence_reduce`'s two
+    passes each, and (where the Triton kernels run) in
+    :func:`~sbm_pyg.sampling.fastrg_triton.key_masses`' one pass for both;
     and the memberships' forward+backward as one product per head or per
     chunk of rows (``block_model.ROW_CHUNK``)."""
     from sbm_pyg.nn import block_model
     from sbm_pyg.nn.block_model import StochasticBlockModel
-    from sbm_pyg.sampling.fastrg_torch import sequence_reduce
-    z = torch.rand(n, HEADS, 128, device=device, dtype=torch.float64)
+    from sbm_pyg.ops import triton_runs
+    from sbm_pyg.sampling import fastrg_triton
+    from sbm_pyg.sampling.fastrg_torch import sequence_max, sequence_reduce
+    z = torch.rand(n, HEADS, 128, device=device)
     ptr = torch.tensor([0, n], device=device)
-    sums = median_times({
-        "segment_reduce": lambda: torch.segment_reduce(
-            z, "sum", offsets=ptr, axis=0, unsafe=True),
-        "sequence_reduce": lambda: sequence_reduce(z, ptr, "sum")},
-        device, repeats, clock="events")
+
+    def segment(reduce: str) -> torch.Tensor:
+        return torch.segment_reduce(z.double(), reduce, offsets=ptr, axis=0,
+                                    unsafe=True)
+    masses = {
+        "segment_reduce": lambda: (segment("sum"), segment("max")),
+        "sequence_reduce": lambda: (sequence_reduce(z.double(), ptr, "sum"),
+                                    sequence_max(z, ptr))}
+    if triton_runs(device):
+        masses["key_masses"] = lambda: fastrg_triton.key_masses(z, ptr)
+    sums = median_times(masses, device, repeats, clock="events")
     sbm = StochasticBlockModel(HEADS, HEAD_DIM, 128).to(device)
     x = torch.randn(n, HEADS, HEAD_DIM, device=device, requires_grad=True)
 
@@ -74,7 +85,7 @@ def parts(n: int, device: torch.device, repeats: int, log) -> list:
     memb = median_times({"one product": membership(n),
                          "row chunks": membership(block_model.ROW_CHUNK)},
                         device, repeats, clock="events")
-    for name, times in (("key masses, float64", sums),
+    for name, times in (("key masses and maxima", sums),
                         ("memberships fwd+bwd", memb)):
         log(f"[parts n={n}] {name}: " + ", ".join(
             f"{k} {t * 1e3:.3f} ms" for k, t in times.items()))

@@ -136,6 +136,7 @@ struct Problem {
   const scalar_t* W;   // [H, Nq, k]  Y B
   const scalar_t* Z;   // [Nk, H, k]
   const double* mass;  // [G, H, k]   s_v
+  const double* max_z;  // [G, H, k]  max_j Z_jv: the plan's mass[1]
   const int64_t* ptr_q;
   const int64_t* ptr_k;
   int64_t G, H, Nq, Nk, k;
@@ -147,7 +148,9 @@ struct Problem {
           const Tensor& ptr_q_, const Tensor& ptr_k_, double delta_,
           bool exact_)
       : W(W_.data_ptr<scalar_t>()), Z(Z_.data_ptr<scalar_t>()),
-        mass(mass_.data_ptr<double>()), ptr_q(ptr_q_.data_ptr<int64_t>()),
+        mass(mass_.data_ptr<double>()),
+        max_z(mass + (ptr_q_.numel() - 1) * W_.size(0) * W_.size(2)),
+        ptr_q(ptr_q_.data_ptr<int64_t>()),
         ptr_k(ptr_k_.data_ptr<int64_t>()), G(ptr_q_.numel() - 1),
         H(W_.size(0)), Nq(W_.size(1)), Nk(Z_.size(0)), k(W_.size(2)),
         delta(delta_), exact(exact_), seq(Nq) {
@@ -162,6 +165,9 @@ struct Problem {
   }
   inline const double* mass_row(int64_t g, int64_t h) const {
     return mass + (g * H + h) * k;
+  }
+  inline const double* max_row(int64_t g, int64_t h) const {
+    return max_z + (g * H + h) * k;
   }
 };
 
@@ -202,7 +208,7 @@ void key_masses(const scalar_t* Z, const int64_t* ptr_k, int64_t G, int64_t H,
 }
 
 template <typename scalar_t>
-void plan_rows(const Problem<scalar_t>& P, const double* max_k, uint64_t seed,
+void plan_rows(const Problem<scalar_t>& P, uint64_t seed,
                double threshold, int64_t* degree, double* inflation,
                double* stats) {
   const int64_t R = P.H * P.Nq;
@@ -218,7 +224,7 @@ void plan_rows(const Problem<scalar_t>& P, const double* max_k, uint64_t seed,
     for (int64_t v = 0; v < P.k; ++v) lam += (double)w[v] * s[v];
     double c = 1.0;
     if (P.exact) {
-      const double* m = max_k + (g * P.H + h) * P.k;
+      const double* m = P.max_row(g, h);
       for (int64_t v = 0; v < P.k; ++v) bound += (double)w[v] * m[v];
       if (bound >= 1.0)
         c = kMaxInflation;
@@ -337,9 +343,8 @@ KeyTables build_tables(const Problem<scalar_t>& P) {
         const size_t at = (size_t)((h * P.k + v0 + c) * P.Nk + ks);
         int64_t* cum = T.cum.data() + at;
         int32_t* guide = T.guide.data() + at;
-        double max_z = 0.0;
-        for (int64_t j = 0; j < n; ++j) max_z = std::max(max_z, z[j]);
-        const double scale = weight_scale(max_z, bits);
+        // The plan's maximum (key_masses), not a pass of its own.
+        const double scale = weight_scale(P.max_row(g, h)[v0 + c], bits);
         int64_t total = 0;
         for (int64_t j = 0; j < n; ++j) cum[j] = total += key_weight(z[j], scale);
         T.total[(g * P.H + h) * P.k + v0 + c] = total;
@@ -710,6 +715,10 @@ void check_inputs(const Tensor& W, const Tensor& Z, const Tensor& mass,
   TORCH_CHECK(W.is_contiguous() && Z.is_contiguous() && mass.is_contiguous(),
               "contiguous inputs expected");
   TORCH_CHECK(mass.scalar_type() == at::kDouble, "mass must be float64");
+  TORCH_CHECK(mass.dim() == 4 && mass.size(0) == 2 &&
+                  mass.size(1) == ptr_q.numel() - 1 && mass.size(2) == W.size(0) &&
+                  mass.size(3) == W.size(2),
+              "mass must be [2, G, H, k]: the key clusters' sums and maxima");
   TORCH_CHECK(ptr_q.scalar_type() == at::kLong && ptr_k.scalar_type() == at::kLong,
               "pointers must be int64");
   TORCH_CHECK(Z.size(0) < (int64_t(1) << 31), "N_k must be below 2^31");
@@ -725,8 +734,8 @@ FourTensors fastrg_plan(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q,
   TORCH_CHECK(Y.is_contiguous() && Y.scalar_type() == W.scalar_type(),
               "Y must be contiguous in W's dtype");
   const int64_t G = ptr_q.numel() - 1, H = W.size(0), k = W.size(2);
-  Tensor mass = at::empty({G, H, k}, W.options().dtype(at::kDouble));
-  Tensor max_k = at::empty({G, H, k}, mass.options());
+  // The masses s_v and the maxima m_v, as mass[0] and mass[1].
+  Tensor mass = at::empty({2, G, H, k}, W.options().dtype(at::kDouble));
   check_inputs(W, Z, mass, ptr_q, ptr_k);
   const int64_t R = H * W.size(1);
   Tensor degree = at::empty({R}, ptr_q.options());
@@ -737,9 +746,9 @@ FourTensors fastrg_plan(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q,
     st[4] = bad_values(Y.data_ptr<scalar_t>(), Y.numel());
     st[5] = bad_values(Z.data_ptr<scalar_t>(), Z.numel());
     key_masses(Z.data_ptr<scalar_t>(), ptr_k.data_ptr<int64_t>(), G, H, k,
-               mass.data_ptr<double>(), max_k.data_ptr<double>());
+               mass.data_ptr<double>(), mass.data_ptr<double>() + G * H * k);
     Problem<scalar_t> P(W, Z, mass, ptr_q, ptr_k, delta, exact);
-    plan_rows(P, max_k.data_ptr<double>(), (uint64_t)seed, threshold,
+    plan_rows(P, (uint64_t)seed, threshold,
               degree.data_ptr<int64_t>(), inflation.data_ptr<double>(), st);
   });
   return {degree, inflation, mass, stats};

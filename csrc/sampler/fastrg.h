@@ -14,8 +14,10 @@ using FourTensors =
 using FiveTensors =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// Pass 1: per-row degree (or -1 for a row tested densely), inflation, key
-// cluster masses and the input checks' statistics.
+// Pass 1: per-row degree (or -1 for a row tested densely), inflation, the
+// key clusters' masses and maxima ([2, G, H, k]: the sample's key tables
+// are scaled by the maxima, computed once here) and the input checks'
+// statistics.
 FourTensors fastrg_plan(at::Tensor Y, at::Tensor W, at::Tensor Z,
                         at::Tensor ptr_q, at::Tensor ptr_k, double delta,
                         bool exact, int64_t seed, double threshold);

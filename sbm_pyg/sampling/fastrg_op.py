@@ -27,9 +27,10 @@ anything of the graph's size exists (the CUDA kernel of the second reads
 one more value, the graph's edge count, to allocate it):
 
 * ``fastrg_plan(Y, W, Z, ptr_q, ptr_k, delta, exact, seed, threshold)``
-  :math:`\to` :obj:`(degree [R], inflation [R], mass [G, H, k], stats [6])`:
-  each row's degree (:obj:`-1` for a dense row), its inflation :math:`c`,
-  the key clusters' masses and the statistics (draws, expected draws,
+  :math:`\to` :obj:`(degree [R], inflation [R], mass [2, G, H, k],
+  stats [6])`: each row's degree (:obj:`-1` for a dense row), its
+  inflation :math:`c`, the key clusters' masses and maxima (the maxima
+  scale the sample's key tables: computed once, here) and the statistics (draws, expected draws,
   distinct edges expected, rows with an overflowing rate, invalid entries
   of :obj:`Y` and of :obj:`Z`).
 * ``fastrg_sample(W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree,
@@ -245,7 +246,7 @@ def _fake_plan(Y, W, Z, ptr_q, ptr_k, delta, exact, seed, threshold):
     H, Nq, k = W.shape
     double = dict(dtype=torch.float64)
     return (ptr_q.new_empty(H * Nq), W.new_empty(H * Nq, **double),
-            W.new_empty(ptr_q.size(0) - 1, H, k, **double),
+            W.new_empty(2, ptr_q.size(0) - 1, H, k, **double),
             W.new_empty(6, **double))
 
 

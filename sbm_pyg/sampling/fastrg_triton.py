@@ -21,14 +21,15 @@ thinning threshold).
 
 Every pass is parallel over rows, table entries or draws:
 
-* **plan**: the key clusters' float64 masses and maxima per sequence
-  (:func:`~sbm_pyg.sampling.fastrg_torch.sequence_reduce`: pieces of 256
-  keys, then their sums); then one row per thread, :math:`\lambda_i` and
-  the row bound summed over the clusters in the C++ kernel's order, and the
-  Poisson draw.
+* **plan**: the key clusters' float64 masses and maxima per sequence in
+  one pass over the keys (:func:`key_masses`: pieces of
+  :data:`PIECE_KEYS` keys, then each sequence's pieces in order); then one
+  row per thread, :math:`\lambda_i` and the row bound summed over the
+  clusters in the C++ kernel's order, and the Poisson draw. The maxima go
+  with the masses to the sample, whose key tables they scale.
 * **key tables**: each key's weight :math:`Z_{jv}` quantised to an integer
   (:math:`\lfloor Z_{jv} 2^M / \max_j Z_{jv} \rfloor`, :math:`M = 61 -
-  \lceil \log_2 (N_k + 1) \rceil`), so that one integer prefix sum over all
+  \lceil \log_2 (N_k + 1) \rceil`, the maximum the plan's), so that one integer prefix sum over all
   tables (exact in any order) gives the C++ kernel's cumulative weights;
   a guide over :math:`n` equal buckets of each table's total, one binary
   search per bucket. A draw's 64 bits pick its bucket and its target; the
@@ -62,12 +63,15 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
 
 from sbm_pyg.ops.graph import CSRGraph, check_index_range
 from sbm_pyg.sampling.edges import column_order
-from sbm_pyg.sampling.fastrg_torch import sequence_max, sequence_reduce
 
-__all__ = ["plan", "sample", "buffer_slots", "weight_bits"]
+__all__ = ["plan", "sample", "buffer_slots", "weight_bits", "key_masses"]
 
 # Rows per plan program: one per thread of its 4 warps.
 BLOCK_ROWS = 128
+# Keys of one piece of key_masses' first pass, and its tiles' keys and
+# columns (a 32 x 64 float64 tile: 16 values a thread of its 4 warps).
+PIECE_KEYS = 256
+MASS_KEYS, MASS_COLUMNS = 32, 64
 # Lanes of the draw kernel, of the table kernels and of a merge step.
 BLOCK_DRAWS = 16
 BLOCK_ENTRIES = 256
@@ -98,7 +102,9 @@ if triton is not None:
         draw_kernel,
         graph_kernel,
         guide_kernel,
+        mass_kernel,
         merge_kernel,
+        piece_kernel,
         plan_kernel,
         weight_kernel,
     )
@@ -126,17 +132,14 @@ def plan(Y: Tensor, W: Tensor, Z: Tensor, ptr_q: Tensor, ptr_k: Tensor,
     H, Nq, k = W.shape
     R, device = H * Nq, W.device
     seq, nk = _rows(ptr_q, ptr_k, H, Nq)
-    # The masses in float64, in two passes (sequence_reduce); the maximum
-    # is exact in Z's own precision.
-    mass = sequence_reduce(Z.double(), ptr_k, "sum").contiguous()  # [G, H, k]
-    max_k = sequence_max(Z, ptr_k).double().contiguous()
+    mass = key_masses(Z, ptr_k)  # [2, G, H, k]: the sums, the maxima
     padded = triton.cdiv(R, BLOCK_ROWS) * BLOCK_ROWS
     degree = torch.empty(padded, dtype=torch.long, device=device)[:R]
     inflation = torch.empty(padded, dtype=torch.float64, device=device)[:R]
     mu = torch.empty(padded, dtype=torch.float64, device=device)[:R]
     if R:
         plan_kernel[(triton.cdiv(R, BLOCK_ROWS),)](
-            W, mass, max_k, seq, ptr_k, degree, inflation, mu, seed,
+            W, mass[0], mass[1], seq, ptr_k, degree, inflation, mu, seed,
             float(delta), float(threshold), R, Nq, H=H, K=k,
             BLOCK_R=BLOCK_ROWS, EXACT=exact, num_warps=BLOCK_ROWS // 32,
             **NO_FUSION)
@@ -154,6 +157,44 @@ def plan(Y: Tensor, W: Tensor, Z: Tensor, ptr_q: Tensor, ptr_k: Tensor,
                     degree.double()).sum(),
         (~ok & (nk > 0)).sum().double(), _invalid(Y), _invalid(Z)])
     return degree, inflation, mass, stats
+
+
+def key_masses(Z: Tensor, ptr_k: Tensor) -> Tensor:
+    r"""Each sequence's key cluster masses :math:`s_v = \sum_j Z_{jv}`
+    (summed in float64) and maxima :math:`\max_j Z_{jv}` (at least 0),
+    :obj:`[2, G, H, k]` from :obj:`Z [N_k, H, k]` and its pointer
+    :obj:`ptr_k [G + 1]`; 0 for a sequence without keys.
+
+    One pass over the keys, in pieces of :data:`PIECE_KEYS` keys of one
+    sequence (their bound :math:`N_k / 256 + G` known without reading the
+    device), then each sequence's pieces summed in order: the same sums on
+    every call, and :math:`N_k / 256` times the programs of one per
+    sequence."""
+    Nk, H, k = Z.shape
+    G, HK, device = ptr_k.numel() - 1, H * k, Z.device
+    mass = torch.zeros(2, G, H, k, dtype=torch.float64, device=device)
+    if not (G and HK):
+        return mass
+    P = Nk // PIECE_KEYS + G  # at least sum(ceil(n_g / PIECE_KEYS))
+    pieces = torch.zeros(G + 1, dtype=torch.long, device=device)
+    torch.cumsum((ptr_k.diff() + PIECE_KEYS - 1) // PIECE_KEYS, 0,
+                 out=pieces[1:])
+    p = torch.arange(P, device=device)
+    g = torch.searchsorted(pieces[1:], p, right=True).clamp(max=G - 1)
+    # Piece p of sequence g starts PIECE_KEYS keys after the one before it
+    # and ends there or at its sequence's end; the pieces past the last are
+    # empty, at N_k.
+    used = p < pieces[-1]
+    start = torch.where(used, ptr_k[g] + (p - pieces[g]) * PIECE_KEYS, Nk)
+    end = torch.where(used, torch.minimum(start + PIECE_KEYS, ptr_k[g + 1]), Nk)
+    partial = torch.empty(2, P, HK, dtype=torch.float64, device=device)
+    columns = triton.cdiv(HK, MASS_COLUMNS)
+    piece_kernel[(P, columns)](Z.contiguous(), start, end, partial, P, HK=HK,
+                               PIECE=PIECE_KEYS, BLOCK_J=MASS_KEYS,
+                               BLOCK_C=MASS_COLUMNS)
+    mass_kernel[(G, columns)](partial, pieces, mass, G, P, HK=HK,
+                              BLOCK_C=MASS_COLUMNS)
+    return mass
 
 
 def buffer_slots(degree: Tensor, ptr_q: Tensor, ptr_k: Tensor, H: int,
@@ -199,9 +240,9 @@ def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
     buf = torch.zeros(capacity, dtype=torch.int32, device=device)
     count = torch.zeros(R, dtype=torch.long, device=device)
     if R:
-        table, guide = key_tables(Z, ptr_k, H, k)
+        table, guide = key_tables(Z, mass[1], ptr_k, H, k)
         draw_kernel[(R,)](
-            W, Z, mass, seq, ptr_k, degree, offset, table, guide, buf, seed,
+            W, Z, mass[0], seq, ptr_k, degree, offset, table, guide, buf, seed,
             float(delta), Nq, Nk, H=H, K=k,
             BLOCK_K=triton.next_power_of_2(max(k, 1)),
             BLOCK_D=BLOCK_DRAWS, EXACT=exact, EXPLORE=delta > 0,
@@ -237,19 +278,20 @@ def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
     return rowptr, col, perm, colptr, CSRGraph(rowptr, col, colptr, perm).row_t()
 
 
-def key_tables(Z: Tensor, ptr_k: Tensor, H: int, k: int
+def key_tables(Z: Tensor, max_z: Tensor, ptr_k: Tensor, H: int, k: int
                ) -> Tuple[Tensor, Tensor]:
     r"""The cumulative quantised key weights :obj:`[H k, N_k]` (int64,
     running over the whole batch: a sequence's entries are relative to the
     entry before it) and their guide (int32) of every (sequence, head,
-    cluster); the C++ kernel's tables, whose sums run per sequence."""
+    cluster), scaled by the maxima :obj:`max_z [G, H, k]` (the plan's,
+    :func:`key_masses`); the C++ kernel's tables, whose sums run per
+    sequence."""
     Nk, device = Z.size(0), Z.device
     N = H * k * Nk
     table = torch.empty(H * k, Nk, dtype=torch.long, device=device)
     guide = torch.empty(H * k, Nk, dtype=torch.int32, device=device)
     if not N:
         return table, guide
-    max_z = sequence_max(Z, ptr_k).double()
     scale = torch.where(max_z > 0, 2.0 ** weight_bits(Nk) / max_z, 0.0)
     seq_k = torch.repeat_interleave(
         torch.arange(ptr_k.numel() - 1, device=device), ptr_k.diff(),

@@ -79,9 +79,13 @@ def test_plan_statistics():
     Y, W, Z, ptr = args[:4]
     assert degree.dtype == torch.long and degree.shape == (2 * 30,)
     assert torch.equal(inflation, torch.ones(60, dtype=torch.float64))
-    # Key cluster masses of each (sequence, head), the empty one zero.
+    # Key cluster masses and maxima of each (sequence, head), the empty
+    # sequence's zero.
     expect = torch.stack([Z[0:12].sum(0), Z[0:0].sum(0), Z[12:30].sum(0)])
-    torch.testing.assert_close(mass, expect, rtol=1e-12, atol=0)
+    torch.testing.assert_close(mass[0], expect, rtol=1e-12, atol=0)
+    top = torch.stack([Z[0:12].amax(0), torch.zeros_like(Z[0]), Z[12:30].amax(0)])
+    assert torch.equal(mass[1], top)
+    mass = mass[0]
     draws, expected, edges, overflow, bad_q, bad_k = stats.tolist()
     assert draws == degree.clamp(min=0).sum() and draws == edges
     lam = (W.reshape(2, 30, 4) * mass[[0] * 12 + [2] * 18].transpose(0, 1)
