@@ -126,7 +126,8 @@ def gps_step(nodes: int, channels: int = 64,
 
 def graph_breaks(n: int) -> Dict[str, object]:
     """``torch._dynamo.explain`` over one ``SBMConv`` forward (n tokens, one
-    sequence): the graphs, the breaks and their reasons."""
+    sequence): the graphs, the breaks and their reasons, and the sbm_pyg
+    operators traced into the graphs (those not there ran eagerly)."""
     from sbm_pyg.nn import SBMConv
     torch.manual_seed(0)
     conv = SBMConv(64, 32, heads=2, num_clusters=128)
@@ -134,9 +135,13 @@ def graph_breaks(n: int) -> Dict[str, object]:
     g = torch.Generator().manual_seed(0)
     torch._dynamo.reset()
     out = torch._dynamo.explain(lambda x: conv(x, generator=g))(x)
+    traced = sorted({str(node.target) for graph in out.graphs
+                     for node in graph.graph.nodes
+                     if str(node.target).startswith("sbm_pyg.")})
     return dict(graphs=out.graph_count, breaks=out.graph_break_count,
                 reasons=sorted({str(r.reason).split("\n")[0][:160]
-                                for r in out.break_reasons}))
+                                for r in out.break_reasons}),
+                traced=traced)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:

@@ -71,7 +71,8 @@ FAMILIES: Dict[str, Dict[str, List[str]]] = {
         record=[], excludes=ATTENTION_OWN,
         triton=["sbm_pyg/sampling/fastrg_triton.py",
                 "sbm_pyg/sampling/fastrg_triton_kernels.py",
-                "tests/sampling/conftest.py", "tests/sampling/cases.py"]),
+                "sbm_pyg/sampling/key_masses.py", "tests/sampling/conftest.py",
+                "tests/sampling/cases.py"]),
     "attention": dict(
         tests=["tests/ops/test_triton_attention.py", "tests/ops/test_triton_dense.py",
                "tests/ops/test_dropout.py"],

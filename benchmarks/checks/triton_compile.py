@@ -255,7 +255,7 @@ def _spill_free(row: dict) -> bool:
     # kernels not at the model's sizes (heads of up to 64, k up to 128),
     # baseline or not.
     sizes, module = row["constexprs"], row.get("module", "")
-    return module.endswith("fastrg_triton_kernels") or (
+    return module.endswith(("fastrg_triton_kernels", "key_masses")) or (
         module.endswith("triton_dense_kernels")
         and int(sizes.get("D", 0)) <= 64 and int(sizes.get("KC", 0)) <= 128)
 
@@ -378,9 +378,9 @@ def kernels() -> list:
     from triton.runtime.jit import JITFunction
 
     from sbm_pyg.ops import triton_attention, triton_dense_kernels, triton_streams
-    from sbm_pyg.sampling import fastrg_triton_kernels
+    from sbm_pyg.sampling import fastrg_triton_kernels, key_masses
     return [fn for module in (triton_attention, triton_dense_kernels,
-                              fastrg_triton_kernels, triton_streams)
+                              fastrg_triton_kernels, key_masses, triton_streams)
             for fn in vars(module).values() if isinstance(fn, JITFunction)
             and fn.fn.__module__ == module.__name__]
 

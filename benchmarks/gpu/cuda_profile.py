@@ -49,14 +49,14 @@ def parts(n: int, device: torch.device, repeats: int, log) -> list:
     (float32 memberships, as the plan takes them) in one
     :func:`torch.segment_reduce` each, in :func:`sequence_reduce`'s two
     passes each, and (where the Triton kernels run) in
-    :func:`~sbm_pyg.sampling.fastrg_triton.key_masses`' one pass for both;
+    :func:`~sbm_pyg.sampling.key_masses.key_masses`' one pass for both;
     and the memberships' forward+backward as one product per head or per
     chunk of rows (``block_model.ROW_CHUNK``)."""
     from sbm_pyg.nn import block_model
     from sbm_pyg.nn.block_model import StochasticBlockModel
     from sbm_pyg.ops import triton_runs
-    from sbm_pyg.sampling import fastrg_triton
     from sbm_pyg.sampling.fastrg_torch import sequence_max, sequence_reduce
+    from sbm_pyg.sampling.key_masses import key_masses
     z = torch.rand(n, HEADS, 128, device=device)
     ptr = torch.tensor([0, n], device=device)
 
@@ -68,7 +68,7 @@ def parts(n: int, device: torch.device, repeats: int, log) -> list:
         "sequence_reduce": lambda: (sequence_reduce(z.double(), ptr, "sum"),
                                     sequence_max(z, ptr))}
     if triton_runs(device):
-        masses["key_masses"] = lambda: fastrg_triton.key_masses(z, ptr)
+        masses["key_masses"] = lambda: key_masses(z, ptr)
     sums = median_times(masses, device, repeats, clock="events")
     sbm = StochasticBlockModel(HEADS, HEAD_DIM, 128).to(device)
     x = torch.randn(n, HEADS, HEAD_DIM, device=device, requires_grad=True)

@@ -4,7 +4,7 @@ attended (or the dense-regime kernel run), the density statistics
 computed."""
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -176,12 +176,7 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     device = query.device
     check_generator(generator, device)
     check_sink(sink, query.size(1))
-    seq_q, seq_k, checks, dense, per = regimes(
-        query, sbm, ptr_q, ptr_k, key.size(0), opts, attend is not None)
     need_graph = return_graph or return_attention_weights
-    call = Call(query, key, value, q_memb, block, k_memb, seq_q, seq_k,
-                include_edges, opts, training, need_graph,
-                return_attention_weights, attend, generator, checks, None, sink)
     sampler = resolve_backend("sampler", opts.sampler_backend, device)
     # The sparse kernel: the one asked for, or where the dense or tiled
     # regime runs (asked for or chosen) the one "auto" takes, for weights,
@@ -191,6 +186,12 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
         else opts.attention_backend, device))
     dense_backends = dict(sampler="dense",
                           attention=attention if need_graph else "dense")
+    call, dense, per, choice = _decide(
+        (query, key, value, q_memb, block, k_memb), ptr_q, ptr_k,
+        dict(include_edges=include_edges, options=opts, training=training,
+             need_graph=need_graph, need_alpha=return_attention_weights,
+             attend=attend, generator=generator, checks=[], seed=None, sink=sink),
+        sampler)
     if opts.attention_backend == "tiles":
         part = _tiles(call, sampler, attention)
         # The tiles' kernel, and the rest's sampler and sparse kernel.
@@ -198,37 +199,61 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
             "dense" if dense_runs(device) else "torch"), rest=attention)
     elif attend is None and opts.attention_backend == "dense":
         part, backends = dense_regime(call), dense_backends
-    elif dense is None:
-        graph = _sample(call, q_memb, opts.max_edges, sampler)
-        part = _sparse(call, graph, attention)
+    elif isinstance(choice, TiledChoice):  # no pair dense, the tiles pay
+        # The inputs' checks were read with the choice.
+        part = _tiles(call._replace(checks=[]), sampler, attention)
+        backends = dict(sampler=sampler, attention="tiles", tiles="dense",
+                        rest=attention, tile_share=f"{choice.share:.3f}")
+    elif isinstance(choice, SampledGraph):  # every pair sparse
+        part = _sparse(call, choice, attention)
         backends = dict(sampler=sampler, attention=attention)
-    else:
-        choice = _choose(call, dense, per, sampler)
-        if isinstance(choice, TiledChoice):  # no pair dense, the tiles pay
-            # The inputs' checks were read with the choice.
-            part = _tiles(call._replace(checks=[]), sampler, attention)
-            backends = dict(sampler=sampler, attention="tiles", tiles="dense",
-                            rest=attention, tile_share=f"{choice.share:.3f}")
-        elif isinstance(choice, SampledGraph):  # every pair sparse
-            part = _sparse(call, choice, attention)
-            backends = dict(sampler=sampler, attention=attention)
-        elif isinstance(choice, DenseChoice):  # every pair dense
-            part, backends = dense_regime(call, choice), dense_backends
-        else:  # some of each: (dense pairs, non-empty pairs)
-            part = _mixed(call._replace(seed=choice.seed), dense, sampler,
-                          attention, choice.tiles is not None)
-            backends = dict(sampler=sampler, attention=attention,
-                            dense_pairs=f"{choice.dense}/{choice.busy}")
-            if choice.tiles is not None:  # the sparse pairs as tiles and rest
-                backends.update(attention="tiles", tiles="dense", rest=attention,
-                                tile_share=f"{choice.tiles:.3f}")
+    elif isinstance(choice, DenseChoice):  # every pair dense
+        part, backends = dense_regime(call, choice), dense_backends
+    else:  # some of each: (dense pairs, non-empty pairs)
+        assert isinstance(choice, MixedChoice) and dense is not None
+        part = _mixed(call._replace(seed=choice.seed), dense, sampler,
+                      attention, choice.tiles is not None)
+        backends = dict(sampler=sampler, attention=attention,
+                        dense_pairs=f"{choice.dense}/{choice.busy}")
+        if choice.tiles is not None:  # the sparse pairs as tiles and rest
+            backends.update(attention="tiles", tiles="dense", rest=attention,
+                            tile_share=f"{choice.tiles:.3f}")
     backends.update(backend_notes(device, dense is not None, opts, block.size(-1),
                                   given[1].size(-1)))
     if per is None:
-        per = expected_densities(seq_q, seq_k, q_memb, block, k_memb)
-    expected, sampled = mean_densities(seq_q, seq_k, part.edges, per)
+        per = expected_densities(call.ptr_q, call.ptr_k, q_memb, block, k_memb)
+    expected, sampled = mean_densities(call.ptr_q, call.ptr_k, part.edges, per)
     return SBMAttention(part.out.to(query.dtype), part.graph, part.alpha,
                         expected, sampled, backends)
+
+
+# The forward's one host read, and all the code that depends on what it
+# read: torch.compile runs it eagerly (one graph break, between the
+# memberships and the attention).
+@torch.compiler.disable
+def _decide(tensors: Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
+            ptr_q: PtrLike, ptr_k: PtrLike,
+            requests: Dict[str, Any], sampler: str
+            ) -> Tuple[Call, Optional[Tensor], Optional[Tensor],
+                       Union[None, SampledGraph, DenseChoice, MixedChoice, TiledChoice]]:
+    # The call (its query, key, value and SBM `tensors`, the rest of its
+    # fields `requests`) with its sequences checked and its regimes chosen
+    # (sbm_pyg.nn._regimes), and, on the sparse path, the graph sampled or,
+    # where the pairs chose by their density, the choice read (_choose);
+    # None where the tiled or the dense regime was asked for.
+    query, key, value, q_memb, block, k_memb = tensors
+    opts = requests["options"]
+    seq_q, seq_k, checks, dense, per = regimes(
+        query, (q_memb, block, k_memb), ptr_q, ptr_k, key.size(0), opts,
+        requests["attend"] is not None)
+    call = Call(query, key, value, q_memb, block, k_memb, seq_q, seq_k,
+                **dict(requests, checks=checks))
+    if opts.attention_backend == "tiles" or (call.attend is None
+                                             and opts.attention_backend == "dense"):
+        return call, dense, per, None
+    if dense is None:
+        return call, dense, per, _sample(call, call.q_memb, opts.max_edges, sampler)
+    return call, dense, per, _choose(call, dense, per, sampler)
 
 
 def _tiles(call: Call, sampler: str, rest: str) -> Part:
@@ -242,7 +267,6 @@ def _tiles(call: Call, sampler: str, rest: str) -> Part:
     return Part(out, graph, None, edges)
 
 
-@torch.compiler.disable  # data-dependent: the choice read at the sync
 def _choose(call: Call, dense: Tensor, per: Tensor, sampler: str
             ) -> Union[SampledGraph, DenseChoice, MixedChoice, TiledChoice]:
     # The regime of a batch whose pairs chose by their expected density,
@@ -297,9 +321,6 @@ def _plan(call: Call, q_memb: Tensor, max_edges: Optional[int],
                        seed=call.seed)
 
 
-# Data-dependent edge count: the sampler runs eagerly under torch.compile,
-# which compiles the code around it, the attention operator included.
-@torch.compiler.disable
 def _sample(call: Call, q_memb: Tensor, max_edges: Optional[int],
             sampler: str) -> SampledGraph:
     # The graph, with the call's checks raised at the sampler's one sync.

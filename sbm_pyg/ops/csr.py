@@ -45,14 +45,23 @@ def full_precision(device: torch.device) -> Iterator[None]:
     products feeding the sampler move its probabilities by ~1e-3.
 
     The previous precision is restored on exit, through the per-backend
-    settings, which read the same whichever of torch's two APIs set them."""
+    settings, which read the same whichever of torch's two APIs set them.
+
+    Under :func:`torch.compile` only autocast is turned off: a compiled
+    graph's products take the precision set when it is compiled (reading
+    the setting inside the graph would break it there, and run the
+    attention around it eagerly)."""
+    autocast = (torch.autocast(device.type, enabled=False)
+                if device.type in ("cpu", "cuda") else contextlib.nullcontext())
+    if torch.compiler.is_compiling():
+        with autocast:
+            yield
+        return
     matmul = (torch.backends.cuda.matmul,
               torch.backends.mkldnn.matmul)  # type: ignore[attr-defined]
     saved = [backend.fp32_precision for backend in matmul]
     for backend in matmul:
         backend.fp32_precision = "ieee"
-    autocast = (torch.autocast(device.type, enabled=False)
-                if device.type in ("cpu", "cuda") else contextlib.nullcontext())
     try:
         with autocast:
             yield

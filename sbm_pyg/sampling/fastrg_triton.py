@@ -63,15 +63,12 @@ except ImportError:  # triton is optional: the PyTorch path is the fallback
 
 from sbm_pyg.ops.graph import CSRGraph, check_index_range
 from sbm_pyg.sampling.edges import column_order
+from sbm_pyg.sampling.key_masses import key_masses
 
-__all__ = ["plan", "sample", "buffer_slots", "weight_bits", "key_masses"]
+__all__ = ["plan", "sample", "buffer_slots", "weight_bits"]
 
 # Rows per plan program: one per thread of its 4 warps.
 BLOCK_ROWS = 128
-# Keys of one piece of key_masses' first pass, and its tiles' keys and
-# columns (a 32 x 64 float64 tile: 16 values a thread of its 4 warps).
-PIECE_KEYS = 256
-MASS_KEYS, MASS_COLUMNS = 32, 64
 # Lanes of the draw kernel, of the table kernels and of a merge step.
 BLOCK_DRAWS = 16
 BLOCK_ENTRIES = 256
@@ -102,9 +99,7 @@ if triton is not None:
         draw_kernel,
         graph_kernel,
         guide_kernel,
-        mass_kernel,
         merge_kernel,
-        piece_kernel,
         plan_kernel,
         weight_kernel,
     )
@@ -157,44 +152,6 @@ def plan(Y: Tensor, W: Tensor, Z: Tensor, ptr_q: Tensor, ptr_k: Tensor,
                     degree.double()).sum(),
         (~ok & (nk > 0)).sum().double(), _invalid(Y), _invalid(Z)])
     return degree, inflation, mass, stats
-
-
-def key_masses(Z: Tensor, ptr_k: Tensor) -> Tensor:
-    r"""Each sequence's key cluster masses :math:`s_v = \sum_j Z_{jv}`
-    (summed in float64) and maxima :math:`\max_j Z_{jv}` (at least 0),
-    :obj:`[2, G, H, k]` from :obj:`Z [N_k, H, k]` and its pointer
-    :obj:`ptr_k [G + 1]`; 0 for a sequence without keys.
-
-    One pass over the keys, in pieces of :data:`PIECE_KEYS` keys of one
-    sequence (their bound :math:`N_k / 256 + G` known without reading the
-    device), then each sequence's pieces summed in order: the same sums on
-    every call, and :math:`N_k / 256` times the programs of one per
-    sequence."""
-    Nk, H, k = Z.shape
-    G, HK, device = ptr_k.numel() - 1, H * k, Z.device
-    mass = torch.zeros(2, G, H, k, dtype=torch.float64, device=device)
-    if not (G and HK):
-        return mass
-    P = Nk // PIECE_KEYS + G  # at least sum(ceil(n_g / PIECE_KEYS))
-    pieces = torch.zeros(G + 1, dtype=torch.long, device=device)
-    torch.cumsum((ptr_k.diff() + PIECE_KEYS - 1) // PIECE_KEYS, 0,
-                 out=pieces[1:])
-    p = torch.arange(P, device=device)
-    g = torch.searchsorted(pieces[1:], p, right=True).clamp(max=G - 1)
-    # Piece p of sequence g starts PIECE_KEYS keys after the one before it
-    # and ends there or at its sequence's end; the pieces past the last are
-    # empty, at N_k.
-    used = p < pieces[-1]
-    start = torch.where(used, ptr_k[g] + (p - pieces[g]) * PIECE_KEYS, Nk)
-    end = torch.where(used, torch.minimum(start + PIECE_KEYS, ptr_k[g + 1]), Nk)
-    partial = torch.empty(2, P, HK, dtype=torch.float64, device=device)
-    columns = triton.cdiv(HK, MASS_COLUMNS)
-    piece_kernel[(P, columns)](Z.contiguous(), start, end, partial, P, HK=HK,
-                               PIECE=PIECE_KEYS, BLOCK_J=MASS_KEYS,
-                               BLOCK_C=MASS_COLUMNS)
-    mass_kernel[(G, columns)](partial, pieces, mass, G, P, HK=HK,
-                              BLOCK_C=MASS_COLUMNS)
-    return mass
 
 
 def buffer_slots(degree: Tensor, ptr_q: Tensor, ptr_k: Tensor, H: int,

@@ -1,10 +1,11 @@
 r"""The Triton kernels of the CUDA sampler
 (:mod:`~sbm_pyg.sampling.fastrg_triton` launches them and describes the
-work): the key clusters' masses and maxima, the plan's per-row degrees,
-the key tables (quantised weights and their guide), the draws, the merge
-(sort or bitmap, thinning, forced keys) and the CSR's columns. Every kernel draws from the rows' counter-based
-streams (:mod:`~sbm_pyg.ops.triton_streams`) at the C++ kernel's
-counters."""
+work): the plan's per-row degrees, the key tables (quantised weights and
+their guide), the draws, the merge (sort or bitmap, thinning, forced keys)
+and the CSR's columns (the key masses' are
+:mod:`~sbm_pyg.sampling.key_masses`'). Every kernel draws from the rows'
+counter-based streams (:mod:`~sbm_pyg.ops.triton_streams`) at the C++
+kernel's counters."""
 from __future__ import annotations
 
 try:
@@ -13,8 +14,8 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
-__all__ = ["piece_kernel", "mass_kernel", "plan_kernel", "weight_kernel",
-           "guide_kernel", "draw_kernel", "merge_kernel", "graph_kernel"]
+__all__ = ["plan_kernel", "weight_kernel", "guide_kernel", "draw_kernel",
+           "merge_kernel", "graph_kernel"]
 
 if triton is not None:
     from sbm_pyg.ops.triton_streams import (
@@ -47,47 +48,6 @@ if triton is not None:
         g = tl.load(Seq + i).to(tl.int64)
         ks = tl.load(PtrK + g)
         return r // Nq, i, g, ks, tl.load(PtrK + g + 1) - ks
-
-    @triton.jit(do_not_specialize=["P"])
-    def piece_kernel(Z, Start, End, Partial, P, HK: tl.constexpr,
-                     PIECE: tl.constexpr, BLOCK_J: tl.constexpr,
-                     BLOCK_C: tl.constexpr):
-        # The float64 sum and the maximum (at least 0) of each column of
-        # Z [N_k, H k] over the keys of piece p ([Start[p], End[p])),
-        # into Partial [2, P, H k]: the keys in order, BLOCK_J at a time.
-        p = tl.program_id(0).to(tl.int64)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        live_c = c < HK
-        j0 = tl.load(Start + p)
-        n = tl.load(End + p) - j0
-        total = tl.zeros([BLOCK_C], tl.float64)
-        top = tl.zeros([BLOCK_C], tl.float64)
-        for j in range(0, PIECE, BLOCK_J):
-            rows = j + tl.arange(0, BLOCK_J)
-            live = (rows < n)[:, None] & live_c[None, :]
-            z = tl.load(Z + (j0 + rows)[:, None] * HK + c[None, :], mask=live,
-                        other=0.0).to(tl.float64)
-            total += tl.sum(z, 0)
-            top = tl.maximum(top, tl.max(z, 0))
-        tl.store(Partial + p * HK + c, total, mask=live_c)
-        tl.store(Partial + (P + p) * HK + c, top, mask=live_c)
-
-    @triton.jit(do_not_specialize=["G", "P"])
-    def mass_kernel(Partial, Pieces, Mass, G, P, HK: tl.constexpr,
-                    BLOCK_C: tl.constexpr):
-        # Each sequence's masses and maxima, Mass [2, G, H k], from its
-        # pieces' (Pieces [G + 1]) in order: 0 for a sequence without keys.
-        g = tl.program_id(0).to(tl.int64)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        live_c = c < HK
-        total = tl.zeros([BLOCK_C], tl.float64)
-        top = tl.zeros([BLOCK_C], tl.float64)
-        for p in range(tl.load(Pieces + g), tl.load(Pieces + g + 1)):
-            total += tl.load(Partial + p * HK + c, mask=live_c, other=0.0)
-            top = tl.maximum(top, tl.load(Partial + (P + p) * HK + c,
-                                          mask=live_c, other=0.0))
-        tl.store(Mass + g * HK + c, total, mask=live_c)
-        tl.store(Mass + (G + g) * HK + c, top, mask=live_c)
 
     @triton.jit(do_not_specialize=["seed", "R", "Nq"])
     def plan_kernel(W, Mass, MaxK, Seq, PtrK, Degree, Inflation, Mu,

@@ -40,6 +40,18 @@ def test_reads_are_named_by_their_place_in_sbm_pyg():
                for k in res["reads"]), res["reads"]
 
 
+def test_the_layer_compiles_around_its_one_host_read():
+    # One SBMConv forward under torch._dynamo.explain: the projections and
+    # memberships, then (after the one eager region: the checks, the regime
+    # choice, the sampler) the attention operator traced into a graph, then
+    # the output projection (the layer's error translation is a try block,
+    # which the compiler does not resume in).
+    from benchmarks.launches import graph_breaks
+    res = graph_breaks(64)
+    assert res["traced"] == ["sbm_pyg.sparse_attention"], res
+    assert (res["graphs"], res["breaks"]) == (3, 2), res
+
+
 @pytest.mark.slow
 def test_quick_run(tmp_path):
     res = main(["--quick", "--out", str(tmp_path / "l.json")])

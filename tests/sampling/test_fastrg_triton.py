@@ -7,6 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sbm_pyg.ops import triton_runs
 from sbm_pyg.sampling import fastrg_triton
+from sbm_pyg.sampling.key_masses import key_masses
 from tests.markers import needs_triton
 
 pytestmark = [needs_triton, pytest.mark.skipif(
@@ -18,33 +19,6 @@ def test_weight_bits_keep_a_table_below_2_to_61():
     assert fastrg_triton.weight_bits(1) == 60
     assert fastrg_triton.weight_bits(5) == 58
     assert fastrg_triton.weight_bits(2**20) == 40
-
-
-@pytest.mark.parametrize("lengths", [(3, 0, 2), (600, 0, 1, 256, 257)])
-def test_key_masses_sum_and_max_each_sequence(monkeypatch, lengths):
-    # Sequences within one piece, empty, of exactly one piece and spilling
-    # into a second (pieces of 256 keys): the float64 sums and the maxima
-    # (at least 0) of each (sequence, head, cluster), three heads of five
-    # clusters: columns past a tile of 64 are masked, as a wider H k is.
-    g = torch.Generator().manual_seed(0)
-    Z = torch.rand(sum(lengths), 3, 5, generator=g) - 0.1
-    ptr = torch.tensor([0, *lengths]).cumsum(0)
-    mass = fastrg_triton.key_masses(Z, ptr)
-    assert mass.shape == (2, len(lengths), 3, 5) and mass.dtype == torch.float64
-    for s, (a, b) in enumerate(zip(ptr[:-1].tolist(), ptr[1:].tolist())):
-        zs = Z[a:b].double()
-        torch.testing.assert_close(mass[0, s], zs.sum(0), rtol=1e-14, atol=1e-14)
-        top = zs.amax(0).clamp(min=0) if b > a else torch.zeros(3, 5)
-        assert torch.equal(mass[1, s], top.double())
-    monkeypatch.setattr(fastrg_triton, "MASS_COLUMNS", 8)  # two tiles
-    assert torch.equal(fastrg_triton.key_masses(Z, ptr), mass)
-
-
-def test_key_masses_without_keys_or_sequences():
-    assert fastrg_triton.key_masses(torch.zeros(0, 2, 3), torch.tensor([0, 0])
-                                    ).tolist() == [[[[0.0] * 3] * 2]] * 2
-    assert fastrg_triton.key_masses(torch.zeros(0, 2, 3), torch.tensor([0])
-                                    ).shape == (2, 0, 2, 3)
 
 
 def test_key_tables():
@@ -62,7 +36,7 @@ def test_key_tables():
                       [[3.0, 1.0], [1.0, 1.0]],
                       [[1.5, 0.0], [0.0, 1.0]]], dtype=torch.float64)
     ptr = torch.tensor([0, 3, 3, 5])
-    max_z = fastrg_triton.key_masses(Z, ptr)[1]
+    max_z = key_masses(Z, ptr)[1]
     table, guide = fastrg_triton.key_tables(Z, max_z, ptr, 2, 2)
     M = fastrg_triton.weight_bits(5)
     assert M == 58
