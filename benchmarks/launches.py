@@ -11,7 +11,8 @@ Counted for one training step (forward, backward, Adam) of the LRA model
 (``benchmarks.training``: 2 layers, 2 heads of 32, k = 128, batch 1) at
 n = 4096 with SBM attention at about 1% and with full attention, and for
 one forward and backward of an ``SBMGPSConv`` layer on a random graph;
-graph breaks from ``torch._dynamo.explain`` over ``SBMConv``'s forward.
+graph breaks from ``torch._dynamo.explain`` over ``SBMConv``'s forward, and
+that forward's operators by the part of the layer that dispatched them.
 Counts, not timings: they do not depend on the machine's load.
 """
 from __future__ import annotations
@@ -102,6 +103,42 @@ def count_ops(fn: Callable[[], object]) -> Dict[str, object]:
                 top=dict(ops.most_common(10)))
 
 
+#: The parts of an SBM attention forward its operators are counted by
+#: (the innermost of these functions that dispatched each one).
+PARTS = ("membership", "block", "regimes", "tiles_share", "_plan", "draw",
+         "mask_bytes", "attend_graph", "edge_counts", "mean_densities")
+
+
+class _Parts(TorchDispatchMode):
+    # Every operator that launches a kernel (views aside), by the innermost
+    # function of PARTS on the Python stack ("other" outside them).
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not getattr(func, "is_view", False):
+            names = [f.name for f in traceback.extract_stack()[:-1]
+                     if "/sbm_pyg/" in f.filename.replace("\\", "/")]
+            self.parts[next((n for n in reversed(names) if n in PARTS), "other")] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def forward_parts(n: int) -> Dict[str, int]:
+    """The operators (views aside) of one ``SBMConv`` forward (n tokens,
+    one sequence, ``attention_backend="auto"``, after a warm-up call), by
+    the part of the layer that dispatched them (:data:`PARTS`)."""
+    from sbm_pyg.nn import SBMConv
+    torch.manual_seed(0)
+    conv = SBMConv(64, 32, heads=2, num_clusters=128)
+    x = torch.randn(n, 64)
+    g = torch.Generator().manual_seed(0)
+    conv(x, generator=g)
+    with _Parts() as parts:
+        conv(x, generator=g)
+    return dict(parts.parts.most_common())
+
+
 def gps_step(nodes: int, channels: int = 64,
              batch_size: Optional[int] = None) -> Callable[[], None]:
     """One forward and backward of an ``SBMGPSConv`` (GatedGCN local, SBM
@@ -158,12 +195,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     results["gps_layer"] = count_ops(gps_step(nodes))
     results["gps_layer_sized"] = count_ops(gps_step(nodes, batch_size=1))
     results["graph_breaks"] = graph_breaks(n)
+    results["forward_parts"] = forward_parts(n)
     for name in ("training_sbm", "training_full", "gps_layer", "gps_layer_sized"):
         r = results[name]
         print(f"{name}: {r['ops']} operators ({r['views']} views), "
               f"{r['sbm_pyg_ops']} of sbm_pyg; "
               f"{r['host_reads']} host reads: {r['reads']}", flush=True)
     print(f"SBMConv under torch.compile: {results['graph_breaks']}", flush=True)
+    print(f"SBMConv forward's operators by part: {results['forward_parts']}",
+          flush=True)
     args.out.write_text(json.dumps(results, indent=1))
     return results
 

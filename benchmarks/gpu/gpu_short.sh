@@ -13,7 +13,9 @@
 #   0    the GPU, driver and package versions (stages.log); the build of
 #        the CPU kernels starts beside (the test subset compares with them)
 #   150  profile.json: where the time of SBMConv (n = 16384, 1%) and of an
-#        LRA training step (n = 4096) goes, kernel by kernel
+#        LRA training step (n = 4096) goes, kernel by kernel; the sampler's
+#        key masses and maxima (one Triton pass) and the memberships'
+#        products against what they replaced (n = 16384 and 65536)
 #   180  the host syncs of SBMConv's forward and backward, counted by
 #        CUDA's sync debug mode (into stages.log; not in --tiny: the CPU
 #        counts its reads in benchmarks.launches)
@@ -101,7 +103,7 @@ sizes_degree=(--degree-sizes 16384 65536 --degree 64)
 [ $tiny = 1 ] && sizes_a=() sizes_dense=() crossover=() sizes_degree=() \
   sharp=(--sharp-dtype bfloat16)
 stage profile 150 $PY -m benchmarks.gpu.cuda_profile "${QUICK[@]}" \
-  --sections layer training --out "$OUT/profile.json"
+  --sections layer training parts --out "$OUT/profile.json"
 [ $tiny = 0 ] && stage syncs 180 $PY -m benchmarks.gpu.syncs --n 16384
 stage bench-a 270 $PY -m benchmarks.cuda "${QUICK[@]}" --out "$OUT/cuda-a.json" \
   --sections layer training sampler "${sizes_a[@]}"

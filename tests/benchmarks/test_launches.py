@@ -52,6 +52,22 @@ def test_the_layer_compiles_around_its_one_host_read():
     assert (res["graphs"], res["breaks"]) == (3, 2), res
 
 
+def test_forward_parts_count_each_operator_once():
+    from benchmarks.launches import PARTS, count_ops, forward_parts
+    parts = forward_parts(64)
+    assert set(parts) <= set(PARTS) | {"other"}
+    # The regime choice, the sampler's plan and the attention are there.
+    assert all(parts.get(p, 0) > 0 for p in ("regimes", "tiles_share", "_plan",
+                                            "attend_graph")), parts
+    from sbm_pyg.nn import SBMConv
+    torch.manual_seed(0)
+    conv = SBMConv(64, 32, heads=2, num_clusters=128)
+    x = torch.randn(64, 64)
+    g = torch.Generator().manual_seed(0)
+    res = count_ops(lambda: conv(x, generator=g))
+    assert sum(parts.values()) == res["ops"] - res["views"]
+
+
 @pytest.mark.slow
 def test_quick_run(tmp_path):
     res = main(["--quick", "--out", str(tmp_path / "l.json")])
