@@ -394,6 +394,46 @@ def bench_mixed(n: int, density: float, device: torch.device, repeats: int,
     return row
 
 
+def bench_widths(n: int, density: float, device: torch.device, repeats: int,
+                 log) -> dict:
+    """What the straight-through estimator's membership width costs the
+    edge kernel: on one graph of the sharp head (the sparse form, drawn
+    once), :func:`~sbm_pyg.nn.functional.sparse_attention` fwd+bwd with
+    memberships of width 2 (the sparse form's two clusters a token), V
+    (what :obj:`sparse_memberships` keeps) and k, and with edge
+    probabilities alone (width 0), in turns; the kernels' own forward and
+    backward (:func:`attention_split`) of each."""
+    from sbm_pyg.nn.functional import sparse_attention
+    from sbm_pyg.sampling import fastrg
+    memb, block, _ = (t.detach() for t in sharp_sbm(n, density, device, sparse=True))
+    graph = fastrg(memb, block, memb, generator=torch.Generator(device).manual_seed(0))
+    q, k, v = qkv(n, device)
+    V = num_clusters(density)
+    g = torch.Generator(device).manual_seed(1)
+    prob = torch.rand(graph.num_edges, generator=g, device=device).requires_grad_()
+
+    def run(width: int) -> Callable[[], None]:
+        sbm = tuple(torch.rand(*shape, generator=g, device=device).requires_grad_()
+                    for shape in ((n, HEADS, width), (HEADS, width, width),
+                                  (n, HEADS, width))) if width else None
+
+        def call() -> None:
+            out = sparse_attention(q, k, v, graph, None if sbm else prob, sbm=sbm)
+            backward(out, [q, k, v, *(sbm or (prob,))])
+        return call
+    widths = (0, 2, V, CLUSTERS)
+    calls = {f"width_{w}": run(w) for w in widths}
+    times = median_times(calls, device, repeats)
+    row = dict(n=n, density=density, edges=graph.num_edges, clusters=V,
+               times={w: times[f"width_{w}"] for w in widths},
+               attention={w: attention_split(calls[f"width_{w}"]) for w in widths})
+    log(f"  edge kernel on the sharp graph (n={n}, {density}): fwd+bwd / its "
+        f"backward by membership width: " + ", ".join(
+            f"{w}: {row['times'][w] * 1e3:.1f} / "
+            f"{row['attention'][w]['backward'] * 1e3:.1f} ms" for w in widths))
+    return row
+
+
 def sharp_section(cases: Sequence[Tuple[int, float]], conv_case: Tuple[int, float],
                   device: torch.device, repeats: int, dtype: torch.dtype,
                   log) -> dict:
@@ -408,5 +448,8 @@ def sharp_section(cases: Sequence[Tuple[int, float]], conv_case: Tuple[int, floa
         "MultiheadAttention")
     conv = bench_sharp_conv(*conv_case, device, repeats, log)
     log("  a batch of both regimes: a dense head beside the sharp one, fwd+bwd, vs SDPA")
-    return dict(sharp=rows, sharp_conv=conv,
-                sharp_mixed=bench_mixed(*conv_case, device, repeats, log))
+    results = dict(sharp=rows, sharp_conv=conv,
+                   sharp_mixed=bench_mixed(*conv_case, device, repeats, log))
+    if device.type == "cpu":  # the C++ kernel's cost per edge, largest case
+        results["sharp_widths"] = bench_widths(*max(cases), device, repeats, log)
+    return results

@@ -9,6 +9,7 @@ from benchmarks.sharp import (
     bench_mixed,
     bench_sharp,
     bench_sharp_conv,
+    bench_widths,
     sharp_conv,
     sharp_sbm,
 )
@@ -145,4 +146,16 @@ def test_a_quick_mixed_row():
     for name in ("tiles", "edges"):
         assert row[f"{name}_backends"]["dense_pairs"] == "1/2"
         assert row[f"{name}_ratio"] == row[f"{name}_time"] / row["sdpa_time"]
+    assert len(lines) == 1
+
+
+def test_a_quick_widths_row():
+    # One graph of the sharp head, the edge kernel fwd+bwd at each
+    # membership width: 0 (edge probabilities), 2, V = 4 and k.
+    lines = []
+    row = bench_widths(256, 0.2, torch.device("cpu"), 1, lines.append)
+    assert row["clusters"] == 4 and row["edges"] > 0
+    assert list(row["times"]) == list(row["attention"]) == [0, 2, 4, CLUSTERS]
+    assert all(t > 0 for t in row["times"].values())
+    assert all(part["backward"] > 0 for part in row["attention"].values())
     assert len(lines) == 1
