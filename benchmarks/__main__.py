@@ -15,6 +15,8 @@ Sections (one module each): ``attention``, ``sampler``, ``published``,
 ``training``,
 ``ext``, ``budget``, ``gps`` (:mod:`benchmarks.gps_scaling`, CPU only),
 ``sharp`` (a head of nearly complete blocks, :mod:`benchmarks.sharp`),
+``widths`` (the edge kernel's cost by membership width on one graph of
+that head, in the same module, CPU only),
 ``cuda`` (the CUDA suite, :mod:`benchmarks.cuda`, on a GPU only; also run
 alone as ``python -m benchmarks.cuda``).
 
@@ -49,7 +51,7 @@ from benchmarks.sampler import (
     sampler_memory,
 )
 from benchmarks.scaling import bench_scaling
-from benchmarks.sharp import sharp_section
+from benchmarks.sharp import sharp_sections
 from benchmarks.training import bench_training, training_step
 from sbm_pyg.ops import backends
 
@@ -88,6 +90,7 @@ def section_sizes(quick: bool, device: torch.device,
         crossover_sizes, crossover_densities = [128], [0.05, 0.5]
         budget_sizes = [16]
         sharp_cases, sharp_conv_case = [(256, 0.05), (256, 0.2)], (256, 0.05)
+        widths_case = (256, 0.2)
         # The budgeted variant's weights take minutes to train: not in --quick.
         gps_sizes, gps_variants = [256], ["performer", "sbm"]
     else:
@@ -105,6 +108,7 @@ def section_sizes(quick: bool, device: torch.device,
         sharp_cases = [(4096, 0.01), (4096, 0.05), (4096, 0.2), (16384, 0.01),
                        (16384, 0.05)]
         sharp_conv_case = (4096, 0.05)
+        widths_case = (16384, 0.05)
         gps_sizes, gps_variants = list(gps_scaling.SIZES), list(gps_scaling.VARIANTS)
     return SimpleNamespace(
         sizes=sizes,
@@ -125,6 +129,7 @@ def section_sizes(quick: bool, device: torch.device,
         budget_sizes=budget_sizes,
         sharp_cases=sharp_cases,
         sharp_conv_case=sharp_conv_case,
+        widths_case=widths_case,
         gps_sizes=gps_sizes,
         gps_variants=gps_variants)
 
@@ -156,9 +161,9 @@ def bench_memory(z: SimpleNamespace, device: torch.device, threads: int,
 
 SECTIONS = ["attention", "sampler", "published", "exact", "memory", "scaling",
             "layer", "choice", "crossover", "training", "ext", "budget", "gps",
-            "sharp", "cuda"]
+            "sharp", "widths", "cuda"]
 # The sections of one device only: the rest run on either.
-CPU_ONLY, CUDA_ONLY = ("gps",), ("cuda",)
+CPU_ONLY, CUDA_ONLY = ("gps", "widths"), ("cuda",)
 
 
 def run_cuda_suite(out: Path, repeats: int, quick: bool,
@@ -321,10 +326,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             z.gps_sizes, z.gps_variants, args.repeats, args.threads,
             int(gps_scaling.MEMORY_LIMIT_GIB * 2**30), gps_scaling.TIMEOUT_S,
             gps_scaling.WEIGHTS, log)
-    if "sharp" in args.sections:
-        results.update(sharp_section(args.sharp_cases or z.sharp_cases,
-                                     z.sharp_conv_case, device, args.repeats,
-                                     getattr(torch, args.sharp_dtype), log))
+    results.update(sharp_sections(args.sections, args.sharp_cases or z.sharp_cases,
+                                  z.sharp_conv_case, z.widths_case, device,
+                                  args.repeats, getattr(torch, args.sharp_dtype), log))
     if "cuda" in args.sections:
         results["cuda"] = run_cuda_suite(out, args.repeats, args.quick, log)
     out.write_text(json.dumps(results, indent=1))

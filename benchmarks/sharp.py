@@ -448,8 +448,22 @@ def sharp_section(cases: Sequence[Tuple[int, float]], conv_case: Tuple[int, floa
         "MultiheadAttention")
     conv = bench_sharp_conv(*conv_case, device, repeats, log)
     log("  a batch of both regimes: a dense head beside the sharp one, fwd+bwd, vs SDPA")
-    results = dict(sharp=rows, sharp_conv=conv,
-                   sharp_mixed=bench_mixed(*conv_case, device, repeats, log))
-    if device.type == "cpu":  # the C++ kernel's cost per edge, largest case
-        results["sharp_widths"] = bench_widths(*max(cases), device, repeats, log)
+    return dict(sharp=rows, sharp_conv=conv,
+                sharp_mixed=bench_mixed(*conv_case, device, repeats, log))
+
+
+def sharp_sections(sections: Sequence[str], cases: Sequence[Tuple[int, float]],
+                   conv_case: Tuple[int, float], widths_case: Tuple[int, float],
+                   device: torch.device, repeats: int, dtype: torch.dtype,
+                   log) -> dict:
+    """The suite's ``sharp`` section (:func:`sharp_section`) and its
+    ``widths`` section (:func:`bench_widths` on :obj:`widths_case`), those
+    of them in :obj:`sections`."""
+    results = {}
+    if "sharp" in sections:
+        results.update(sharp_section(cases, conv_case, device, repeats, dtype, log))
+    if "widths" in sections:
+        log("\n[widths] the edge kernel on one graph of the sharp head, fwd+bwd "
+            "with the straight-through gradients, by membership width")
+        results["widths"] = bench_widths(*widths_case, device, repeats, log)
     return results

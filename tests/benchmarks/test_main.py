@@ -54,6 +54,7 @@ def test_quick_benchmark_runs(tmp_path, capsys):
     assert [(row["n"], row["clusters"]) for row in results["sharp"]] == [(256, 16), (256, 4)]
     assert all(row["ratio"] > 0 for row in results["sharp"])
     assert results["sharp_conv"]["auto_ratio"] > 0
+    assert results["widths"]["n"] == 256 and results["widths"]["times"][0] > 0
     assert "[layer]" in capsys.readouterr().out
 
 
