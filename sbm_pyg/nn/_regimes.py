@@ -101,7 +101,8 @@ def tiles_share(sbm: Tuple[Tensor, Tensor, Tensor], ptr_q: Tensor, ptr_k: Tensor
     the dense pairs' queries zeroed), a 0-dim tensor on the device: nothing
     read."""
     pairs = (ptr_q.diff() * ptr_k.diff()).to(per.dtype)
-    total = ((per.detach() + opts.exploration) * pairs[:, None] * ~dense).sum()
+    rate = per.detach() + opts.exploration if opts.exploration else per.detach()
+    total = (rate * pairs[:, None] * ~dense).sum()
     q_memb, block, k_memb = (x.detach() for x in sbm)
     q_memb = q_memb * (~dense)[ptr2index(ptr_q, q_memb.size(0))][:, :, None]
     tiled = tile_edges(q_memb, block, k_memb, ptr_q, ptr_k,

@@ -102,19 +102,25 @@ def check_sbm(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: PtrLike,
         if Nq != Nk:
             raise ValueError(f"self_loops=True needs queries and keys to be "
                              f"the same sequences, got N_q={Nq}, N_k={Nk}")
-        checks.append(((ptr_q != ptr_k).any(),
-                       "self_loops=True needs queries and keys to be the "
-                       "same sequences: ptr_q must equal ptr_k"))
+        if ptr_q is not ptr_k:  # one pointer is the same sequences
+            checks.append(((ptr_q != ptr_k).any(),
+                           "self_loops=True needs queries and keys to be the "
+                           "same sequences: ptr_q must equal ptr_k"))
     return ptr_q, ptr_k, checks
 
 
 def as_ptr(name: str, ptr: PtrLike, num_rows: int,
-           device: torch.device) -> Tuple[Tensor, Check]:
-    """Returns a CSR pointer :obj:`[G + 1]` on :obj:`device` and its check."""
+           device: torch.device) -> Tuple[Tensor, Optional[Check]]:
+    """Returns a CSR pointer :obj:`[G + 1]` on :obj:`device` and its check
+    (:obj:`None` for :obj:`ptr=None`, one sequence: valid as made)."""
     if ptr is None:
         # [0, num_rows] made on the device: a host tensor copied there syncs.
-        ptr = torch.arange(2, device=device) * num_rows
-    elif not isinstance(ptr, Tensor):
+        made = torch.arange(2, device=device) * num_rows
+        key = _version_key(made, num_rows)
+        if key is not None:
+            _VALID[key] = made
+        return made, None
+    if not isinstance(ptr, Tensor):
         try:
             ptr = torch.as_tensor(ptr, device=device)
         except (TypeError, ValueError) as e:
@@ -152,12 +158,13 @@ def check_pointers(ptr_q: PtrLike, ptr_k: PtrLike, Nq: int, Nk: int,
     r"""Query and key pointers of the same sequences, and their checks
     (none for a pointer that :func:`as_ptr` made valid)."""
     checks: List[Check] = []
+    one = ptr_q is None and ptr_k is None and Nq == Nk  # one pointer for both
     if not _made_valid(ptr_q, Nq, device):
         ptr_q, check_q = as_ptr("ptr_q", ptr_q, Nq, device)
-        checks.append(check_q)
+        checks += [check_q] if check_q is not None else []
     if not _made_valid(ptr_k, Nk, device):
-        ptr_k, check_k = as_ptr("ptr_k", ptr_k, Nk, device)
-        checks.append(check_k)
+        ptr_k, check_k = (ptr_q, None) if one else as_ptr("ptr_k", ptr_k, Nk, device)
+        checks += [check_k] if check_k is not None else []
     assert isinstance(ptr_q, Tensor) and isinstance(ptr_k, Tensor)
     if ptr_q.numel() != ptr_k.numel():
         raise ValueError(f"ptr_q and ptr_k must describe the same number of "

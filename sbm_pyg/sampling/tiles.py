@@ -121,18 +121,22 @@ class _Side(NamedTuple):
     first_tile: Tensor
 
 
-def _cells(memb: Tensor, ptr: Tensor, tile: int) -> _Cells:
+def _cells(memb: Tensor, seq: Tensor, G: int, tile: int) -> _Cells:
+    # seq: each token's sequence [N], of G.
     N, H, k = memb.shape
-    G = ptr.numel() - 1
-    seq = ptr2index(ptr, N)
     top = memb.argmax(-1)  # [N, H]
     main = memb.gather(-1, top[..., None]).squeeze(-1)
     cell = ((seq[:, None] * H + torch.arange(H, device=memb.device)) * k + top).flatten()
     mass = memb.new_zeros(G * H * k).index_add_(0, cell, main.flatten())
-    count = torch.zeros(G * H * k, dtype=torch.long, device=memb.device)
-    count.index_add_(0, cell, torch.ones_like(cell))
-    tiles = torch.div(count + tile - 1, tile, rounding_mode="floor")
+    count = torch.bincount(cell, minlength=G * H * k)
+    tiles = torch.div(count + (tile - 1), tile, rounding_mode="floor")
     return _Cells(top, mass.view(G, H, k), count.view(G, H, k), tiles.view(G, H, k))
+
+
+def _sequences(ptr_q: Tensor, ptr_k: Tensor, Nq: int, Nk: int) -> Tuple[Tensor, Tensor]:
+    # Each query's and key's sequence, once where the pointers are one.
+    seq_q = ptr2index(ptr_q, Nq)
+    return seq_q, seq_q if ptr_k is ptr_q and Nk == Nq else ptr2index(ptr_k, Nk)
 
 
 def _selection(qc: _Cells, kc: _Cells, block: Tensor, tile_q: int, tile_k: int,
@@ -145,10 +149,9 @@ def _selection(qc: _Cells, kc: _Cells, block: Tensor, tile_q: int, tile_k: int,
     return mass, (pairs > 0) & (mass >= min_fill * pairs)
 
 
-def _sorted_side(memb: Tensor, ptr: Tensor, tile: int) -> _Side:
+def _sorted_side(memb: Tensor, ptr: Tensor, seq: Tensor, tile: int) -> _Side:
     N, H, k = memb.shape
-    cells = _cells(memb, ptr, tile)
-    seq = ptr2index(ptr, N)
+    cells = _cells(memb, seq, ptr.numel() - 1, tile)
     # One stable integer sort per head (a radix sort on CUDA).
     order = torch.argsort((seq[:, None] * k + cells.top).t(), dim=1, stable=True)
     pos = torch.empty_like(order)
@@ -177,8 +180,10 @@ def tile_edges(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
         tensor([8.1000])
     """
     check_tile_options(tile_q=tile_q, tile_k=tile_k, min_fill=min_fill)
-    mass, selected = _selection(_cells(q_memb, ptr_q, tile_q),
-                                _cells(k_memb, ptr_k, tile_k), block,
+    seq_q, seq_k = _sequences(ptr_q, ptr_k, q_memb.size(0), k_memb.size(0))
+    G = ptr_q.numel() - 1
+    mass, selected = _selection(_cells(q_memb, seq_q, G, tile_q),
+                                _cells(k_memb, seq_k, G, tile_k), block,
                                 tile_q, tile_k, min_fill)
     return (mass * selected).sum((1, 2))
 
@@ -264,8 +269,9 @@ def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
     ptr_q, ptr_k, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k,
                                      self_loops=False)
     device = q_memb.device
-    qs = _sorted_side(q_memb, ptr_q, tile_q)
-    ks = _sorted_side(k_memb, ptr_k, tile_k)
+    seq_q, seq_k = _sequences(ptr_q, ptr_k, q_memb.size(0), k_memb.size(0))
+    qs = _sorted_side(q_memb, ptr_q, seq_q, tile_q)
+    ks = _sorted_side(k_memb, ptr_k, seq_k, tile_k)
     qc, kc = qs.cells, ks.cells
     # The checks and the batch's tile counts in one read.
     Tq, Tk = (int(x) for x in sync(checks, qc.tiles.sum(), kc.tiles.sum()))

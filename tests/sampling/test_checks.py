@@ -24,6 +24,21 @@ def test_a_pointer_made_valid_is_not_checked_again():
         sync(checks)
 
 
+def test_one_sequence_needs_no_check():
+    # No pointers: [0, N] made on the device, valid as made (no check, two
+    # operators), one tensor for queries and keys of the same length.
+    device = torch.get_default_device()
+    made = []
+    ops = count_ops(lambda: made.append(check_pointers(None, None, 6, 6, device)))
+    ptr_q, ptr_k, checks = made[-1]
+    assert ptr_q.tolist() == [0, 6] and ptr_k is ptr_q and checks == []
+    assert ops["ops"] - ops["views"] == 2, ops
+    ptr_q, ptr_k, checks = check_pointers(None, None, 6, 4, device)
+    assert (ptr_q.tolist(), ptr_k.tolist(), checks) == ([0, 6], [0, 4], [])
+    # Made valid: passed again unchecked.
+    assert check_pointers(ptr_q, ptr_k, 6, 4, device)[2] == []
+
+
 def test_only_that_tensor_at_its_row_count_and_version_is_trusted():
     device = torch.get_default_device()
     safe, _ = as_ptr("ptr", torch.tensor([0, 2, 5]), 5, device)
