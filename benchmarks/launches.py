@@ -34,6 +34,29 @@ from benchmarks.training import training_step
 # reads without dispatching an operator).
 READS = (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__,
          torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.__index__)
+# What reads on CUDA to size its output (a sync there, none on the CPU):
+# counted as reads, so that the CPU's count finds them.
+SIZED = (torch.bincount, torch.Tensor.bincount, torch.nonzero,
+         torch.Tensor.nonzero, torch.argwhere, torch.Tensor.argwhere,
+         torch.unique, torch.Tensor.unique, torch.unique_consecutive,
+         torch.Tensor.unique_consecutive, torch.masked_select,
+         torch.Tensor.masked_select)
+
+
+def _sized_by_read(func, args, kwargs) -> bool:
+    # repeat_interleave with tensor repeats and no output_size sums them on
+    # the host; so does a boolean mask as an index.
+    if func in SIZED:
+        return True
+    if func in (torch.repeat_interleave, torch.Tensor.repeat_interleave):
+        repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+        return (isinstance(repeats, torch.Tensor) and repeats.numel() > 1
+                and kwargs.get("output_size") is None)
+    if func is torch.Tensor.__getitem__ and len(args) > 1:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                   for i in index)
+    return False
 
 
 def _reader() -> str:
@@ -71,7 +94,7 @@ class _Reads(TorchFunctionMode):
         self.reads: Counter = Counter()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in READS:
+        if func in READS or _sized_by_read(func, args, kwargs or {}):
             self.reads[_reader()] += 1
         return func(*args, **(kwargs or {}))
 

@@ -128,7 +128,10 @@ def _cells(memb: Tensor, seq: Tensor, G: int, tile: int) -> _Cells:
     main = memb.gather(-1, top[..., None]).squeeze(-1)
     cell = ((seq[:, None] * H + torch.arange(H, device=memb.device)) * k + top).flatten()
     mass = memb.new_zeros(G * H * k).index_add_(0, cell, main.flatten())
-    count = torch.bincount(cell, minlength=G * H * k)
+    # Counted by index_add_, not bincount: CUDA's bincount reads the largest
+    # index to the host to size its output, a sync in the forward.
+    count = torch.zeros(G * H * k, dtype=torch.long, device=memb.device
+                        ).index_add_(0, cell, torch.ones_like(cell))
     tiles = torch.div(count + (tile - 1), tile, rounding_mode="floor")
     return _Cells(top, mass.view(G, H, k), count.view(G, H, k), tiles.view(G, H, k))
 
@@ -273,20 +276,28 @@ def plan_tiles(q_memb: Tensor, block: Tensor, k_memb: Tensor, *,
     qs = _sorted_side(q_memb, ptr_q, seq_q, tile_q)
     ks = _sorted_side(k_memb, ptr_k, seq_k, tile_k)
     qc, kc = qs.cells, ks.cells
-    # The checks and the batch's tile counts in one read.
-    Tq, Tk = (int(x) for x in sync(checks, qc.tiles.sum(), kc.tiles.sum()))
+    _, selected = _selection(qc, kc, block, tile_q, tile_k, min_fill)
+    # The blocks: every (sequence, head, u, v) with (u, v) selected and both
+    # clusters present, as a rectangle of tiles. The checks, the batch's
+    # tile counts, the blocks' count and their tiles in one read (sums of
+    # integers below 2^53, exact in float64), so that the nonzeros below
+    # are sized without a read of their own.
+    present_q, present_k = qc.size > 0, kc.size > 0
+    wide_sel = selected.double()
+    Tq, Tk, cells, blocks, total = (int(x) for x in sync(
+        checks, qc.tiles.sum(), kc.tiles.sum(), present_q.sum(),
+        torch.einsum("ghu,huv,ghv->", present_q.double(), wide_sel,
+                     present_k.double()),
+        torch.einsum("ghu,huv,ghv->", qc.tiles.double(), wide_sel,
+                     kc.tiles.double())))
     q_tile, q_start, q_len, q_head = _tile_table(qs, Tq, tile_q, q_memb, ptr_q)
     k_tile, k_start, k_len, k_head = _tile_table(ks, Tk, tile_k, k_memb, ptr_k)
-    _, selected = _selection(qc, kc, block, tile_q, tile_k, min_fill)
-
-    # The blocks: every (sequence, head, u, v) with (u, v) selected and both
-    # clusters present, as a rectangle of tiles.
-    g, h, u = (qc.size > 0).nonzero(as_tuple=True)
-    r, v = (selected[h, u] & (kc.size[g, h] > 0)).nonzero(as_tuple=True)
+    g, h, u = torch.nonzero_static(present_q, size=cells).unbind(1)
+    r, v = torch.nonzero_static(selected[h, u] & present_k[g, h],
+                                size=blocks).unbind(1)
     g, h, u = g[r], h[r], u[r]
     wide = kc.tiles[g, h, v]
     area = qc.tiles[g, h, u] * wide
-    total = int(sync([], area.sum())[0]) if area.numel() else 0
     rect = torch.repeat_interleave(torch.arange(area.numel(), device=device),
                                    area, output_size=total)
     offset = torch.arange(total, device=device) - (area.cumsum(0) - area)[rect]
