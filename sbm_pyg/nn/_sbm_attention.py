@@ -96,8 +96,9 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     (:func:`~sbm_pyg.nn.tiled_sbm_attention`: the heavy cluster pairs as
     tiles of cluster-sorted tokens on the dense-regime kernel, the rest on
     the sparse path; :obj:`backends` names the tiles' kernel and the rest's
-    sampler and kernel); it reads the device four times (the inputs'
-    checks, the plan's, the rest sampler's, the layout's).
+    sampler and kernel); it reads the device five times (the inputs'
+    checks, the plan's, the rest sampler's, the rest's edges outside the
+    tiles, the layout's).
     :obj:`"auto"` takes it for the pairs of a call that the dense regime
     does not take (all of them, or beside the dense ones) where its tiles
     would hold half their expected edges or more

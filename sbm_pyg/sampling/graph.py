@@ -156,10 +156,14 @@ class SampledGraph:
 
         kept, perm = before(mask), csr.perm.long()
         mask_t = mask[perm]
-        col = csr.col[mask]
+        # One read of the kept count sizes both orders (a boolean index
+        # would read it twice on CUDA).
+        count = int(sync([], kept[-1])[0])
+        col = csr.col[torch.nonzero_static(mask, size=count).flatten()]
+        at_t = torch.nonzero_static(mask_t, size=count).flatten()
         graph = CSRGraph(kept[csr.rowptr.long()].to(dtype), col,
                          before(mask_t)[csr.colptr.long()].to(dtype),
-                         kept[perm][mask_t].to(dtype))
+                         kept[perm][at_t].to(dtype))
         return SampledGraph(graph, self.num_queries, self.num_keys, self.num_heads,
                             self.ptr_q, self.ptr_k, col.numel(), float(col.numel()))
 

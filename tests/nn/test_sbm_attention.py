@@ -1,7 +1,6 @@
 """sbm_attention: one function for the whole SBM attention, its regime
 chosen per (sequence, head)."""
 import dataclasses
-from collections import Counter
 
 import pytest
 import torch
@@ -302,11 +301,14 @@ def test_one_host_read_per_forward_none_in_backward(crossover, options,
     forward = count_reads(lambda: out.append(
         conv(x, ptr=ptr, include_edges=edges, generator=g)))
     assert (conv.last_backends["sampler"] == "dense") == (regime == "dense")
-    sizing = {"sampling/fastrg_triton.py", "ops/triton_dense.py"}
+    # Sized by a read of their own: the Triton kernels' outputs, and the
+    # included pairs' distinct count (torch.unique's on CUDA).
+    sizing = {"sampling/fastrg_triton.py", "ops/triton_dense.py",
+              "sampling/edges.py"}
     reads = {k: v for k, v in forward.items()
              if not k.endswith(":stream_seed")}
     assert reads.pop("validation.py:sync") == 1, forward
-    assert sum(reads.values()) <= (device.type == "cuda" and regime == "sparse"), forward
+    assert sum(reads.values()) <= (device.type == "cuda" and regime == "sparse") + include, forward
     assert all(k.split(":")[0] in sizing for k in reads), forward
     assert count_reads(lambda: out[0].square().sum().backward()) == {}
     assert x.grad is not None and any(p.grad is not None for p in conv.sbm.parameters())
@@ -356,16 +358,16 @@ def test_a_batch_vector_with_its_size_reads_once(layer, monkeypatch):
 # synchronizing call, host-to-device copies of host scalars included, which
 # the CPU's count of reads cannot see): the forward's one sync, and on the
 # sampled path the Triton sampler's read of its edge count; none in the
-# backward.
+# backward. A warning CUDA reports late names a later call, so where a sync
+# comes from is asked of its "error" mode, the explicit reads let through.
 @pytest.mark.skipif(TEST_DEVICE.type != "cuda", reason="counts CUDA's syncs")
 @pytest.mark.parametrize("layer", [
     pytest.param("sampled", marks=pytest.mark.xfail(
         strict=False, reason="one more sync inside fastrg_op.draw besides the "
-        "edge count's read; CUDA reports it at a later torch call, so the "
-        "count cannot name its line (docs/performance.md, host syncs)")),
+        "edge count's read (docs/performance.md, host syncs)")),
     "dense", "warm-up"])
 def test_cuda_syncs_of_a_forward_and_a_backward(layer, monkeypatch):
-    from benchmarks.gpu.syncs import count_syncs
+    from benchmarks.gpu.syncs import count_syncs, hidden_sync
     from tests.helpers import pin_crossover
     pin_crossover(monkeypatch, 0.0 if layer == "dense" else float("inf"))
     torch.manual_seed(0)
@@ -378,10 +380,6 @@ def test_cuda_syncs_of_a_forward_and_a_backward(layer, monkeypatch):
     out = []
     forward = count_syncs(lambda: out.append(conv(x, batch, batch_size=2,
                                                   generator=g)))
-    where = Counter()
-    for key, count in forward.items():
-        where[key.rsplit(":", 1)[0]] += count
-    assert where.pop("validation.py:sync") == 1, forward
-    sizing = int(layer == "sampled")
-    assert where == ({"sampling/fastrg_triton.py:sample": 1} if sizing else {}), forward
+    assert sum(forward.values()) == 1 + (layer == "sampled"), forward
+    assert hidden_sync(lambda: conv(x, batch, batch_size=2, generator=g)) is None
     assert count_syncs(lambda: out[0].square().sum().backward()) == {}
