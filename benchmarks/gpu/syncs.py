@@ -3,7 +3,10 @@ r"""The host syncs of ``SBMConv`` on a GPU, counted by CUDA itself:
 call (a device-to-host copy, ``.item()``, ``nonzero``), and each warning
 is kept with the innermost ``sbm_pyg`` frame that made it. Counted for the
 forward and, apart, the backward of a calibrated layer (two sequences of
-n / 2 tokens, given by a batch vector and its size), after a warm-up call.
+n / 2 tokens, given by a batch vector and its size), after a warm-up call;
+and, in CUDA's "error" mode with the explicit reads let through, where
+the first other sync of each comes from (``hidden``: a warning CUDA
+reports late names a later call, an error names the one that synced).
 
     python -m benchmarks.gpu.syncs [--n 4096] [--density 0.01] [--out F]
 
@@ -18,10 +21,13 @@ import sys
 import traceback
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Iterator, Optional, Sequence
 
 import torch
+
+from benchmarks.launches import READS
 
 
 def _where() -> str:
@@ -63,6 +69,51 @@ def count_syncs(fn: Callable[[], object]) -> Dict[str, int]:
     return dict(seen)
 
 
+@contextmanager
+def _explicit_reads_let_through() -> Iterator[None]:
+    # The reads the CPU's count names (item, tolist, int(...)) sync as they
+    # must, wherever they are (inside a custom operator's kernel too: a
+    # torch function mode would not see those), by patching the methods.
+    def let_through(read: Callable) -> Callable:
+        def wrapped(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("default")
+            try:
+                return read(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("error")
+        return wrapped
+
+    names = [read.__name__ for read in READS]
+    for read, name in zip(READS, names):
+        setattr(torch.Tensor, name, let_through(read))
+    try:
+        yield
+    finally:
+        for name in names:  # inherited from the C base class
+            delattr(torch.Tensor, name)
+
+
+def hidden_sync(fn: Callable[[], object]) -> Optional[str]:
+    """Where the first sync of one call of ``fn`` that no explicit read
+    makes comes from (the innermost frames of its Python stack), or
+    :obj:`None`: CUDA's "error" mode raises at the synchronizing call, so
+    a sync whose warning CUDA reports late is found where it is made."""
+    torch.cuda.synchronize()
+    try:
+        with _explicit_reads_let_through():
+            torch.cuda.set_sync_debug_mode("error")
+            fn()
+    except RuntimeError as err:
+        if "synchroniz" not in str(err):
+            raise
+        frames = traceback.extract_tb(err.__traceback__)
+        return " < ".join(f"{f.filename.split('/')[-1]}:{f.name}:{f.lineno}"
+                          for f in reversed(frames[-6:]))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return None
+
+
 def layer_syncs(n: int, density: float, device: torch.device) -> dict:
     """Syncs of a calibrated ``SBMConv``'s forward and backward."""
     from benchmarks.cases import calibrated_conv
@@ -80,8 +131,11 @@ def layer_syncs(n: int, density: float, device: torch.device) -> dict:
 
     forward()
     backward()
-    return dict(n=n, density=density, forward=count_syncs(forward),
-                backward=count_syncs(backward))
+    counts = dict(forward=count_syncs(forward), backward=count_syncs(backward))
+    forward()
+    return dict(n=n, density=density, **counts,
+                hidden=dict(backward=hidden_sync(backward),
+                            forward=hidden_sync(forward)))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
