@@ -299,8 +299,8 @@ def sharp_conv(n: int, density: float, device: torch.device, seed: int = 0,
             sbm.key_clusters.copy_(sbm.clusters)
             sbm.log_temperature.zero_()
     g = torch.Generator().manual_seed(seed)
-    cluster = torch.randint(V, (n, HEADS, 1), generator=g)
-    x = torch.zeros(n, HEADS, HEAD_DIM).scatter_(2, cluster, SCALE)
+    cluster = torch.randint(V, (n, HEADS, 1), generator=g, device="cpu")
+    x = torch.zeros(n, HEADS, HEAD_DIM, device="cpu").scatter_(2, cluster, SCALE)
     return conv.to(device), x.view(n, channels).to(device).requires_grad_()
 
 

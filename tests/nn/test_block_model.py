@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sbm_pyg.nn import StochasticBlockModel
-from tests.helpers import z_bound
+from tests.helpers import seeded, z_bound
 
 
 def test_shapes_and_ranges():
@@ -323,8 +323,8 @@ def test_sharp_memberships_are_the_renormalized_top_of_the_softmax():
     # Values and gradients: the kept logits' softmax is the full softmax
     # kept on the top two and renormalized.
     from sbm_pyg.nn.block_model import _top
-    logits = torch.randn(40, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    weight = torch.randn(40, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    logits = torch.randn(40, 3, 16, dtype=torch.float64, generator=seeded(0))
+    weight = torch.randn(40, 3, 16, dtype=torch.float64, generator=seeded(1))
 
     def reference(x):
         memb = x.softmax(-1)

@@ -27,15 +27,15 @@ def top2_sbm(N=20, H=2, k=7, seed=0):
     head 0 uses clusters {1, 4}, head 1 {0, 2, 5}; keys also 6 in head 1.
     A block with every entry in (0, 0.9)."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.zeros(N, H, k, dtype=torch.float64)
-    k_memb = torch.zeros(N, H, k, dtype=torch.float64)
+    q = torch.zeros(N, H, k, dtype=torch.float64, device="cpu")
+    k_memb = torch.zeros_like(q)
     for memb, used in ((q, ([1, 4], [0, 2, 5])), (k_memb, ([1, 4], [0, 2, 5, 6]))):
         for h, clusters in enumerate(used):
-            pick = torch.tensor(clusters)[torch.randint(len(clusters), (N, 2),
-                                                        generator=g)]
-            memb[:, h].scatter_add_(1, pick, torch.tensor([[0.8, 0.2]]).double()
+            pick = torch.tensor(clusters, device="cpu")[torch.randint(len(clusters), (N, 2),
+                                                        generator=g, device="cpu")]
+            memb[:, h].scatter_add_(1, pick, torch.tensor([[0.8, 0.2]], device="cpu").double()
                                     .expand(N, 2).contiguous())
-    block = torch.rand(H, k, k, generator=g, dtype=torch.float64) * 0.9
+    block = torch.rand(H, k, k, generator=g, dtype=torch.float64, device="cpu") * 0.9
     device = torch.get_default_device()
     return q.to(device), block.to(device), k_memb.to(device)
 

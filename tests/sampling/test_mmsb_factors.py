@@ -21,7 +21,8 @@ def mmsb_factors(dtype=torch.float64):
     with torch.no_grad():
         sbm.clusters.mul_(4)  # spread the memberships and the block
         sbm.block_bias.copy_(torch.tensor([-5.0, 1.0]).view(2, 1, 1))
-        x = torch.randn(11, 2, 4, generator=torch.Generator().manual_seed(1))
+        x = torch.randn(11, 2, 4, generator=torch.Generator().manual_seed(1),
+                        device="cpu").to(sbm.clusters.device)
         q_memb, block, k_memb = sbm(x[:6], x[6:])
     device = torch.get_default_device()
     return tuple(t.to(dtype).to(device) for t in (q_memb, block, k_memb))
