@@ -51,6 +51,14 @@ def pin_crossover(monkeypatch, value: float) -> None:
     monkeypatch.setattr(backend_info, "DEVICE_CROSSOVERS", {})
 
 
+def pin_tiles_min_edges(monkeypatch, value: float) -> None:
+    """Sets the least expected edges in the tiles from which "auto" takes
+    the tiled regime, on every device (the CPU's value and no GPU's own)."""
+    from sbm_pyg.ops import backend_info
+    monkeypatch.setattr(backend_info, "TILES_MIN_EDGES", value)
+    monkeypatch.setattr(backend_info, "DEVICE_TILES_MIN_EDGES", {})
+
+
 def kernels_ran(backends: dict) -> dict:
     """A layer's last_backends without the crossover it reports on a GPU
     (which value "auto" compared with): the kernels that ran."""

@@ -92,14 +92,15 @@ def regimes(query: Tensor, sbm: Tuple[Tensor, Tensor, Tensor],
 
 
 def tiles_share(sbm: Tuple[Tensor, Tensor, Tensor], ptr_q: Tensor, ptr_k: Tensor,
-                per: Tensor, opts: SBMAttentionOptions, dense: Tensor) -> Tensor:
+                per: Tensor, opts: SBMAttentionOptions, dense: Tensor
+                ) -> Tuple[Tensor, Tensor]:
     r"""The share of the expected edges of a call's sparse (sequence, head)
     pairs (:obj:`per` :obj:`[G, H]`, the expected densities, plus the
     exploration, where :obj:`dense` :obj:`[G, H]` is not set) that the
     tiled regime's tiles would hold on them
     (:func:`~sbm_pyg.sampling.tiles.tile_edges` with the :obj:`opts`' tiles,
-    the dense pairs' queries zeroed), a 0-dim tensor on the device: nothing
-    read."""
+    the dense pairs' queries zeroed), and those expected edges: 0-dim
+    tensors on the device, nothing read."""
     pairs = (ptr_q.diff() * ptr_k.diff()).to(per.dtype)
     rate = per.detach() + opts.exploration if opts.exploration else per.detach()
     total = (rate * pairs[:, None] * ~dense).sum()
@@ -108,7 +109,7 @@ def tiles_share(sbm: Tuple[Tensor, Tensor, Tensor], ptr_q: Tensor, ptr_k: Tensor
     tiled = tile_edges(q_memb, block, k_memb, ptr_q, ptr_k,
                        tile_q=opts.tile_size, tile_k=opts.tile_size,
                        min_fill=opts.tile_fill).sum()
-    return tiled / total.clamp_min(torch.finfo(total.dtype).tiny)
+    return tiled / total.clamp_min(torch.finfo(total.dtype).tiny), tiled
 
 
 def backend_notes(device: torch.device, chose: bool, opts: SBMAttentionOptions,

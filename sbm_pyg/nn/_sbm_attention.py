@@ -32,7 +32,7 @@ from sbm_pyg.nn.functional import check_sbm_shapes, check_sink
 from sbm_pyg.nn.options import SBMAttentionOptions
 from sbm_pyg.nn.support import compact_clusters
 from sbm_pyg.nn.tiled_attention import tiled_regime
-from sbm_pyg.ops.backend_info import dense_runs, resolve_backend
+from sbm_pyg.ops.backend_info import dense_runs, resolve_backend, tiles_min_edges
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
 from sbm_pyg.ops.dense_attention import mask_bytes
 from sbm_pyg.sampling.checks import PtrLike, included_pairs
@@ -103,7 +103,9 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     does not take (all of them, or beside the dense ones) where its tiles
     would hold half their expected edges or more
     (:func:`~sbm_pyg.sampling.tiles.tile_edges`, read with the choice;
-    :obj:`backends["tile_share"]`), the dense kernel runs and the call asks
+    :obj:`backends["tile_share"]`) and, on a GPU, enough edges to pay the
+    tiles' fixed cost (:func:`~sbm_pyg.ops.backend_info.tiles_min_edges`),
+    the dense kernel runs and the call asks
     nothing the tiles lack (dropout, a sink, included edges, the weights,
     :obj:`max_edges`).
 
@@ -280,15 +282,18 @@ def _choose(call: Call, dense: Tensor, per: Tensor, sampler: str
     # are planned and checked each on its own).
     planned = _plan(call, call.q_memb, call.options.max_edges, sampler)
     H = call.query.size(1)
-    share = ([] if any(unsupported(call).values()) else [tiles_share(
+    share = ([] if any(unsupported(call).values()) else list(tiles_share(
         (call.q_memb, call.block, call.k_memb), call.ptr_q, call.ptr_k, per,
-        call.options, dense)])
+        call.options, dense)))
     values = sync([*call.checks, *planned.checks], *planned.scalars,
                   dense.sum(), H * (call.ptr_q.diff() * call.ptr_k.diff()).sum(),
                   mask_bytes(call.ptr_q, call.ptr_k, H).sum(), *share)
     num_dense, num_pairs, num_bytes = values[len(planned.scalars):][:3]
-    # The tiles' share of the sparse pairs' expected edges, where it pays.
-    tiles = float(values[-1]) if share and values[-1] >= TILES_MIN_SHARE else None
+    # The tiles' share of the sparse pairs' expected edges, where it pays:
+    # half of them, and on a GPU enough to pay the tiles' fixed cost.
+    tiles = (float(values[-2]) if share and values[-2] >= TILES_MIN_SHARE
+             and values[-1] >= tiles_min_edges(call.query.device)[0]
+             else None)
     if num_dense == 0 and tiles is not None:
         return TiledChoice(tiles)
     if num_dense == 0:

@@ -24,7 +24,8 @@ import torch
 
 __all__ = ["WITH_EXTENSION", "WITH_TRITON", "WITH_TORCH_SCATTER",
            "extension", "BACKENDS", "ATTENTION_BACKENDS", "DENSE_CROSSOVER",
-           "DEVICE_CROSSOVERS", "dense_crossover",
+           "DEVICE_CROSSOVERS", "dense_crossover", "TILES_MIN_EDGES",
+           "DEVICE_TILES_MIN_EDGES", "tiles_min_edges",
            "resolve_backend", "backends", "triton_runs", "dense_runs"]
 
 # The compiled module sbm_pyg._C, whose import registers the CPU kernels of
@@ -102,6 +103,41 @@ def dense_crossover(device: Union[torch.device, str]) -> Tuple[float, str]:
             return DEVICE_CROSSOVERS[name], name
         return DENSE_CROSSOVER, f"cpu (not measured on {name})"
     return DENSE_CROSSOVER, "cpu"
+
+
+# The least expected edges that a call's tiles must hold for "auto" to take
+# the tiled regime (beside nn._regimes.TILES_MIN_SHARE): none on the CPU,
+# where the tiled regime paid from n = 4096 (docs/performance.md). On a GPU
+# it has a fixed cost the edge path has not (its plan, sorts and five
+# reads). NVIDIA H200 (torch 2.11, Triton 3.6; python -m benchmarks
+# --device cuda --sections sharp --sharp-dtype bfloat16, 5%,
+# docs/runs/gpu/gpu-h200-key-masses/bench-b.json): the edge path 17.1 /
+# 67.0 ms, the tiled regime 33.9 / 38.3 ms at n = 4096 / 16384 (1.7 M /
+# 26.9 M expected edges in the tiles): linear in the edges, level at about
+# 1.1e7. A GPU not measured takes the H200's figure.
+TILES_MIN_EDGES = 0.0
+DEVICE_TILES_MIN_EDGES: Dict[str, float] = {"NVIDIA H200": 1.1e7}
+
+
+def tiles_min_edges(device: Union[torch.device, str]) -> Tuple[float, str]:
+    r"""The least expected edges in the tiles from which :obj:`"auto"` takes
+    the tiled regime on :obj:`device`, and where the value comes from: the
+    GPU's own (:data:`DEVICE_TILES_MIN_EDGES`), else the first measured
+    GPU's (else the CPU's); on the CPU :data:`TILES_MIN_EDGES`.
+
+    Example:
+        >>> tiles_min_edges("cpu")
+        (0.0, 'cpu')
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return TILES_MIN_EDGES, "cpu"
+    name = _device_name(device.index)
+    if name in DEVICE_TILES_MIN_EDGES:
+        return DEVICE_TILES_MIN_EDGES[name], name
+    for measured, value in DEVICE_TILES_MIN_EDGES.items():
+        return value, f"{measured} (not measured on {name})"
+    return TILES_MIN_EDGES, f"cpu (not measured on {name})"
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from sbm_pyg.ops import backend_info
 from sbm_pyg.ops.backend_info import dense_runs
 from sbm_pyg.sampling.tiled_graph import draw_tiled
 from sbm_pyg.sampling.tiles import in_tiles, plan_tiles, tile_rows
-from tests.helpers import seeded
+from tests.helpers import pin_tiles_min_edges, seeded
 from tests.markers import needs_cpp, needs_triton
 from tests.sampling.cases import repeated
 from tests.sampling.test_tiles import assert_has_the_law, sharp_sbm
@@ -319,14 +319,16 @@ def even_sharp_head(n=512, V=8, k=8, inside=0.6):
 
 
 @pytest.mark.parametrize("exploration", [0.02, 0.12])
-def test_auto_takes_the_tiles_where_they_hold_half_the_edges(exploration):
+def test_auto_takes_the_tiles_where_they_hold_half_the_edges(exploration, monkeypatch):
     # Tiles of 64 hold 0.075 of the pairs in expectation; with the
     # exploration the call expects about 0.077 + delta: a share of 0.77 at
     # delta = 0.02 (the tiles), 0.38 at 0.12 (the edge path), both below
     # the CPU's dense crossover. The share reported is the expectation's.
+    # (No least edge count: a GPU's would keep a call this small off them.)
     device = torch.get_default_device()
     if not dense_runs(device):
         pytest.skip("no dense-regime kernel on this device")
+    pin_tiles_min_edges(monkeypatch, 0.0)
     from sbm_pyg.nn._regimes import TILES_MIN_SHARE
     from sbm_pyg.nn.block_model import expected_densities
     memb, block = (t.to(device) for t in even_sharp_head())
@@ -356,7 +358,26 @@ def test_auto_takes_the_tiles_where_they_hold_half_the_edges(exploration):
         assert res.backends["attention"] != "tiles", kwargs
 
 
-def test_a_recorder_names_the_regime_of_each_graph():
+def test_auto_keeps_the_edge_path_below_the_devices_least_tile_edges(monkeypatch):
+    # The even sharp head's tiles hold about 0.075 * 512**2 * 2 = 39322
+    # expected edges (a share of 0.77 at delta = 0.02): above a least count
+    # of 39000 they are taken, below one of 40000 not.
+    device = torch.get_default_device()
+    if not dense_runs(device):
+        pytest.skip("no dense-regime kernel on this device")
+    memb, block = (t.to(device) for t in even_sharp_head())
+    x = torch.randn(512, 2, 4, generator=seeded(0), device=device)
+    options = SBMAttentionOptions(exploration=0.02)
+    took = []
+    for least in (39000.0, 40000.0):
+        pin_tiles_min_edges(monkeypatch, least)
+        took.append(sbm_attention(x, x, x, (memb, block, memb), options=options,
+                                  generator=seeded(1)).backends["attention"])
+    assert took[0] == "tiles" and took[1] == backend_info.resolve_backend(
+        "attention", "auto", device)
+
+
+def test_a_recorder_names_the_regime_of_each_graph(monkeypatch):
     # A layer whose heads are the sharp head takes the tiles under "auto"
     # (4 blocks of about 512 tokens: 64-token tiles fill 0.63 or more);
     # the recorder's graph is the SampledGraph the tiled regime returns.
@@ -364,6 +385,7 @@ def test_a_recorder_names_the_regime_of_each_graph():
     from sbm_pyg.nn import GraphRecorder
     if not dense_runs(torch.get_default_device()):
         pytest.skip("no dense-regime kernel on this device")
+    pin_tiles_min_edges(monkeypatch, 0.0)
     conv, x = sharp_conv(2048, 0.2, torch.get_default_device())
     with GraphRecorder(conv) as recorder:
         conv(x.detach(), generator=seeded(2))
@@ -412,6 +434,7 @@ def test_auto_mixes_dense_pairs_and_tiles(monkeypatch):
     if not dense_runs(device):
         pytest.skip("no dense-regime kernel on this device")
     pin_crossover(monkeypatch, 0.5)
+    pin_tiles_min_edges(monkeypatch, 0.0)
     memb, block = (t.double() for t in even_sharp_head())
     memb[:, 0] = 0.0
     memb[:, 0, 0] = 1.0

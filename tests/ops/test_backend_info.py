@@ -112,3 +112,12 @@ def test_dense_crossover_is_the_devices_own_where_measured(monkeypatch):
     assert backend_info.dense_crossover("cpu") == (backend_info.DENSE_CROSSOVER, "cpu")
     monkeypatch.setattr(backend_info, "DEVICE_CROSSOVERS", {"GPU X": 0.05})
     assert backend_info.dense_crossover("cuda:0") == (0.05, "GPU X")
+
+
+def test_tiles_min_edges_is_the_devices_own_where_measured(monkeypatch):
+    monkeypatch.setattr(backend_info, "_device_name", lambda index: "GPU X")
+    monkeypatch.setattr(backend_info, "DEVICE_TILES_MIN_EDGES", {"GPU Y": 5e6})
+    assert backend_info.tiles_min_edges("cuda") == (5e6, "GPU Y (not measured on GPU X)")
+    assert backend_info.tiles_min_edges("cpu") == (backend_info.TILES_MIN_EDGES, "cpu")
+    monkeypatch.setattr(backend_info, "DEVICE_TILES_MIN_EDGES", {"GPU X": 2e6, "GPU Y": 5e6})
+    assert backend_info.tiles_min_edges("cuda:0") == (2e6, "GPU X")
