@@ -282,9 +282,14 @@ def _choose(call: Call, dense: Tensor, per: Tensor, sampler: str
     # are planned and checked each on its own).
     planned = _plan(call, call.q_memb, call.options.max_edges, sampler)
     H = call.query.size(1)
-    share = ([] if any(unsupported(call).values()) else list(tiles_share(
-        (call.q_memb, call.block, call.k_memb), call.ptr_q, call.ptr_k, per,
-        call.options, dense)))
+    # Not weighed where the tiles could not serve the call, or could not
+    # hold the device's least edges even if every pair were one.
+    least = tiles_min_edges(call.query.device)[0]
+    share = ([] if any(unsupported(call).values())
+             or H * call.query.size(0) * call.key.size(0) < least
+             else list(tiles_share((call.q_memb, call.block, call.k_memb),
+                                   call.ptr_q, call.ptr_k, per, call.options,
+                                   dense)))
     values = sync([*call.checks, *planned.checks], *planned.scalars,
                   dense.sum(), H * (call.ptr_q.diff() * call.ptr_k.diff()).sum(),
                   mask_bytes(call.ptr_q, call.ptr_k, H).sum(), *share)
@@ -292,8 +297,7 @@ def _choose(call: Call, dense: Tensor, per: Tensor, sampler: str
     # The tiles' share of the sparse pairs' expected edges, where it pays:
     # half of them, and on a GPU enough to pay the tiles' fixed cost.
     tiles = (float(values[-2]) if share and values[-2] >= TILES_MIN_SHARE
-             and values[-1] >= tiles_min_edges(call.query.device)[0]
-             else None)
+             and values[-1] >= least else None)
     if num_dense == 0 and tiles is not None:
         return TiledChoice(tiles)
     if num_dense == 0:

@@ -361,20 +361,25 @@ def test_auto_takes_the_tiles_where_they_hold_half_the_edges(exploration, monkey
 def test_auto_keeps_the_edge_path_below_the_devices_least_tile_edges(monkeypatch):
     # The even sharp head's tiles hold about 0.075 * 512**2 * 2 = 39322
     # expected edges (a share of 0.77 at delta = 0.02): above a least count
-    # of 39000 they are taken, below one of 40000 not.
+    # of 39000 they are taken, below one of 40000 not; above the call's
+    # 2 * 512**2 pairs they are not even weighed.
+    import sbm_pyg.nn._sbm_attention as module
     device = torch.get_default_device()
     if not dense_runs(device):
         pytest.skip("no dense-regime kernel on this device")
     memb, block = (t.to(device) for t in even_sharp_head())
     x = torch.randn(512, 2, 4, generator=seeded(0), device=device)
     options = SBMAttentionOptions(exploration=0.02)
-    took = []
-    for least in (39000.0, 40000.0):
+    weighed, took = [], []
+    real = module.tiles_share
+    monkeypatch.setattr(module, "tiles_share",
+                        lambda *args: weighed.append(1) or real(*args))
+    for least in (39000.0, 40000.0, 2 * 512**2 + 1.0):
         pin_tiles_min_edges(monkeypatch, least)
         took.append(sbm_attention(x, x, x, (memb, block, memb), options=options,
                                   generator=seeded(1)).backends["attention"])
-    assert took[0] == "tiles" and took[1] == backend_info.resolve_backend(
-        "attention", "auto", device)
+    edges = backend_info.resolve_backend("attention", "auto", device)
+    assert took == ["tiles", edges, edges] and len(weighed) == 2
 
 
 def test_a_recorder_names_the_regime_of_each_graph(monkeypatch):
