@@ -11,8 +11,9 @@ from torch import Tensor
 
 from sbm_pyg.sampling.graph import SampledGraph
 
-__all__ = ["PairSplit", "split_pairs", "split_included", "graph_keys",
-           "merged_graph", "without_dense_pairs", "dense_keys"]
+__all__ = ["PairSplit", "SplitSizes", "split_sizes", "split_pairs",
+           "split_included", "graph_keys", "merged_graph", "without_dense_pairs",
+           "dense_keys"]
 
 
 class PairSplit(NamedTuple):
@@ -29,24 +30,46 @@ class PairSplit(NamedTuple):
     pair: Tensor
 
 
-def _rows(ptr: Tensor, num_rows: int, g: Tensor, h: Tensor
-          ) -> Tuple[Tensor, Tensor]:
+class SplitSizes(NamedTuple):
+    r"""What a :class:`PairSplit` allocates, where the caller read it with
+    its own sync: the dense pairs (empty sequences' too) and the rows of
+    their queries and keys."""
+
+    pairs: int
+    rows_q: int
+    rows_k: int
+
+
+def split_sizes(ptr_q: Tensor, ptr_k: Tensor, dense: Tensor) -> List[Tensor]:
+    r"""The :class:`SplitSizes` of :obj:`dense` :obj:`[G, H]` as 0-dim tensors
+    on the device, to be read with a caller's sync."""
+    d = dense.long()
+    return [d.sum(), (d * ptr_q.diff()[:, None]).sum(),
+            (d * ptr_k.diff()[:, None]).sum()]
+
+
+def _rows(ptr: Tensor, num_rows: int, g: Tensor, h: Tensor,
+          total: Optional[int]) -> Tuple[Tensor, Tensor]:
     # The heads-first rows of pairs (g, h), in order, and their pointer.
     sizes = ptr.diff()[g]
     new_ptr = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
-    total = int(new_ptr[-1])
+    total = int(new_ptr[-1]) if total is None else total
     start = h * num_rows + ptr[g] - new_ptr[:-1]
     rows = torch.repeat_interleave(start, sizes, output_size=total)
     return rows + torch.arange(total, device=ptr.device), new_ptr
 
 
 def split_pairs(ptr_q: Tensor, ptr_k: Tensor, dense: Tensor, Nq: int,
-                Nk: int) -> PairSplit:
+                Nk: int, sizes: Optional[SplitSizes] = None) -> PairSplit:
     r"""The :class:`PairSplit` of the pairs where :obj:`dense` :obj:`[G, H]`
-    is set."""
-    h, g = dense.t().nonzero(as_tuple=True)  # (head, sequence) order
-    rows_q, new_ptr_q = _rows(ptr_q, Nq, g, h)
-    rows_k, new_ptr_k = _rows(ptr_k, Nk, g, h)
+    is set; with their :obj:`sizes` (:func:`split_sizes`, read) it reads
+    nothing, else three times."""
+    if sizes is None:
+        h, g = dense.t().nonzero(as_tuple=True)  # (head, sequence) order
+    else:
+        h, g = torch.nonzero_static(dense.t(), size=sizes.pairs).unbind(1)
+    rows_q, new_ptr_q = _rows(ptr_q, Nq, g, h, None if sizes is None else sizes.rows_q)
+    rows_k, new_ptr_k = _rows(ptr_k, Nk, g, h, None if sizes is None else sizes.rows_k)
     index = torch.full(dense.shape, -1, dtype=torch.long, device=dense.device)
     index[g, h] = torch.arange(g.numel(), device=dense.device)
     return PairSplit(rows_q, rows_k, new_ptr_q, new_ptr_k, index)
@@ -86,17 +109,14 @@ def merged_graph(keys: List[Tensor], alphas: List[Optional[Tensor]],
 
 
 def without_dense_pairs(graph: SampledGraph, dense: Tensor, seq: Tensor
-                        ) -> Tuple[Tensor, SampledGraph]:
+                        ) -> SampledGraph:
     r"""The sampler's :obj:`graph` without the edges of the dense
     (sequence, head) pairs (:obj:`dense` :obj:`[G, H]`; :obj:`seq`
-    :obj:`[N_q]`, each query's sequence): its keys :math:`(h N_q + i) N_k +
-    j`, increasing, and the graph."""
-    H, Nq, Nk = graph.num_heads, graph.num_queries, graph.num_keys
-    keys = graph_keys(graph)
-    row = keys // max(Nk, 1)
-    keys = keys[~dense[seq[row % max(Nq, 1)], row // max(Nq, 1)]]
-    return keys, SampledGraph.from_keys(keys, H, Nq, Nk, ptr_q=graph.ptr_q,
-                                        ptr_k=graph.ptr_k)
+    :obj:`[N_q]`, each query's sequence): one read, the kept count
+    (:meth:`~sbm_pyg.sampling.SampledGraph.edge_subgraph`)."""
+    row = graph.csr.row().long()
+    Nq = max(graph.num_queries, 1)
+    return graph.edge_subgraph(~dense[seq[row % Nq], row // Nq])
 
 
 def dense_keys(split: PairSplit, graph: SampledGraph, Nq: int, Nk: int) -> Tensor:

@@ -42,12 +42,9 @@ class DenseChoice(NamedTuple):
 
 
 class MixedChoice(NamedTuple):
-    # A batch of both regimes: the dense and the non-empty (sequence, head)
-    # pairs, counted at the one sync; the first seed (the dense part's);
-    # the tiles' share of the sparse pairs' expected edges where the tiled
-    # regime takes them (else None).
-    dense: int
-    busy: int
+    # A batch of both regimes: the first seed (the dense part's); the tiles'
+    # share of the sparse pairs' expected edges where the tiled regime takes
+    # them (else None).
     seed: Optional[int]
     tiles: Optional[float] = None
 
@@ -92,18 +89,18 @@ def regimes(query: Tensor, sbm: Tuple[Tensor, Tensor, Tensor],
 
 
 def tiles_share(sbm: Tuple[Tensor, Tensor, Tensor], ptr_q: Tensor, ptr_k: Tensor,
-                per: Tensor, opts: SBMAttentionOptions, dense: Tensor
-                ) -> Tuple[Tensor, Tensor]:
+                pairs: Tensor, per: Tensor, opts: SBMAttentionOptions,
+                dense: Tensor) -> Tuple[Tensor, Tensor]:
     r"""The share of the expected edges of a call's sparse (sequence, head)
     pairs (:obj:`per` :obj:`[G, H]`, the expected densities, plus the
-    exploration, where :obj:`dense` :obj:`[G, H]` is not set) that the
+    exploration, where :obj:`dense` :obj:`[G, H]` is not set; :obj:`pairs`
+    :obj:`[G]`, each sequence's query-key pairs) that the
     tiled regime's tiles would hold on them
     (:func:`~sbm_pyg.sampling.tiles.tile_edges` with the :obj:`opts`' tiles,
     the dense pairs' queries zeroed), and those expected edges: 0-dim
     tensors on the device, nothing read."""
-    pairs = (ptr_q.diff() * ptr_k.diff()).to(per.dtype)
     rate = per.detach() + opts.exploration if opts.exploration else per.detach()
-    total = (rate * pairs[:, None] * ~dense).sum()
+    total = (rate * pairs.to(per.dtype)[:, None] * ~dense).sum()
     q_memb, block, k_memb = (x.detach() for x in sbm)
     q_memb = q_memb * (~dense)[ptr2index(ptr_q, q_memb.size(0))][:, :, None]
     tiled = tile_edges(q_memb, block, k_memb, ptr_q, ptr_k,

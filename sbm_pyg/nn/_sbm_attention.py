@@ -12,10 +12,13 @@ from torch import Tensor
 from sbm_pyg.nn._call import Attend, Call, Part, attend_graph, unsupported
 from sbm_pyg.nn._dense_regime import dense as dense_regime
 from sbm_pyg.nn._pair_split import (
+    SplitSizes,
     dense_keys,
+    graph_keys,
     merged_graph,
     split_included,
     split_pairs,
+    split_sizes,
     without_dense_pairs,
 )
 from sbm_pyg.nn._regimes import (
@@ -115,9 +118,11 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     before the choice, its first seed the dense kernel's where every pair
     is dense). On CUDA the Triton sampler then reads its graph's edge
     count (the dense kernel takes its mask's size from the sync); the
-    backward reads nothing. A batch of both regimes reads more, and
-    :obj:`sparse_memberships` once more first (the clusters in use,
-    :func:`~sbm_pyg.nn.support.compact_clusters`).
+    backward reads nothing. A batch of both regimes reads four times (the
+    choice; the split's sizes with the dense part's; the sampler's plan of
+    the rest; its graph's edges outside the dense pairs, counted), the
+    tiled regime five, and :obj:`sparse_memberships` once more first (the
+    clusters in use, :func:`~sbm_pyg.nn.support.compact_clusters`).
 
     Args:
         query (Tensor): :obj:`[N_q, H, D]`.
@@ -212,12 +217,12 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
         backends = dict(sampler=sampler, attention=attention)
     elif isinstance(choice, DenseChoice):  # every pair dense
         part, backends = dense_regime(call, choice), dense_backends
-    else:  # some of each: (dense pairs, non-empty pairs)
+    else:  # some of each
         assert isinstance(choice, MixedChoice) and dense is not None
-        part = _mixed(call._replace(seed=choice.seed), dense, sampler,
-                      attention, choice.tiles is not None)
+        part, counts = _mixed(call._replace(seed=choice.seed), dense, sampler,
+                              attention, choice.tiles is not None)
         backends = dict(sampler=sampler, attention=attention,
-                        dense_pairs=f"{choice.dense}/{choice.busy}")
+                        dense_pairs=counts)
         if choice.tiles is not None:  # the sparse pairs as tiles and rest
             backends.update(attention="tiles", tiles="dense", rest=attention,
                             tile_share=f"{choice.tiles:.3f}")
@@ -278,20 +283,20 @@ def _choose(call: Call, dense: Tensor, per: Tensor, sampler: str
     # drawn it), and its values, the inputs' checks, the dense pairs'
     # count, the dense regime's sizes and the tiles' share of the edges
     # (where the tiled regime could serve the call) are read together. A
-    # batch of both regimes, or the tiled regime, reads more (its parts
-    # are planned and checked each on its own).
+    # batch of both regimes, or the tiled regime, reads more (_mixed).
     planned = _plan(call, call.q_memb, call.options.max_edges, sampler)
     H = call.query.size(1)
     # Not weighed where the tiles could not serve the call, or could not
     # hold the device's least edges even if every pair were one.
     least = tiles_min_edges(call.query.device)[0]
+    pairs = call.ptr_q.diff() * call.ptr_k.diff()  # of each sequence
     share = ([] if any(unsupported(call).values())
              or H * call.query.size(0) * call.key.size(0) < least
              else list(tiles_share((call.q_memb, call.block, call.k_memb),
-                                   call.ptr_q, call.ptr_k, per, call.options,
-                                   dense)))
+                                   call.ptr_q, call.ptr_k, pairs, per,
+                                   call.options, dense)))
     values = sync([*call.checks, *planned.checks], *planned.scalars,
-                  dense.sum(), H * (call.ptr_q.diff() * call.ptr_k.diff()).sum(),
+                  dense.sum(), H * pairs.sum(),
                   mask_bytes(call.ptr_q, call.ptr_k, H).sum(), *share)
     num_dense, num_pairs, num_bytes = values[len(planned.scalars):][:3]
     # The tiles' share of the sparse pairs' expected edges, where it pays:
@@ -304,11 +309,7 @@ def _choose(call: Call, dense: Tensor, per: Tensor, sampler: str
         return planned.finish(values[:len(planned.scalars)])
     if num_dense == dense.numel():
         return DenseChoice(num_pairs, num_bytes, planned.seed)
-    # Counted over the non-empty sequences: the empty ones join either.
-    busy = ((call.ptr_q.diff() * call.ptr_k.diff() > 0)[:, None]
-            .expand_as(dense))
-    dense_busy, num_busy = sync([], (dense & busy).sum(), busy.sum())
-    return MixedChoice(int(dense_busy), int(num_busy), planned.seed, tiles)
+    return MixedChoice(planned.seed, tiles)
 
 
 def _sparse(call: Call, graph: SampledGraph, attention: str) -> Part:
@@ -340,22 +341,36 @@ def _sample(call: Call, q_memb: Tensor, max_edges: Optional[int],
 
 @torch.compiler.disable  # data-dependent row selections: runs eagerly
 def _mixed(call: Call, dense: Tensor, sampler: str, attention: str,
-           tiles: bool) -> Part:
-    # Each (sequence, head) pair on its regime. The dense pairs run as a
-    # batch of one head, their heads-first rows gathered (Q̂Ŝ with an
-    # identity block: the blocks differ between heads); the sampler (or
-    # with `tiles` the tiled regime) runs on the whole batch with the dense
-    # pairs' query memberships zeroed, and their edges (exploration,
-    # self-loops, included pairs) are dropped, their rows' output replaced.
+           tiles: bool) -> Tuple[Part, str]:
+    # Each (sequence, head) pair on its regime, and "d/n": the dense and
+    # the non-empty pairs. The dense pairs run as a batch of one head,
+    # their heads-first rows gathered (Q̂Ŝ with an identity block: the
+    # blocks differ between heads); the sampler (or with `tiles` the tiled
+    # regime) runs on the whole batch with the dense pairs' query
+    # memberships zeroed, and their edges (exploration, self-loops,
+    # included pairs) are dropped, their rows' output replaced. One read
+    # sizes the split, the dense part's mask and its guard, beside the
+    # counts and the included pairs' check.
     query, key, value, q_memb, block, k_memb, ptr_q, ptr_k = call[:8]
     Nq, H, _ = query.shape
     Nk, k = key.size(0), block.size(-1)
-    split = split_pairs(ptr_q, ptr_k, dense, Nq, Nk)
-    inc = None
+    checks = []
     if call.include_edges is not None:
         i, j, check = included_pairs(call.include_edges, ptr_q, ptr_k, Nq, Nk)
-        sync([check])
-        inc = split_included(split, ptr_q, ptr_k, i, j)
+        checks.append(check)
+    nq, nk = ptr_q.diff(), ptr_k.diff()
+    # Counted over the non-empty sequences: the empty ones join either.
+    busy = (nq * nk > 0)[:, None]
+    d = dense.long()
+    values = sync(checks, *split_sizes(ptr_q, ptr_k, dense),
+                  (dense & busy).sum(), H * busy.sum(),
+                  (d * (nq * nk)[:, None]).sum(),
+                  (d * mask_bytes(ptr_q, ptr_k, 1)[:, None]).sum())
+    sizes = SplitSizes(*(int(x) for x in values[:3]))
+    counts = f"{int(values[3])}/{int(values[4])}"
+    split = split_pairs(ptr_q, ptr_k, dense, Nq, Nk, sizes)
+    inc = (None if call.include_edges is None
+           else split_included(split, ptr_q, ptr_k, i, j))
     with full_precision(query.device):
         q_block = torch.einsum("nhu,huv->nhv", q_memb, block)
 
@@ -368,7 +383,8 @@ def _mixed(call: Call, dense: Tensor, sampler: str, attention: str,
         value=gather(value, split.rows_k), q_memb=gather(q_block, split.rows_q),
         block=eye, k_memb=gather(k_memb, split.rows_k), ptr_q=split.ptr_q,
         ptr_k=split.ptr_k, include_edges=inc, checks=[],
-        sink=None if call.sink is None else call.sink.repeat_interleave(Nq)[split.rows_q]))
+        sink=None if call.sink is None else call.sink.repeat_interleave(Nq)[split.rows_q]),
+        DenseChoice(values[5], values[6], call.seed))
     max_edges = call.options.max_edges
     pairs_left = (None if max_edges is None
                   else max(max_edges - int(dense_part.edges.sum()), 0))
@@ -379,20 +395,22 @@ def _mixed(call: Call, dense: Tensor, sampler: str, attention: str,
     if tiles:  # (no max_edges: the tiles take none)
         out, graph, alpha, edges = _tiles(call._replace(q_memb=sparse_memb, checks=[]),
                                           sampler, attention)
-        keys = None if graph is None else without_dense_pairs(graph, dense, seq)[0]
+        if graph is not None:
+            graph = without_dense_pairs(graph, dense, seq)
     else:
         graph = _sample(call._replace(seed=None, checks=[]), sparse_memb,
                         pairs_left, sampler)
-        keys, graph = without_dense_pairs(graph, dense, seq)
+        graph = without_dense_pairs(graph, dense, seq)
         out, alpha = attend_graph(call, graph, attention)
         edges = graph.edge_counts()
     out = heads_first(out).index_copy(
         0, split.rows_q, dense_part.out[:, 0].to(out.dtype))
-    edges = edges.index_put(
-        dense.nonzero(as_tuple=True), dense_part.edges[split.pair[dense]][:, 0])
+    # The dense pairs' counts, by their place in the dense batch (no read).
+    edges = torch.where(dense, dense_part.edges[split.pair.clamp(min=0), 0],
+                        edges)
     merged = alpha_all = None
-    if call.need_graph and keys is not None:
+    if call.need_graph and graph is not None:
         merged, alpha_all = merged_graph(
-            [keys, dense_keys(split, dense_part.graph, Nq, Nk)],
+            [graph_keys(graph), dense_keys(split, dense_part.graph, Nq, Nk)],
             [alpha, dense_part.alpha], H, Nq, Nk, ptr_q, ptr_k)
-    return Part(nodes_first(out, H), merged, alpha_all, edges)
+    return Part(nodes_first(out, H), merged, alpha_all, edges), counts

@@ -1,7 +1,13 @@
 """The index work of a batch split between regimes per (sequence, head)."""
 import torch
 
-from sbm_pyg.nn._pair_split import graph_keys, split_included, split_pairs
+from sbm_pyg.nn._pair_split import (
+    SplitSizes,
+    graph_keys,
+    split_included,
+    split_pairs,
+    split_sizes,
+)
 from sbm_pyg.sampling import SampledGraph
 
 
@@ -19,6 +25,21 @@ def test_split_pairs_gathers_heads_first_rows():
     inc = split_included(split, ptr, ptr, torch.tensor([0, 3]),
                          torch.tensor([1, 4]))
     assert inc.tolist() == [[1, 4], [0, 3]]
+
+
+def test_split_pairs_sized_by_the_callers_read_reads_nothing():
+    from benchmarks.launches import count_reads
+    ptr = torch.tensor([0, 2, 2, 5])  # sequence 1 empty
+    dense = torch.tensor([[True, False], [True, True], [False, True]])
+    sizes = SplitSizes(*(int(x) for x in split_sizes(ptr, ptr, dense)))
+    assert sizes == (4, 5, 5)  # four pairs, 2 + 0 + 3 rows a side
+    got = []
+    assert count_reads(lambda: got.append(split_pairs(ptr, ptr, dense, 5, 5, sizes))) == {}
+    read = split_pairs(ptr, ptr, dense, 5, 5)
+    for a, b in zip(got[0], read):
+        assert torch.equal(a, b)
+    assert got[0].rows_q.tolist() == [0, 1, 7, 8, 9]
+    assert got[0].ptr_q.tolist() == [0, 2, 2, 2, 5]
 
 
 def test_graph_keys_are_the_graphs_keys():

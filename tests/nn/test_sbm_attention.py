@@ -314,6 +314,23 @@ def test_one_host_read_per_forward_none_in_backward(crossover, options,
     assert x.grad is not None and any(p.grad is not None for p in conv.sbm.parameters())
 
 
+def test_a_mixed_batch_reads_the_host_four_times_and_never_backward():
+    # The choice's sync; the split's (its sizes, the dense part's guard and
+    # mask size, the pair counts); the sampler's; and the kept count of the
+    # sampler's graph without the dense pairs' edges (exploration puts some
+    # there). On CUDA the Triton sampler reads its edge count too.
+    from benchmarks.launches import count_reads
+    ptr, leaves = inputs()
+    out = []
+    forward = count_reads(lambda: out.append(call(leaves, ptr, 3, exploration=0.1)))
+    assert out[0].backends["dense_pairs"] == "2/4"
+    reads = {k: v for k, v in forward.items() if not k.endswith(":stream_seed")}
+    assert reads.pop("validation.py:sync") == 4, forward
+    cuda = torch.get_default_device().type == "cuda"
+    assert sum(reads.values()) == (cuda and "cpp" not in out[0].backends["sampler"])
+    assert count_reads(lambda: out[0].out.square().sum().backward()) == {}
+
+
 # A batch vector with its size (PyG's Batch.num_graphs) reads nothing more:
 # its checks go to the forward's one sync, in the sampled regime, the dense
 # warm-up and the GPS layer around the attention.
