@@ -10,7 +10,8 @@ kernel launch there), and the host reads among them
 Counted for one training step (forward, backward, Adam) of the LRA model
 (``benchmarks.training``: 2 layers, 2 heads of 32, k = 128, batch 1) at
 n = 4096 with SBM attention at about 1% and with full attention, and for
-one forward and backward of an ``SBMGPSConv`` layer on a random graph;
+one forward and backward of an ``SBMGPSConv`` layer on a random graph
+and of ``sbm_attention`` over a batch of both regimes;
 graph breaks from ``torch._dynamo.explain`` over ``SBMConv``'s forward, and
 that forward's operators by the part of the layer that dispatched them.
 Counts, not timings: they do not depend on the machine's load.
@@ -184,6 +185,31 @@ def gps_step(nodes: int, channels: int = 64,
     return step
 
 
+def mixed_batch(n: int) -> Callable[[], None]:
+    """One forward and backward of ``sbm_attention`` over a batch of both
+    regimes: two sequences of ``n // 2`` tokens, 2 heads of 32, k = 128,
+    exploration 0.01, the first with memberships 1 (p = 1: the dense
+    regime), the second 0.01 (the sampler)."""
+    from sbm_pyg.nn import SBMAttentionOptions, sbm_attention
+    half = n // 2
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2 * half, 2, 32, generator=g, requires_grad=True)
+               for _ in "qkv")
+    memb = torch.full((2 * half, 2, 128), 0.01)
+    memb[:half] = 1.0
+    memb.requires_grad_()
+    block = torch.softmax(torch.randn(2, 128 * 128, generator=g), -1).view(2, 128, 128)
+    ptr = torch.tensor([0, half, 2 * half])
+    options = SBMAttentionOptions(exploration=0.01)
+
+    def step() -> None:
+        res = sbm_attention(q, k, v, (memb, block, memb), ptr_q=ptr, ptr_k=ptr,
+                            options=options, generator=g)
+        assert "dense_pairs" in res.backends, res.backends
+        res.out.square().sum().backward()
+    return step
+
+
 def graph_breaks(n: int) -> Dict[str, object]:
     """``torch._dynamo.explain`` over one ``SBMConv`` forward (n tokens, one
     sequence): the graphs, the breaks and their reasons, and the sbm_pyg
@@ -217,9 +243,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     results["training_full"] = count_ops(training_step("full", n, 1.0, cpu))
     results["gps_layer"] = count_ops(gps_step(nodes))
     results["gps_layer_sized"] = count_ops(gps_step(nodes, batch_size=1))
+    results["mixed_batch"] = count_ops(mixed_batch(n))
     results["graph_breaks"] = graph_breaks(n)
     results["forward_parts"] = forward_parts(n)
-    for name in ("training_sbm", "training_full", "gps_layer", "gps_layer_sized"):
+    for name in ("training_sbm", "training_full", "gps_layer", "gps_layer_sized",
+                 "mixed_batch"):
         r = results[name]
         print(f"{name}: {r['ops']} operators ({r['views']} views), "
               f"{r['sbm_pyg_ops']} of sbm_pyg; "

@@ -77,3 +77,6 @@ def test_quick_run(tmp_path):
     # The batch vector's size spares its read, one sync fewer.
     assert res["gps_layer"]["reads"]["validation.py:sync"] == 2
     assert res["gps_layer_sized"]["reads"]["validation.py:sync"] == 1
+    # A batch of both regimes: the choice, the split, the rest's sampler,
+    # the rest's graph outside the dense pairs.
+    assert res["mixed_batch"]["reads"]["validation.py:sync"] == 4
