@@ -234,13 +234,7 @@ class StochasticBlockModel(Module):
             if x.shape[1:] != (self.heads, self.channels):
                 raise ValueError(f"{name} must have shape [N, {self.heads}, "
                                  f"{self.channels}], got {tuple(x.shape)}")
-        if self.key_clusters is not None:  # the keys' own clusters
-            return self.membership(query), self.block(), self.membership(key, key=True)
-        # Queries and keys through one pass of the shared MLP and clusters:
-        # half the launches of two, forward and backward (the layer is
-        # launch-bound on a GPU); the rows' values are the same.
-        memb = self.membership(torch.cat([query, key]))
-        return memb[:query.size(0)], self.block(), memb[query.size(0):]
+        return self.membership(query), self.block(), self.membership(key, key=True)
 
     def __repr__(self) -> str:
         extra = "" if self.init == "paper" else f", init={self.init!r}"

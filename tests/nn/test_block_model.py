@@ -273,46 +273,6 @@ def test_row_chunks_are_the_same_products(monkeypatch, parametrization):
         torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("parametrization", ["paper", "mmsb", "sharp"])
-def test_queries_and_keys_in_one_pass(parametrization):
-    # The forward's memberships and every gradient equal those of one
-    # membership call per side (float64); the shared MLP runs once for both
-    # sides' rows (two baddbmm), but where the keys have their own clusters.
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[str(func)] += 1
-            return func(*args, **(kwargs or {}))
-
-    torch.manual_seed(4)
-    sbm = StochasticBlockModel(heads=2, channels=4, num_clusters=3,
-                               parametrization=parametrization).double()
-    q = torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(7, 2, 4, dtype=torch.float64, requires_grad=True)
-    wq, wk = torch.randn(5, 2, 3, dtype=torch.float64), torch.randn(7, 2, 3, dtype=torch.float64)
-    params = [q, k, *sbm.parameters()]
-    with Ops() as ops:
-        q_memb, _, k_memb = sbm(q, k)
-    separate = (sbm.membership(q), sbm.membership(k, key=True))
-    results = [((a * wq).sum() + (b * wk).sum(), a, b)
-               for a, b in ((q_memb, k_memb), separate)]
-    grads = [torch.autograd.grad(r[0], params, allow_unused=True) for r in results]
-    torch.testing.assert_close(q_memb, separate[0], rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(k_memb, separate[1], rtol=1e-12, atol=1e-14)
-    for one, two in zip(*grads):
-        assert (one is None) == (two is None)
-        if one is not None:
-            torch.testing.assert_close(one, two, rtol=1e-12, atol=1e-14)
-    assert ops.ops["aten.baddbmm.default"] == (4 if parametrization == "sharp" else 2)
-
-
 def test_sharp_exact_values_on_a_tiny_head():
     # k = 3, d = 3, the MLP passing its input through: query logits
     # (log 4, log 2, 0) at temperature 1 give the softmax (4, 2, 1) / 7, kept
