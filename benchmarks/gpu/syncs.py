@@ -3,7 +3,8 @@ r"""The host syncs of ``SBMConv`` on a GPU, counted by CUDA itself:
 call (a device-to-host copy, ``.item()``, ``nonzero``), and each warning
 is kept with the innermost ``sbm_pyg`` frame that made it. Counted for the
 forward and, apart, the backward of a calibrated layer (two sequences of
-n / 2 tokens, given by a batch vector and its size), after a warm-up call;
+n / 2 tokens, given by a batch vector and its size), after a warm-up call,
+and of ``sbm_attention`` over a batch of both regimes (``mixed``);
 and, in CUDA's "error" mode with the explicit reads let through, where
 the first other sync of each comes from (``hidden``: a warning CUDA
 reports late names a later call, an error names the one that synced).
@@ -138,6 +139,18 @@ def layer_syncs(n: int, density: float, device: torch.device) -> dict:
                             forward=hidden_sync(forward)))
 
 
+def mixed_syncs(n: int, device: torch.device) -> dict:
+    """Syncs of ``sbm_attention``'s forward and backward over a batch of both
+    regimes (:func:`benchmarks.launches.mixed_batch`)."""
+    from benchmarks.launches import mixed_batch
+    forward, backward = mixed_batch(n, device)
+    backward(forward())
+    held = {}
+    counts = dict(forward=count_syncs(lambda: held.update(out=forward())),
+                  backward=count_syncs(lambda: backward(held.pop("out"))))
+    return dict(n=n, **counts)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=4096)
@@ -148,6 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         print("no CUDA device: the CPU's reads are benchmarks.launches'")
         sys.exit(1)
     result = layer_syncs(args.n, args.density, torch.device("cuda"))
+    result["mixed"] = mixed_syncs(args.n, torch.device("cuda"))
     text = json.dumps(result, indent=1)
     print(text)
     if args.out is not None:

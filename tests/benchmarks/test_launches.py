@@ -80,3 +80,15 @@ def test_quick_run(tmp_path):
     # A batch of both regimes: the choice, the split, the rest's sampler,
     # the rest's graph outside the dense pairs.
     assert res["mixed_batch"]["reads"]["validation.py:sync"] == 4
+
+
+def test_mixed_syncs_counts_a_forward_and_its_backward(monkeypatch):
+    # The GPU plan's count of a batch of both regimes, its CUDA counter
+    # replaced by one that runs the call and counts the calls.
+    from benchmarks.gpu import syncs
+    calls = []
+    monkeypatch.setattr(syncs, "count_syncs",
+                        lambda fn: calls.append(fn()) or {"n": len(calls)})
+    res = syncs.mixed_syncs(64, torch.get_default_device())
+    assert res == {"n": 64, "forward": {"n": 1}, "backward": {"n": 2}}
+    assert calls == [None, None]
