@@ -35,8 +35,12 @@ def dense(call: Call, sized: Optional[DenseChoice] = None) -> Part:
     Nq, H, C = query.shape
     Nk = key.size(0)
     qm, b, km = q_memb.detach(), block.detach(), k_memb.detach()
+    # The memberships' value checks only where they are read here: with
+    # `sized` the regime's choice read them (or they are derived from
+    # inputs it checked: a mixed batch's dense part).
     ptr_q, ptr_k, checks = check_sbm(qm, b, km, call.ptr_q, call.ptr_k,
-                                     opts.self_loops)
+                                     opts.self_loops,
+                                     check_memberships=sized is None)
     if call.include_edges is not None:
         i, j, check = included_pairs(call.include_edges, ptr_q, ptr_k, Nq, Nk)
         checks.append(check)
