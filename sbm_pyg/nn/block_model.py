@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
-from sbm_pyg.ops.csr import row_index
+from sbm_pyg.ops.csr import full_precision, row_index
 from sbm_pyg.validation import require_tensor
 
 __all__ = ["StochasticBlockModel", "INITS", "PARAMETRIZATIONS",
@@ -282,7 +282,8 @@ def cluster_masses(ptr: Tensor, memb: Tensor) -> Tensor:
     r"""The cluster masses :math:`\sum_{i \in g} \hat{\mathbf{Q}}_i` of
     each sequence :obj:`[G, H, k]` from memberships :obj:`[N, H, k]` cut
     by :obj:`ptr` :obj:`[G + 1]` (0 for an empty sequence);
-    differentiable."""
+    differentiable. Summed in float32 (float64 stays float64) whatever the
+    memberships' dtype or autocast: a bfloat16 sum stops growing at 256."""
     # index_add over the sequence of each row: torch.segment_reduce along
     # dim 0 of an [N, H, k] tensor costs 20x more forward and backward on
     # the CPU (N = 4096, k = 128: 7.4 ms against 0.35 ms), a fifth of the
@@ -290,9 +291,31 @@ def cluster_masses(ptr: Tensor, memb: Tensor) -> Tensor:
     return _masses(row_index(ptr, memb.size(0)), ptr.numel() - 1, memb)
 
 
+# Rows summed into one partial mass before the sequences' sums: one
+# sequence's N H k additions on its H k sums would be atomics on H k
+# addresses on a GPU (0.17 ms at N = 16384, 30x its bytes on an H200);
+# in pieces they spread over N / PIECE_ROWS times as many.
+PIECE_ROWS = 256
+
+
 def _masses(seq: Tensor, G: int, memb: Tensor) -> Tensor:
-    # cluster_masses from each row's sequence seq [N], of G.
-    return memb.new_zeros(G, *memb.shape[1:]).index_add(0, seq, memb)
+    # cluster_masses from each row's sequence seq [N] (sorted), of G, in
+    # pieces of PIECE_ROWS rows of one sequence: row i's piece is
+    # i // PIECE_ROWS + seq[i], distinct between sequences because seq is
+    # sorted (a later sequence's rows sit at least one piece on), at most
+    # N // PIECE_ROWS + G of them: sizes known without a read.
+    N = memb.size(0)
+    acc = torch.promote_types(memb.dtype, torch.float32)
+    rows = torch.arange(N, device=memb.device)
+    piece = torch.div(rows, PIECE_ROWS, rounding_mode="floor") + seq
+    P = N // PIECE_ROWS + G
+    # Each piece's sequence (every row of a piece writes the same value;
+    # unused pieces hold 0 and add nothing).
+    piece_seq = torch.zeros(P, dtype=seq.dtype, device=seq.device).scatter_(
+        0, piece, seq)
+    partial = memb.new_zeros(P, *memb.shape[1:], dtype=acc).index_add_(
+        0, piece, memb.to(acc))
+    return partial.new_zeros(G, *memb.shape[1:]).index_add_(0, piece_seq, partial)
 
 
 def expected_densities(ptr_q: Tensor, ptr_k: Tensor, q_memb: Tensor,
@@ -300,14 +323,18 @@ def expected_densities(ptr_q: Tensor, ptr_k: Tensor, q_memb: Tensor,
     r"""The expected density :math:`\frac{1}{n_q n_k} \sum_{ij} p_{ij}` of
     each sequence and head :obj:`[G, H]` (0 for an empty sequence), in
     closed form from the cluster masses, :math:`O(N k + G k^2)`, and
-    differentiable: known before anything is sampled."""
-    pairs = (ptr_q.diff() * ptr_k.diff()).to(q_memb.dtype)
+    differentiable: known before anything is sampled. Computed in float32
+    (or float64 for float64 memberships) whatever autocast is on: it is
+    the density penalty, the budget's and the regime choice's input."""
     G, Nq, Nk = ptr_q.numel() - 1, q_memb.size(0), k_memb.size(0)
     seq_q = row_index(ptr_q, Nq)
     # One pointer for queries and keys (self-attention): one row index.
     seq_k = seq_q if ptr_k is ptr_q and Nk == Nq else row_index(ptr_k, Nk)
-    expected = torch.einsum("ghu,huv,ghv->gh", _masses(seq_q, G, q_memb),
-                            block, _masses(seq_k, G, k_memb))
+    mass_q, mass_k = _masses(seq_q, G, q_memb), _masses(seq_k, G, k_memb)
+    pairs = (ptr_q.diff() * ptr_k.diff()).to(mass_q.dtype)
+    with full_precision(q_memb.device):
+        expected = torch.einsum("ghu,huv,ghv->gh", mass_q,
+                                block.to(mass_q.dtype), mass_k)
     return expected / pairs.clamp(min=1)[:, None]
 
 

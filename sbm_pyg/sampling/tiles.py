@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils.sparse import ptr2index
 
+from sbm_pyg.ops.csr import full_precision
 from sbm_pyg.sampling.checks import PtrLike, check_sbm
 from sbm_pyg.validation import sync
 
@@ -127,7 +128,10 @@ def _cells(memb: Tensor, seq: Tensor, G: int, tile: int) -> _Cells:
     top = memb.argmax(-1)  # [N, H]
     main = memb.gather(-1, top[..., None]).squeeze(-1)
     cell = ((seq[:, None] * H + torch.arange(H, device=memb.device)) * k + top).flatten()
-    mass = memb.new_zeros(G * H * k).index_add_(0, cell, main.flatten())
+    # Summed in float32 whatever autocast made the memberships: a bfloat16
+    # sum stops growing at 256.
+    acc = torch.promote_types(memb.dtype, torch.float32)
+    mass = memb.new_zeros(G * H * k, dtype=acc).index_add_(0, cell, main.flatten().to(acc))
     # Counted by index_add_, not bincount: CUDA's bincount reads the largest
     # index to the host to size its output, a sync in the forward.
     count = torch.zeros(G * H * k, dtype=torch.long, device=memb.device
@@ -146,9 +150,11 @@ def _selection(qc: _Cells, kc: _Cells, block: Tensor, tile_q: int, tile_k: int,
                min_fill: float) -> Tuple[Tensor, Tensor]:
     # The cut part's expected edges of each cluster pair [H, k, k], and the
     # pairs whose tiles (padding counted) they fill to min_fill.
-    mass = torch.einsum("ghu,ghv->huv", qc.mass, kc.mass) * block
-    pairs = torch.einsum("ghu,ghv->huv", (qc.tiles * tile_q).to(block.dtype),
-                         (kc.tiles * tile_k).to(block.dtype))
+    dtype = qc.mass.dtype  # float32 or wider, autocast off
+    with full_precision(block.device):
+        mass = torch.einsum("ghu,ghv->huv", qc.mass, kc.mass) * block.to(dtype)
+        pairs = torch.einsum("ghu,ghv->huv", (qc.tiles * tile_q).to(dtype),
+                             (kc.tiles * tile_k).to(dtype))
     return mass, (pairs > 0) & (mass >= min_fill * pairs)
 
 
