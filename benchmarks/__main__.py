@@ -52,7 +52,7 @@ from benchmarks.sampler import (
 )
 from benchmarks.scaling import bench_scaling
 from benchmarks.sharp import sharp_sections
-from benchmarks.training import bench_training, training_step
+from benchmarks.training import bench_mqar_head, bench_training, training_step
 from sbm_pyg.ops import backends
 
 
@@ -89,6 +89,7 @@ def section_sizes(quick: bool, device: torch.device,
         training_sizes, training_densities = [128], [0.05, 0.2]
         crossover_sizes, crossover_densities = [128], [0.05, 0.5]
         budget_sizes = [16]
+        mqar_case = (32, 4, 64)
         sharp_cases, sharp_conv_case = [(256, 0.05), (256, 0.2)], (256, 0.05)
         widths_case = (256, 0.2)
         # The budgeted variant's weights take minutes to train: not in --quick.
@@ -105,6 +106,7 @@ def section_sizes(quick: bool, device: torch.device,
         if device.type == "cuda":  # where it was found below 2% at n = 2048
             crossover_densities = [0.005, 0.01] + crossover_densities[:-1]
         budget_sizes = [64, 128, 256]
+        mqar_case = (256, 64, 8192)  # Zoology's evaluation setting
         sharp_cases = [(4096, 0.01), (4096, 0.05), (4096, 0.2), (16384, 0.01),
                        (16384, 0.05)]
         sharp_conv_case = (4096, 0.05)
@@ -127,6 +129,7 @@ def section_sizes(quick: bool, device: torch.device,
         crossover_sizes=crossover_sizes,
         crossover_densities=crossover_densities,
         budget_sizes=budget_sizes,
+        mqar_case=mqar_case,
         sharp_cases=sharp_cases,
         sharp_conv_case=sharp_conv_case,
         widths_case=widths_case,
@@ -161,7 +164,7 @@ def bench_memory(z: SimpleNamespace, device: torch.device, threads: int,
 
 SECTIONS = ["attention", "sampler", "published", "exact", "memory", "scaling",
             "layer", "choice", "crossover", "training", "ext", "budget", "gps",
-            "sharp", "widths", "cuda"]
+            "sharp", "widths", "mqar", "cuda"]
 # The sections of one device only: the rest run on either.
 CPU_ONLY, CUDA_ONLY = ("gps", "widths"), ("cuda",)
 
@@ -319,6 +322,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         log("\n[budget] one step of --preset repeat-paper, batch 256: fixed "
             "lambda vs a DensityBudget setting it, in turns, time per step")
         results["budget"] = bench_budget(z.budget_sizes, device, args.repeats, log)
+    if "mqar" in args.sections:
+        results["mqar"] = bench_mqar_head(z.mqar_case, device, args.repeats, log)
     if "gps" in args.sections:
         log("\n[gps] one training step of the GPS CPU preset's model on one "
             "PATTERN-like graph (benchmarks.gps_scaling)")

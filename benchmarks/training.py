@@ -152,3 +152,43 @@ def format_training_row(row: dict, densities) -> str:
     cross = row["crossover_density"]
     parts.append("crossover " + (f"{cross:.3f}" if cross is not None else "-"))
     return f"  n={row['n']:>5}  " + "  ".join(parts)
+
+
+def bench_mqar_head(case: tuple, device: torch.device, repeats: int,
+                    log: Callable[[str], None]) -> dict:
+    """One training step (forward, backward, Adam) of an MQAR model, full
+    attention (SDPA), 2 layers of width 64, batch 64, at ``case`` = (N,
+    pairs, vocabulary): its token head over every position against the
+    asked positions only (``SBMTransformer(..., positions=)``), in turns;
+    the same batch and loss."""
+    from sbm_pyg.experiments.tasks import MQARTask, task_forward
+    from sbm_pyg.models import SBMTransformer
+    n, pairs, vocab = case
+    log("\n[mqar] one training step of an MQAR model (full attention, 2 "
+        "layers of 64, batch 64): the token head at every position vs the "
+        "asked ones, in turns")
+    torch.manual_seed(0)
+    net = SBMTransformer(vocab, n, channels=64, num_layers=2, heads=2,
+                         attention="full", token_classes=vocab).to(device)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    task = MQARTask(n, pairs, vocab, 64, torch.Generator().manual_seed(0))
+    batch = task.batch()
+
+    def step(asked: bool) -> Callable[[], None]:
+        def run() -> None:
+            tokens, mask, labels = batch
+            out = (task_forward(net, task, batch, device) if asked else
+                   net(tokens.to(device), mask.to(device), output="token"))
+            loss = task.loss_and_correct(out, mask, labels)[0]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return run
+
+    times = median_times({"every": step(False), "asked": step(True)}, device, repeats)
+    row = dict(n=n, pairs=pairs, vocab=vocab, every_s=times["every"],
+               asked_s=times["asked"], ratio=times["asked"] / times["every"])
+    log(f"  N={n}, {pairs} pairs, vocabulary {vocab}: every position "
+        f"{times['every'] * 1e3:.0f} ms, asked positions "
+        f"{times['asked'] * 1e3:.0f} ms a step ({row['ratio']:.2f}x)")
+    return row

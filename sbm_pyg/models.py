@@ -158,7 +158,10 @@ class SBMTransformer(Module):
           True = real token; :obj:`None`: all real)
         - **output:** :class:`TransformerOutput`; with
           :obj:`output="token"` or :obj:`"sequence"` only that head is
-          computed (an unused head would stall DistributedDataParallel)
+          computed (an unused head would stall DistributedDataParallel);
+          with :obj:`positions` (bool :math:`(B, N)`) the token head runs
+          only there, and :obj:`token_logits` is :math:`(P, C_{tok})`, the
+          :math:`P` positions in row-major order
 
     Example:
         >>> model = SBMTransformer(num_tokens=10, max_len=8, channels=16,
@@ -257,7 +260,8 @@ class SBMTransformer(Module):
 
     def forward(self, tokens: Tensor, mask: Optional[Tensor] = None, *,
                 generator: Optional[torch.Generator] = None,
-                output: str = "both") -> TransformerOutput:
+                output: str = "both",
+                positions: Optional[Tensor] = None) -> TransformerOutput:
         if output not in ("both", "token", "sequence"):
             raise ValueError(f"output must be 'both', 'token' or 'sequence', "
                              f"got {output!r}")
@@ -272,6 +276,11 @@ class SBMTransformer(Module):
         if mask is not None and (mask.dtype != torch.bool or mask.shape != (B, N)):
             raise ValueError(f"mask must be a bool tensor of shape [{B}, {N}], "
                              f"got {mask.dtype} {tuple(mask.shape)}")
+        if positions is not None and (positions.dtype != torch.bool
+                                      or positions.shape != (B, N)):
+            raise ValueError(f"positions must be a bool tensor of shape "
+                             f"[{B}, {N}], got {positions.dtype} "
+                             f"{tuple(positions.shape)}")
         pos = torch.arange(N, device=tokens.device)
         x = self.token_embedding(tokens) + self.position_embedding(pos)
         for block in self.blocks:
@@ -279,7 +288,9 @@ class SBMTransformer(Module):
         x = self.norm(x)
         token_logits = seq_logits = None
         if output in ("both", "token"):
-            token_logits = self.token_head(x)
+            # Only where an answer is asked: a wide token head (MQAR's
+            # 8192 values) over every position is most of a step's cost.
+            token_logits = self.token_head(x if positions is None else x[positions])
         if output in ("both", "sequence"):
             if mask is None:
                 seq_logits = self.seq_head(x.sum(1) / max(N, 1))

@@ -127,6 +127,21 @@ def test_output_selects_the_head():
     assert torch.equal(seq.seq_logits, both.seq_logits)
 
 
+def test_token_head_at_given_positions_only():
+    model = make("full")
+    t = tokens()
+    positions = torch.zeros(3, 6, dtype=torch.bool)
+    positions[0, 4] = positions[2, 1] = positions[2, 3] = True
+    full = model(t, MASK, output="token").token_logits
+    some = model(t, MASK, output="token", positions=positions).token_logits
+    assert some.shape == (3, 3)
+    # Rows (0, 4), (2, 1), (2, 3) of the full head, in that order.
+    torch.testing.assert_close(some, full[[0, 2, 2], [4, 1, 3]])
+    for bad in (positions.long(), positions[:, :5]):
+        with pytest.raises(ValueError, match="positions must be a bool tensor"):
+            model(t, MASK, positions=bad)
+
+
 @pytest.mark.parametrize("ste", ["paper", "published"])
 def test_matches_the_published_dense_model(ste):
     # The whole encoder against the dense reference of the published model

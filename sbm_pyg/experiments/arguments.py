@@ -40,8 +40,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default="sbm")
     add("--seq-len", type=int, default=64,
         help="repeat, mqar: sequence length N; listops: max_length")
-    add("--num-pairs", type=int, default=8,
-        help="mqar: key-value pairs per sequence (each asked once)")
+    add("--num-kv-pairs", "--num-pairs", dest="num_pairs", type=int, default=8,
+        help="mqar: key-value pairs per sequence (each asked once; Zoology's "
+             "num_kv_pairs)")
     add("--vocab-size", type=int, default=8192,
         help="mqar: vocabulary (keys from the lower half, values from the "
              "upper)")

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from sbm_pyg.experiments.runs import load_run
-from sbm_pyg.experiments.tasks import make_task
+from sbm_pyg.experiments.tasks import make_task, task_forward
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn.baselines import FullAttention
 
@@ -290,7 +290,7 @@ def sampled_accuracy(model: SBMTransformer, task, sbms: Sequence[CandidateSBM],
     correct = count = 0.0
     with _sampled_attention(model, sbms, generator):
         for tokens, mask, labels in task.eval_batches("test", num_batches):
-            out = model(tokens, mask, output=task.output)
+            out = task_forward(model, task, (tokens, mask, labels), tokens.device)
             _, c, n = task.loss_and_correct(out, mask, labels)
             correct, count = correct + float(c), count + n
     return correct / count

@@ -8,7 +8,7 @@ import math
 import random
 import statistics
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from torch import Tensor
 __all__ = ["repeat_batch", "repeat_accuracy_bound", "mqar_batch",
            "OPERATORS", "VOCAB", "generate_expression", "evaluate_expression",
            "tokenize", "ListOps", "RepeatTask", "ListOpsTask", "MQARTask",
-           "make_task"]
+           "make_task", "task_forward"]
 
 
 def repeat_batch(batch: int, length: int,
@@ -276,6 +276,12 @@ class _FreshBatches:
     # A task whose batches are generated afresh for every split.
     output = "token"
 
+    @staticmethod
+    def positions(labels: Tensor) -> Optional[Tensor]:
+        """Where the token head must run (bool :obj:`[B, N]`); :obj:`None`:
+        everywhere."""
+        return None
+
     def batch(self, split: str = "train") -> Batch:
         raise NotImplementedError
 
@@ -314,6 +320,7 @@ class ListOpsTask:
     split, a class (0-9) per sequence; the test split is evaluated whole."""
 
     output = "sequence"
+    positions = staticmethod(_FreshBatches.positions)
 
     def __init__(self, data: ListOps, batch_size: int,
                  generator: torch.Generator):
@@ -372,15 +379,40 @@ class MQARTask(_FreshBatches):
         return tokens, torch.ones_like(tokens, dtype=torch.bool), targets
 
     @staticmethod
+    def positions(labels: Tensor) -> Tensor:
+        """Where an answer is asked (bool :obj:`[B, N]`): the model's token
+        head runs only there (``SBMTransformer(..., positions=)``)."""
+        return labels != -100
+
+    @staticmethod
     def loss_and_correct(out, mask: Tensor, labels: Tensor
                          ) -> Tuple[Tensor, Tensor, int]:
         """Cross-entropy over the query positions, the number recalled and
-        the number of queries."""
+        the number of queries; the token logits at every position
+        :obj:`[B, N, C]` or at the asked ones only :obj:`[P, C]`
+        (:meth:`positions`)."""
         logits = out.token_logits
         target = labels.to(logits.device)
         asked = target != -100
-        loss = F.cross_entropy(logits[asked], target[asked])
-        return loss, (logits[asked].argmax(-1) == target[asked]).sum(), int(asked.sum())
+        target = target[asked]
+        if logits.dim() == 3:
+            logits = logits[asked]
+        loss = F.cross_entropy(logits, target)
+        return loss, (logits.argmax(-1) == target).sum(), target.numel()
+
+
+def task_forward(model: torch.nn.Module, task: Union[RepeatTask, ListOpsTask, MQARTask],
+                 batch: Batch, device: torch.device,
+                 generator: Optional[torch.Generator] = None) -> Any:
+    r"""The :class:`~sbm_pyg.models.SBMTransformer` (or its wrapper)
+    :obj:`model` on one of :obj:`task`'s batches :obj:`(tokens, mask,
+    labels)`: the task's head only (:obj:`output`), at the positions it
+    asks (:meth:`MQARTask.positions`)."""
+    tokens, mask, labels = batch
+    positions = task.positions(labels)
+    return model(tokens.to(device), mask.to(device), generator=generator,
+                 output=task.output,
+                 positions=None if positions is None else positions.to(device))
 
 
 def make_task(args, generator: torch.Generator

@@ -31,7 +31,7 @@ from sbm_pyg.experiments.runs import (
     load_checkpoint,
     save_checkpoint,
 )
-from sbm_pyg.experiments.tasks import ListOpsTask, MQARTask, RepeatTask, make_task
+from sbm_pyg.experiments.tasks import ListOpsTask, MQARTask, RepeatTask, make_task, task_forward
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.nn.losses import DensityBudget
@@ -177,9 +177,8 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
         :obj:`lam_floor` (the means over heads with per-head budgets).
     """
     model.train()
-    tokens, mask, labels = task.batch()
-    out = net(tokens.to(device), mask.to(device), generator=generator,
-              output=task.output)
+    tokens, mask, labels = batch = task.batch()
+    out = task_forward(net, task, batch, device, generator)
     loss, correct, count = task.loss_and_correct(out, mask, labels)
     optimizer.zero_grad()
     total = loss if out.distill_loss is None else loss + out.distill_loss
@@ -243,8 +242,7 @@ def evaluate_model(model: SBMTransformer, task: Task, device: torch.device,
              and model.max_len <= RECALL_MAX_LEN else nullcontext())
     with meter:
         for tokens, mask, labels in task.eval_batches(split, num_batches):
-            out = model(tokens.to(device), mask.to(device), generator=generator,
-                        output=task.output)
+            out = task_forward(model, task, (tokens, mask, labels), device, generator)
             loss, c, n = task.loss_and_correct(out, mask, labels)
             correct, count = correct + float(c), count + n
             loss_sum += float(loss) * n

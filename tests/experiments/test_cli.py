@@ -152,7 +152,7 @@ def test_baselines_train(tmp_path, attention):
 def test_mqar_task(tmp_path, attention):
     out = tmp_path / attention
     main(["train", "--task", "mqar", "--out", str(out), "--seq-len", "32",
-          "--num-pairs", "4", "--vocab-size", "40", "--short-conv", "3",
+          "--num-kv-pairs", "4", "--vocab-size", "40", "--short-conv", "3",
           "--attention", attention, "--bigbird-density", "0.25",
           "--channels", "16", "--num-clusters", "8", "--batch-size", "4",
           "--steps", "2", "--no-progress", "--eval-batches", "2",
@@ -160,7 +160,7 @@ def test_mqar_task(tmp_path, attention):
     final = json.loads((out / "final.json").read_text())
     # The accuracy is over the 4 queries of each of 2 x 4 sequences.
     assert final["accuracy"] * 32 == pytest.approx(round(final["accuracy"] * 32))
-    assert final["args"]["task"] == "mqar"
+    assert final["args"]["task"] == "mqar" and final["args"]["num_pairs"] == 4
     state = load_checkpoint(out / "checkpoint.pt")["model"]
     assert state["token_head.weight"].shape == (40, 16)
     assert "blocks.0.short_conv.conv.weight" in state

@@ -231,3 +231,26 @@ def test_mqar_queries_follow_the_power_law():
 def test_mqar_bad_sizes_are_named(args, match):
     with pytest.raises(ValueError, match=match):
         mqar_batch(*args)
+
+
+def test_mqar_loss_from_the_asked_positions_only():
+    # The model's token head at the asked positions gives the loss and the
+    # recalls of the head at every position.
+    from types import SimpleNamespace
+
+    from sbm_pyg.experiments.tasks import MQARTask, task_forward
+    from sbm_pyg.models import SBMTransformer
+    task = MQARTask(32, 4, 64, batch_size=3, generator=seeded(0))
+    batch = task.batch()
+    asked = task.positions(batch[2])
+    assert torch.equal(asked, batch[2] != -100) and int(asked.sum()) == 12
+    torch.manual_seed(0)
+    model = SBMTransformer(64, 32, channels=16, attention="full", token_classes=64)
+    out = task_forward(model, task, batch, torch.device("cpu"))
+    assert out.token_logits.shape == (12, 64)
+    full = model(batch[0], batch[1], output="token").token_logits
+    want = MQARTask.loss_and_correct(SimpleNamespace(token_logits=full), batch[1],
+                                     batch[2])
+    got = MQARTask.loss_and_correct(out, batch[1], batch[2])
+    torch.testing.assert_close(got[0], want[0])
+    assert int(got[1]) == int(want[1]) and got[2] == want[2] == 12
