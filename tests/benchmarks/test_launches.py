@@ -44,8 +44,9 @@ def test_the_layer_compiles_around_its_one_host_read():
     # One SBMConv forward under torch._dynamo.explain: the projections and
     # memberships, then (after the one eager region: the checks, the regime
     # choice, the sampler) the attention operator traced into a graph, then
-    # the output projection (the layer's error translation is a try block,
-    # which the compiler does not resume in).
+    # the output projection: a break inside sbm_attention, called from the
+    # layer's forward, resumes both frames apart (without the layer's try
+    # block around the call the count is the same).
     from benchmarks.launches import graph_breaks
     res = graph_breaks(64)
     assert res["traced"] == ["sbm_pyg.sparse_attention"], res
