@@ -58,7 +58,8 @@ def cuda_kernels(fn: Callable[[], object], calls: int = 3,
     names: the Triton kernels' function names, aten's kernels), from
     torch.profiler's CUDA activity over ``calls`` calls, and the sum of all
     kernels (``all_kernels``, user annotations not counted): beside the
-    wall time, what the GPU is idle."""
+    wall time, what the GPU is idle; and the kernels launched a call
+    (``launches``, a count)."""
     fn()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
@@ -72,12 +73,16 @@ def cuda_kernels(fn: Callable[[], object], calls: int = 3,
     kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
     out = {e.key[:80]: e.self_device_time_total / 1e6 / calls for e in kernels[:top]}
     out["all_kernels"] = sum(e.self_device_time_total for e in kernels) / 1e6 / calls
+    # Kernels launched a call (a count, not seconds): the host's share of a
+    # call is about their number times a launch's cost.
+    out["launches"] = sum(e.count for e in kernels) / calls
     return out
 
 
 def format_breakdown(parts: Dict[str, float]) -> str:
     return ", ".join(f"{name.replace('_', ' ')} {t * 1e3:.1f}"
-                     for name, t in parts.items()) + " ms"
+                     for name, t in parts.items() if name != "launches") + " ms" + (
+        f", {parts['launches']:.0f} kernel launches" if "launches" in parts else "")
 
 
 def bench_layer(n: int, density: float, device: torch.device, repeats: int,

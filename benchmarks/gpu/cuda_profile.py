@@ -32,9 +32,10 @@ def profile(name: str, fn: Callable[[], object], device: torch.device,
         row["kernels"] = cuda_kernels(fn)
         busy = row["kernels"]["all_kernels"]
         log(f"[{name}] wall {wall * 1e3:.2f} ms, kernels {busy * 1e3:.2f} ms "
-            f"({busy / wall:.0%} busy): " + ", ".join(
+            f"({busy / wall:.0%} busy), {row['kernels']['launches']:.0f} kernel "
+            f"launches: " + ", ".join(
                 f"{k.strip()[:60]} {t * 1e3:.2f}" for k, t in row["kernels"].items()
-                if k != "all_kernels"))
+                if k not in ("all_kernels", "launches")))
     else:
         log(f"[{name}] wall {wall * 1e3:.2f} ms")
     return row

@@ -33,9 +33,14 @@
 #   480  the CUDA tests of the attention function and the kernels
 #        (SBM_PYG_TEST_DEVICE=cuda)
 #
+# At the end, targets.json: the targets' rows (benchmarks.gpu.targets),
+# each with its time, its baseline's and its command, collected from the
+# files above (copy it to docs/runs/gpu/graph/targets.json).
+#
 # The device returns at most eight files of $OUT: the stages' output goes
-# to one log, stages.log (a header a stage), beside short.log, build.log and
-# the five JSON files; a check at the end says when more were written.
+# to one log, stages.log (a header a stage, the build's tail among them),
+# beside short.log, the five JSON files and targets.json; a check at the
+# end says when more were written.
 #
 # A stage with less than MIN_SECONDS (default 20) left before its mark is
 # skipped with a line saying so, never run for a second; a stage cut at its
@@ -120,7 +125,7 @@ if [ -n "$build" ]; then
   wait $build
   rc=$?
   log "build: exit $rc ($(tail -n 1 runs/build.log | cut -c1-120))"
-  cp runs/build.log "$OUT/build.log"
+  { echo "=== build (its last 40 lines) ==="; tail -n 40 runs/build.log; } >> "$OUT/stages.log"
   [ $rc = 0 ] || failed=1
 fi
 suite=(tests/nn/test_sbm_attention.py tests/ops/test_triton_attention.py
@@ -129,6 +134,11 @@ workers=(-n 8)
 [ $tiny = 1 ] && suite=(-k triton tests/ops/test_triton_dense.py) workers=()
 stage suite 480 env SBM_PYG_TEST_DEVICE=$DEV $PY -m pytest -q -m "not host" \
   -p no:cacheprovider -rfE "${workers[@]}" "${suite[@]}"
+# The targets' rows from the files above (no device work).
+any=()
+[ $tiny = 1 ] && any=(--any-size)
+$PY -m benchmarks.gpu.targets --dir "$OUT" --out "$OUT/targets.json" "${any[@]}" \
+  2>&1 | tee -a "$OUT/stages.log" || failed=1
 files=$(find "$OUT" -type f | wc -l)
 if [ "$files" -gt 8 ]; then
   log "$files files under $OUT: the device returns eight"

@@ -9,16 +9,16 @@ from benchmarks.cases import calibrated_conv
 from benchmarks.layer import bench_choice
 
 
-def _event(key, seconds, annotation=False, device="CUDA"):
+def _event(key, seconds, annotation=False, device="CUDA", count=1):
     return SimpleNamespace(key=key, self_device_time_total=seconds * 1e6,
                            device_type=SimpleNamespace(name=device),
-                           is_user_annotation=annotation)
+                           is_user_annotation=annotation, count=count)
 
 
 def test_busy_time_counts_kernels_not_annotations(monkeypatch):
     # Two kernels and the optimizer's range around them on the device
     # timeline (and a CPU op): busy is the kernels' time only.
-    events = [_event("_draw_kernel", 0.003), _event("gemm", 0.002),
+    events = [_event("_draw_kernel", 0.003, count=4), _event("gemm", 0.002, count=6),
               _event("Optimizer.step#Adam.step", 0.004, annotation=True),
               _event("aten::mm", 0.010, device="CPU")]
 
@@ -38,7 +38,11 @@ def test_busy_time_counts_kernels_not_annotations(monkeypatch):
     monkeypatch.setattr(layer, "profile", Profile)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     out = layer.cuda_kernels(lambda: None, calls=2)
-    assert out == {"_draw_kernel": 0.0015, "gemm": 0.001, "all_kernels": 0.0025}
+    # Launches a call: (4 + 6) kernels over 2 calls; the range not one.
+    assert out == {"_draw_kernel": 0.0015, "gemm": 0.001, "all_kernels": 0.0025,
+                   "launches": 5.0}
+    assert layer.format_breakdown(out) == \
+        " draw kernel 1.5, gemm 1.0, all kernels 2.5 ms, 5 kernel launches"
 
 
 @pytest.mark.slow
