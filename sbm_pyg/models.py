@@ -151,7 +151,8 @@ class SBMTransformer(Module):
             (default: :obj:`0.05`)
         **sbm_kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
             :obj:`max_edges`, :obj:`ste`, :obj:`distill`, :obj:`sbm_init`,
-            :obj:`sbm_parametrization` of :class:`~sbm_pyg.nn.SBMConv`.
+            :obj:`init_density`, :obj:`sbm_parametrization` of
+            :class:`~sbm_pyg.nn.SBMConv`.
 
     Shapes:
         - **input:** tokens :math:`(B, N)` (long), mask :math:`(B, N)` (bool,

@@ -125,6 +125,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="SBM initialization: the paper's kaiming-normal clusters at the "
              "published code's scale (about 25%% of pairs sampled) or dense "
              "(about 99%%: the heads start as full attention)")
+    add("--init-density", type=float, default=None,
+        help="start the SBMs near this expected density instead of "
+             "--sbm-init's (e.g. an expected degree over N); with no budget, "
+             "the exploration defaults to a tenth of it")
     add("--sbm-parametrization", choices=PARAMETRIZATIONS, default="paper",
         help="the SBM's block matrix: the paper's (a softmax over its k^2 "
              "entries: one unit of mass shared by all blocks), mmsb "
@@ -244,6 +248,8 @@ def validate_train_arguments(args) -> None:
         raise ValueError("--bigbird-density must lie in (0, 1]")
     if args.sbm_lr is not None and args.sbm_lr <= 0:
         raise ValueError("--sbm-lr must be > 0")
+    if getattr(args, "init_density", None) is not None and args.attention != "sbm":
+        raise ValueError("--init-density needs --attention sbm")
     if args.adam_eps <= 0:
         raise ValueError("--adam-eps must be > 0")
     if args.weight_decay < 0 or args.clip_grad_norm < 0:
@@ -251,8 +257,9 @@ def validate_train_arguments(args) -> None:
     if args.warmup_steps < 0 or args.keep_checkpoints < 0:
         raise ValueError("--warmup-steps and --keep-checkpoints must be >= 0")
     if args.exploration is None:
+        target = getattr(args, "target_density", None)
         args.exploration = default_exploration(
-            getattr(args, "target_density", None))
+            target if target is not None else getattr(args, "init_density", None))
     if args.lr <= 0 or args.lam < 0 or not 0 <= args.dropout < 1 or args.exploration < 0:
         raise ValueError("--lr must be > 0, --lam >= 0, --dropout in [0, 1), "
                          "--exploration >= 0")

@@ -48,6 +48,7 @@ def _pe_k(args) -> int:
 def build_gps_model(args, in_channels: int, num_classes: int) -> GPSNodeClassifier:
     """The model a run trains, from its arguments."""
     sbm_kwargs = dict(num_clusters=args.num_clusters, sbm_init=args.sbm_init,
+                      init_density=getattr(args, "init_density", None),
                       sbm_parametrization=getattr(args, "sbm_parametrization",
                                                   "paper"),
                       exploration=args.exploration)

@@ -69,10 +69,13 @@ def add_gps_arguments(parser: argparse.ArgumentParser) -> None:
     add("--pe-channels", type=int, default=16)
     add("--num-clusters", type=int, default=32, help="SBM clusters per head")
     add("--sbm-init", choices=INITS, default="paper")
+    add("--init-density", type=float, default=None,
+        help="start the SBMs near this expected density instead of "
+             "--sbm-init's (e.g. an expected degree over the nodes)")
     add("--sbm-parametrization", choices=PARAMETRIZATIONS, default="paper")
     add("--exploration", type=float, default=None,
         help="SBM exploration rate in training (default: 0.01, or a tenth "
-             "of --target-density where that is less)")
+             "of --target-density, else of --init-density, where that is less)")
     add("--lam", type=float, default=0.0, help="density penalty lambda (sbm)")
     add("--target-density", type=float, default=None,
         help="hold the SBM heads' mean expected density at this budget "
@@ -125,9 +128,13 @@ def validate_gps_arguments(args) -> None:
         raise ValueError("--lr must be > 0, --weight-decay and "
                          "--clip-grad-norm >= 0")
     if args.exploration is None:
-        args.exploration = default_exploration(args.target_density)
+        args.exploration = default_exploration(
+            args.target_density if args.target_density is not None
+            else args.init_density)
     if args.warmup_epochs < 0 or args.lam < 0 or args.exploration < 0:
         raise ValueError("--warmup-epochs, --lam and --exploration must be >= 0")
+    if args.init_density is not None and args.attention != "sbm":
+        raise ValueError("--init-density needs --attention sbm")
     if args.target_density is not None:
         if not 0 < args.target_density <= 1:
             raise ValueError(f"--target-density must lie in (0, 1], got "

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
+# The exploration's rule lives with the layer's options; named here too, as
+# the experiments have always imported it from here.
+from sbm_pyg.nn.options import EXPLORATION, EXPLORATION_SHARE, default_exploration
+
 __all__ = ["PRESETS", "BUDGET_PRESETS", "EXPLORATION", "EXPLORATION_SHARE",
            "default_exploration", "preset_defaults"]
 
@@ -87,26 +91,6 @@ BUDGET_PRESETS: Dict[str, dict] = {
     "repeat-paper": dict(distill=1.0, dense_steps=800, budget_warmup=400,
                          sbm_lr=1e-2),
 }
-
-
-#: The random exploration rate :math:`\delta` of the published experiments.
-EXPLORATION = 0.01
-#: Under a density budget :math:`\rho`, the exploration is at most this
-#: share of it: :math:`\delta = \min(0.01, \rho / 10)`. At :math:`\rho =
-#: 0.02` a fixed 0.01 made a third of the pairs sampled in training random
-#: ones; on the
-#: repeat task (N = 64, seed 0) :math:`\rho / 10` gave 69.94% at 5% and
-#: 66.14% at 2% against 69.82% and 65.99% with 0.01
-#: (docs/experiments.md, "Exploration under a budget").
-EXPLORATION_SHARE = 0.1
-
-
-def default_exploration(target_density: Optional[float]) -> float:
-    r"""The exploration rate where none is given: :data:`EXPLORATION`, or
-    :data:`EXPLORATION_SHARE` of :obj:`target_density` where that is less."""
-    if target_density is None or not target_density > 0:  # checked apart
-        return EXPLORATION
-    return min(EXPLORATION, EXPLORATION_SHARE * target_density)
 
 
 def preset_defaults(preset: Optional[str], target_density: Optional[float]) -> dict:

@@ -42,6 +42,7 @@ def build_model(args) -> SBMTransformer:
         bigbird_density=getattr(args, "bigbird_density", 0.05),
         **(dict(exploration=args.exploration, mode=args.mode,
                 ste=None if args.ste == "none" else args.ste, sbm_init=args.sbm_init,
+                init_density=getattr(args, "init_density", None),
                 sbm_parametrization=getattr(args, "sbm_parametrization",
                                             "paper"),
                 distill=getattr(args, "distill", 0.0),

@@ -37,7 +37,8 @@ class SBMMultiheadAttention(torch.nn.Module):
         dropout (float): dropout on the attention weights. (default: :obj:`0.`)
         **kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
             :obj:`max_edges`, :obj:`ste`, :obj:`distill`, :obj:`sbm_init`,
-            :obj:`sbm_parametrization`, :obj:`eval_seed` of :class:`SBMConv`.
+            :obj:`init_density`, :obj:`sbm_parametrization`,
+            :obj:`eval_seed` of :class:`SBMConv`.
 
     Shapes:
         - **input:** x :math:`(B, N, C)`, mask :math:`(B, N)` (bool, True =

@@ -2,7 +2,7 @@ r"""The per-head mixed-membership SBM of SBM-Transformer (Sec. 4.1)."""
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -105,6 +105,11 @@ class StochasticBlockModel(Module):
             of the pairs. (default: :obj:`"paper"`)
         parametrization (str): :obj:`"paper"`, :obj:`"mmsb"` or
             :obj:`"sharp"`, see above. (default: :obj:`"paper"`)
+        density (float, optional): start near this expected density
+            :math:`\rho \in (0, 1)` instead of :obj:`init`'s (which must
+            then be :obj:`"paper"`): a large graph, whose 25% of the pairs
+            would not fit, starts sparse. See :meth:`reset_parameters`.
+            (default: :obj:`None`)
 
     Shapes:
         - **input:** query :math:`(N_q, H, d)`, key :math:`(N_k, H, d)`
@@ -119,10 +124,18 @@ class StochasticBlockModel(Module):
     """
 
     def __init__(self, heads: int, channels: int, num_clusters: int = 128,
-                 init: str = "paper", parametrization: str = "paper"):
+                 init: str = "paper", parametrization: str = "paper",
+                 density: Optional[float] = None):
         super().__init__()
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        if density is not None:
+            if isinstance(density, bool) or not isinstance(density, (int, float)) \
+                    or not 0 < density < 1:
+                raise ValueError(f"density must be a number in (0, 1), got {density!r}")
+            if init != "paper":
+                raise ValueError(f"give init={init!r} or a density, not both")
+        self.density = None if density is None else float(density)
         if parametrization not in PARAMETRIZATIONS:
             raise ValueError(f"parametrization must be one of "
                              f"{PARAMETRIZATIONS}, got {parametrization!r}")
@@ -170,7 +183,23 @@ class StochasticBlockModel(Module):
         start) or, with :obj:`init="dense"`, :math:`b_h = 6` (every
         :math:`p_{ij} \approx 0.998`). :obj:`"sharp"` starts as
         :obj:`"mmsb"` but for its query and key clusters,
-        :math:`\mathcal{N}(0, 0.3^2)` each, and its temperature 1."""
+        :math:`\mathcal{N}(0, 0.3^2)` each, and its temperature 1.
+
+        With a :obj:`density` :math:`\rho`: under :obj:`"mmsb"` and
+        :obj:`"sharp"`, whose :math:`p_{ij}` is a mixture of the block's
+        entries whatever the tokens, :math:`b_h` is set so that the block's
+        entries average :math:`\rho` (bisection on :math:`b_h`; the
+        clusters as above), which is every pair's :math:`p_{ij}` where the
+        memberships spread evenly. Under :obj:`"paper"` the start is the
+        dense one's with the offset :math:`\mathrm{logit}(\sqrt{\rho})`
+        in place of 6 (the clusters' noise kept orthogonal to
+        :math:`\mathbf{u}_h`, and the MLP's second layer's output too, so
+        that every membership logit is that offset plus a tenth of the
+        MLP's output along the noise): :math:`\hat{q}_{iu}, \hat{k}_{ju}
+        \approx \sqrt{\rho}` and, as :math:`\hat{\mathbf{S}}_h` sums to
+        1, :math:`p_{ij} \approx \rho`. Under :obj:`"sharp"` each token
+        keeps its top clusters, which favour the block's larger entries:
+        the start lies above :math:`\rho`."""
         bound = 1.0 / math.sqrt(self.channels)
         for weight, bias in ((self.weight1, self.bias1),
                              (self.weight2, self.bias2)):
@@ -184,15 +213,26 @@ class StochasticBlockModel(Module):
             torch.nn.init.kaiming_normal_(self.clusters)
         if self.block_bias is not None:
             torch.nn.init.constant_(self.block_bias, _MMSB_BIAS[self.init])
+            if self.density is not None:
+                with torch.no_grad():
+                    self.block_bias.copy_(_mean_offset(
+                        self.block().logit() - self.block_bias, self.density))
             return
-        if self.init == "paper":
+        if self.init == "paper" and self.density is None:
             torch.nn.init.kaiming_normal_(self.clusters)
             return
         with torch.no_grad():
             u = torch.nn.functional.normalize(
                 torch.randn_like(self.clusters[:, :1]), dim=-1)
-            self.clusters.copy_(u + 0.1 * torch.randn_like(self.clusters))
-            self.bias2.copy_(6.0 * u)
+            noise = torch.randn_like(self.clusters)
+            if self.density is None:  # init="dense"
+                offset = 6.0
+            else:  # each logit's offset exact: noise and MLP output off u
+                offset = math.log(math.sqrt(self.density) / (1 - math.sqrt(self.density)))
+                noise -= (noise * u).sum(-1, keepdim=True) * u
+                self.weight2.sub_((self.weight2 @ u.transpose(1, 2)) @ u)
+            self.clusters.copy_(u + 0.1 * noise)
+            self.bias2.copy_(offset * u)
 
     def block(self) -> Tensor:
         r""":math:`\hat{\mathbf{S}}` :obj:`[H, k, k]`: each head summing to
@@ -238,6 +278,8 @@ class StochasticBlockModel(Module):
 
     def __repr__(self) -> str:
         extra = "" if self.init == "paper" else f", init={self.init!r}"
+        if self.density is not None:
+            extra += f", density={self.density:g}"
         if self.parametrization != "paper":
             extra += f", parametrization={self.parametrization!r}"
         return (f"{self.__class__.__name__}(heads={self.heads}, "
@@ -249,6 +291,19 @@ class StochasticBlockModel(Module):
 # handful of 32 x 32 tiles (3.6 ms at N = 16384 on an H200), as one product
 # per chunk of rows on H N / ROW_CHUNK tiles, their sum a small reduction.
 ROW_CHUNK = 1024
+
+
+def _mean_offset(logits: Tensor, density: float, steps: int = 60) -> Tensor:
+    # The offset b [H, 1, 1] of each head whose block sigma(logits + b)
+    # [H, k, k] averages density: the mean is increasing in b, so a
+    # bisection on [-40, 40] (to 80 / 2^60 of its root).
+    lo = logits.new_full((logits.size(0), 1, 1), -40.0)
+    hi = logits.new_full((logits.size(0), 1, 1), 40.0)
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        above = (logits + mid).sigmoid().mean((1, 2), keepdim=True) > density
+        hi, lo = torch.where(above, mid, hi), torch.where(above, lo, mid)
+    return (lo + hi) / 2
 
 
 def _top(logits: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ from torch_geometric.utils import scatter, softmax
 
 from sbm_pyg.nn._sbm_attention import sbm_attention
 from sbm_pyg.nn.block_model import StochasticBlockModel
-from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, attention_distillation, edge_fit, recall_fit
+from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, layer_distillation
 from sbm_pyg.nn.functional import straight_through_probability, with_sink
 from sbm_pyg.nn.inputs import (
     check_layer_options,
@@ -27,9 +27,10 @@ from sbm_pyg.nn.inputs import (
     project,
     raise_for_batch,
     raise_for_features,
+    raise_for_memory,
     sequence_pointers,
 )
-from sbm_pyg.nn.options import SBMAttentionOptions
+from sbm_pyg.nn.options import SBMAttentionOptions, default_exploration
 from sbm_pyg.nn.warmup import dense_warmup
 from sbm_pyg.ops.csr import heads_first
 from sbm_pyg.ops.torch_attention import clip_grad
@@ -115,8 +116,12 @@ class SBMConv(MessagePassing):
         bias (bool): additive biases in the projections. (default: True)
         root_weight (bool): add the skip term :math:`\mathbf{W}_1
             \mathbf{x}_i`. (default: :obj:`True`)
-        exploration (float): random edge exploration :math:`\delta` added to
-            every pair's rate while training; 0 in eval. (default: :obj:`0.01`)
+        exploration (float, optional): random edge exploration
+            :math:`\delta` added to every pair's rate while training; 0 in
+            eval. (default: :obj:`0.01`, or with :obj:`init_density`
+            :math:`\min(0.01, \rho / 10)`: a tenth of the pairs the layer
+            starts with, so that a large graph's exploration does not
+            outnumber them)
         self_loops (bool): always connect query :math:`i` to key :math:`i`
             (the paper's "+I"). (default: :obj:`False`)
         mode (str): :obj:`"exact"` (:math:`\min(p_{ij} + \delta, 1)`) or
@@ -136,6 +141,17 @@ class SBMConv(MessagePassing):
         sbm_init (str): :obj:`"paper"` (about 25% of the pairs sampled) or
             :obj:`"dense"` (about 99%), see :class:`StochasticBlockModel`.
             (default: :obj:`"paper"`)
+        init_density (float, optional): start at about this expected
+            density :math:`\rho \in (0, 1)` instead (e.g. an expected
+            degree over the number of nodes, :obj:`64 / n`, for a large
+            graph, where 25% of the pairs would not fit): the SBM's
+            :obj:`density` (:class:`StochasticBlockModel`): exactly
+            :math:`\rho` under :obj:`sbm_parametrization="mmsb"`, within
+            a few percent above it under :obj:`"paper"` (the memberships'
+            logits are the offset up to a tenth of the MLP's output),
+            up to half again above it under :obj:`"sharp"`. A budget
+            (:class:`DensityBudget`) or the density penalty holds it there
+            while training. (default: :obj:`None`)
         distill_edges (float): with :obj:`distill`, the weight
             :math:`\gamma \geq 0` of :func:`~sbm_pyg.nn.edge_fit` added to
             the distillation (per head: cross-entropy :math:`+ \gamma`
@@ -208,7 +224,7 @@ class SBMConv(MessagePassing):
                  out_channels: int, heads: int = 1, concat: bool = True,
                  num_clusters: int = 128, dropout: float = 0.0,
                  bias: bool = True, root_weight: bool = True,
-                 exploration: float = 0.01, self_loops: bool = False,
+                 exploration: Optional[float] = None, self_loops: bool = False,
                  mode: str = "exact", max_edges: Optional[int] = None,
                  ste: str = "paper", distill: float = 0.0,
                  sbm_init: str = "paper", eval_seed: Optional[int] = None,
@@ -216,20 +232,20 @@ class SBMConv(MessagePassing):
                  attention_backend: str = "auto",
                  sbm_parametrization: str = "paper",
                  distill_edges: float = 0.0, sink: bool = False,
-                 distill_recall: float = 0.0, **kwargs):
+                 distill_recall: float = 0.0, init_density: Optional[float] = None,
+                 **kwargs):
         check_layer_options(kwargs, sbm_init=sbm_init,
                             sbm_parametrization=sbm_parametrization,
                             attention_backend=attention_backend,
-                            eval_seed=eval_seed)
-        for name, value in (("distill", distill),
-                            ("distill_edges", distill_edges),
-                            ("distill_recall", distill_recall)):
-            if not (isinstance(value, (int, float)) and value >= 0):
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+                            eval_seed=eval_seed, init_density=init_density,
+                            weights=dict(distill=distill, distill_edges=distill_edges,
+                                         distill_recall=distill_recall))
         super().__init__(node_dim=0, **kwargs)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.heads, self.concat, self.num_clusters = heads, concat, num_clusters
         self.dropout, self.root_weight = dropout, root_weight
+        if exploration is None:
+            exploration = default_exploration(init_density)
         self.exploration, self.self_loops = exploration, self_loops
         self.mode, self.max_edges, self.ste = mode, max_edges, ste
         self.distill, self.distill_edges = float(distill), float(distill_edges)
@@ -254,7 +270,8 @@ class SBMConv(MessagePassing):
                                    bias=bias)
         self.sbm = StochasticBlockModel(heads, out_channels, num_clusters,
                                         init=sbm_init,
-                                        parametrization=sbm_parametrization)
+                                        parametrization=sbm_parametrization,
+                                        density=init_density)
         # A learned attention sink per head: a row may put its weight on
         # nothing (a sampled row with no partner otherwise spends it all on
         # its few keys).
@@ -425,6 +442,7 @@ class SBMConv(MessagePassing):
         except ValueError as err:
             raise_for_features(err)
             raise_for_batch(err, batch_size)
+            raise_for_memory(err)
             raise
         self.last_backends = res.backends  # before the hooks: they may read it
         for hook in self._graph_hooks.values():
@@ -441,14 +459,9 @@ class SBMConv(MessagePassing):
             assert res.graph is not None and res.alpha is not None
             qd, bd, kd = ((q_memb, block, k_memb) if warmup
                           else self.sbm(query.detach(), key.detach()))
-            self.distillation = attention_distillation(
-                res.alpha, qd, bd, kd, res.graph, smoothing=DISTILL_SMOOTHING)
-            if self.distill_edges > 0:
-                self.distillation = self.distillation + self.distill_edges * \
-                    edge_fit(res.alpha, qd, bd, kd, res.graph)
-            if self.distill_recall > 0:
-                self.distillation = self.distillation + self.distill_recall * \
-                    recall_fit(res.alpha, qd, bd, kd, res.graph)
+            self.distillation = layer_distillation(
+                res.alpha, (qd, bd, kd), res.graph, self.distill_edges,
+                self.distill_recall)
         out = res.out.reshape(-1, H * C) if self.concat else res.out.mean(1)
         if self.lin_skip is not None:
             out = out + project(self.lin_skip, x_dst, "x_dst")

@@ -9,6 +9,8 @@ SBM's own distribution over each query's keys.
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -19,7 +21,8 @@ from sbm_pyg.ops.csr import row_index
 from sbm_pyg.sampling import SampledGraph
 from sbm_pyg.validation import require_tensor
 
-__all__ = ["attention_distillation", "edge_fit", "recall_fit", "DISTILL_SMOOTHING"]
+__all__ = ["attention_distillation", "edge_fit", "recall_fit", "layer_distillation",
+           "DISTILL_SMOOTHING"]
 
 #: The smoothing of :class:`~sbm_pyg.nn.SBMConv`'s distillation: label
 #: smoothing's usual 0.1, so that a key the SBM misses pulls at most
@@ -223,3 +226,20 @@ def recall_fit(alpha: Tensor, q_memb: Tensor, block: Tensor, k_memb: Tensor,
     per_row = kept.new_zeros(H * Nq).index_add_(0, rows, kept).view(H, Nq)
     has_edges = (graph.csr.rowptr.diff() > 0).to(dtype).view(H, Nq)
     return ((1 - per_row) * has_edges).sum(1) / has_edges.sum(1).clamp(min=1)
+
+
+def layer_distillation(alpha: Tensor, sbm: Tuple[Tensor, Tensor, Tensor],
+                       graph: SampledGraph, edges: float = 0.0,
+                       recall: float = 0.0) -> Tensor:
+    r"""What an :class:`~sbm_pyg.nn.SBMConv` with :obj:`distill` adds to
+    its distillation term, per head :obj:`[H]`: :func:`attention_distillation`
+    (smoothed by :data:`DISTILL_SMOOTHING`), plus :obj:`edges` times
+    :func:`edge_fit` and :obj:`recall` times :func:`recall_fit` where they
+    are positive, from the weights :obj:`alpha` :obj:`[E]` on
+    :obj:`graph` and the SBM :obj:`(q_memb, block, k_memb)`."""
+    loss = attention_distillation(alpha, *sbm, graph, smoothing=DISTILL_SMOOTHING)
+    if edges > 0:
+        loss = loss + edges * edge_fit(alpha, *sbm, graph)
+    if recall > 0:
+        loss = loss + recall * recall_fit(alpha, *sbm, graph)
+    return loss

@@ -195,7 +195,8 @@ class SBMGPSConv(_GPSLayer):
         attn_kwargs (Dict[str, Any], optional): arguments of
             :class:`SBMConv`: :obj:`num_clusters`, :obj:`dropout` (on the
             attention weights), :obj:`exploration`, :obj:`self_loops`,
-            :obj:`mode`, :obj:`max_edges`.
+            :obj:`mode`, :obj:`max_edges`, :obj:`init_density` (a large
+            graph's start, e.g. :obj:`64 / n`).
         include_input_edges (bool): add the input :obj:`edge_index` to every
             head's attention graph, without duplicates (structure-aware
             attention). (default: :obj:`False`)

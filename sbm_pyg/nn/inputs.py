@@ -16,7 +16,8 @@ from sbm_pyg.nn.options import SBM_ATTENTION_BACKENDS
 from sbm_pyg.validation import invalid_values, require_tensor, sync
 
 __all__ = ["project", "batch_to_ptr", "check_not_edges", "sequence_pointers",
-           "check_layer_options", "raise_for_features", "raise_for_batch"]
+           "check_layer_options", "raise_for_features", "raise_for_batch",
+           "raise_for_memory"]
 
 
 def project(lin: Linear, x, name: str) -> Tensor:
@@ -152,11 +153,17 @@ def raise_for_features(err: ValueError) -> None:
 
 def check_layer_options(kwargs: Dict[str, Any], *, sbm_init: str,
                         sbm_parametrization: str, attention_backend: str,
-                        eval_seed: Optional[int]) -> None:
+                        eval_seed: Optional[int],
+                        init_density: Optional[float] = None,
+                        weights: Optional[Dict[str, float]] = None) -> None:
     r"""Checks the options an SBM attention layer (:class:`SBMConv`) has
     beside :class:`~sbm_pyg.nn.SBMAttentionOptions`' when it is built,
-    naming the argument; sets :obj:`aggr` and :obj:`flow` of the
+    naming the argument (:obj:`weights`: its losses' weights by name, each
+    a number >= 0); sets :obj:`aggr` and :obj:`flow` of the
     :class:`MessagePassing` :obj:`kwargs`."""
+    for weight, number in (weights or {}).items():
+        if not (isinstance(number, (int, float)) and number >= 0):
+            raise ValueError(f"{weight} must be a number >= 0, got {number!r}")
     # The softmax over a query's edges is the aggregation, from keys to
     # queries: no kernel has other aggregations or flows.
     if kwargs.setdefault("aggr", "add") != "add":
@@ -178,3 +185,23 @@ def check_layer_options(kwargs: Dict[str, Any], *, sbm_init: str,
                                   or isinstance(eval_seed, bool)):
         raise TypeError(f"eval_seed must be an int or None, got "
                         f"{eval_seed!r}")
+    if init_density is not None:
+        if isinstance(init_density, bool) or not isinstance(init_density, (int, float)) \
+                or not 0 < init_density < 1:
+            raise ValueError(f"init_density must be a number in (0, 1) (e.g. an "
+                             f"expected degree over the nodes), got {init_density!r}")
+        if sbm_init != "paper":
+            raise ValueError(f"give sbm_init={sbm_init!r} or init_density, not both")
+
+
+def raise_for_memory(err: ValueError) -> None:
+    r"""Re-raises the sampler's refusal of a graph that would not fit into
+    memory as one saying what a layer can do about it; returns for any
+    other error."""
+    if "GiB are available" in str(err):
+        raise ValueError(
+            f"{err}. An SBMConv starts near 25% of the pairs: on a large "
+            f"graph build it with init_density (e.g. 64 / n for an expected "
+            f"degree of 64) and hold it there while training with a "
+            f"DensityBudget or the density penalty (max_edges caps one "
+            f"call)") from err

@@ -630,3 +630,16 @@ def test_attn_dropout_reaches_the_heads(tmp_path, attention):
     first = [next(r for r in metrics(out) if r["split"] == "train")["loss"]
              for out in (plain, dropped)]
     assert first[0] != first[1]  # same seed, same batch: only the dropout differs
+
+
+def test_init_density_starts_the_models_heads_there(tmp_path, capsys):
+    out = run(tmp_path, "sparse", "--steps", "1", "--init-density", "0.05")
+    final = json.loads((out / "final.json").read_text())
+    assert final["args"]["init_density"] == 0.05
+    assert final["args"]["exploration"] == pytest.approx(0.005)
+    with pytest.raises(ValueError, match="init_density must be a number in"):
+        run(tmp_path, "bad", "--steps", "1", "--init-density", "2")
+    with pytest.raises(SystemExit):
+        run(tmp_path, "full", "--steps", "1", "--init-density", "0.05",
+            "--attention", "full")
+    assert "--init-density needs --attention sbm" in capsys.readouterr().err

@@ -178,3 +178,19 @@ def test_parameter_counts_in_the_docs_artifact_are_the_models():
         for attention, count in counts.items():
             assert stats_script.parameters(preset, dataset, attention) == count, (
                 key, attention)
+
+
+def test_init_density_reaches_the_gps_models_attention():
+    import argparse
+
+    from sbm_pyg.experiments.gps import build_gps_model
+    from sbm_pyg.experiments.gps_arguments import add_gps_arguments, validate_gps_arguments
+    parser = argparse.ArgumentParser()
+    add_gps_arguments(parser)
+    args = parser.parse_args(["--dataset", "PATTERN", "--attention", "sbm",
+                              "--init-density", "0.02", "--out", "unused"])
+    validate_gps_arguments(args)
+    assert args.exploration == pytest.approx(0.002)
+    convs = [m for m in build_gps_model(args, 7, 2).modules()
+             if type(m).__name__ == "SBMConv"]
+    assert convs and all(c.sbm.density == 0.02 for c in convs)

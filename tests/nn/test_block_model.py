@@ -352,3 +352,33 @@ def test_sharp_init_draws_its_clusters_wide():
         std = float(c.detach().pow(2).mean().sqrt())
         assert abs(std / 0.3 - 1) < z_bound(1) * math.sqrt(1 / (2 * n))
     assert float(sbm.log_temperature.abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("parametrization", ["paper", "mmsb", "sharp"])
+@pytest.mark.parametrize("density", [0.25, 0.01, 6.4e-4])
+def test_density_start(parametrization, density):
+    # The expected density of a fresh SBM started at `density`, on queries
+    # and keys of std 0.5 and 1.5 (a layer's projections of unit features
+    # have about 0.6), every head. Measured over 6 seeds and these
+    # densities: "paper" 0.984-1.069 of it, "mmsb" 1 to 1e-5, "sharp"
+    # 1.07-1.54 (its top clusters favour the block's larger entries).
+    from sbm_pyg.nn.block_model import expected_densities
+    bounds = dict(paper=(0.975, 1.1), mmsb=(1 - 1e-4, 1 + 1e-4), sharp=(1.0, 1.8))
+    torch.manual_seed(0)
+    sbm = StochasticBlockModel(heads=2, channels=32, num_clusters=128,
+                               parametrization=parametrization, density=density)
+    ptr = torch.tensor([0, 2048])
+    for scale in (0.5, 1.5):
+        q, k = (scale * torch.randn(2048, 2, 32, generator=seeded(s)) for s in (1, 2))
+        ratio = expected_densities(ptr, ptr, *sbm(q, k))[0] / density
+        low, high = bounds[parametrization]
+        assert bool(((ratio > low) & (ratio < high)).all()), ratio
+    assert f"density={density:g}" in repr(sbm)
+
+
+def test_density_start_refuses_bad_values():
+    for bad in (0, 1, 1.5, -0.1, True, "0.1", float("nan")):
+        with pytest.raises(ValueError, match="density must be a number in"):
+            StochasticBlockModel(2, 8, 4, density=bad)
+    with pytest.raises(ValueError, match="or a density, not both"):
+        StochasticBlockModel(2, 8, 4, init="dense", density=0.1)

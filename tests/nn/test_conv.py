@@ -551,3 +551,42 @@ def test_dense_kernel_evaluation_is_repeatable_with_eval_seed():
     a = conv(x, batch=BATCH)
     b = conv(x, batch=BATCH)
     assert torch.equal(a, b)
+
+
+def test_init_density_starts_the_layer_sparse():
+    torch.manual_seed(0)
+    rho = 64 / 4096
+    conv = SBMConv(64, 32, heads=2, init_density=rho)
+    assert conv.sbm.density == rho and conv.exploration == pytest.approx(rho / 10)
+    assert SBMConv(64, 32, heads=2).exploration == 0.01
+    assert SBMConv(64, 32, heads=2, init_density=0.5).exploration == 0.01
+    assert SBMConv(64, 32, init_density=rho, exploration=0.0).exploration == 0.0
+    # On unit features, every head within a few percent above rho (the
+    # block model's own test bounds it), and the graph drawn from it.
+    conv(torch.randn(4096, 64, generator=seeded(1)), generator=seeded(2))
+    ratio = conv.expected_density / rho
+    assert bool(((ratio > 0.975) & (ratio < 1.1)).all()), ratio
+    explored = (rho + conv.exploration) / rho
+    assert bool(((conv.sampled_density / rho > 0.8 * explored)
+                 & (conv.sampled_density / rho < 1.25 * explored)).all())
+
+
+@pytest.mark.parametrize("bad", [0, 1.0, -1e-3, True, "0.1"])
+def test_init_density_refuses_bad_values(bad):
+    with pytest.raises(ValueError, match="init_density must be a number in"):
+        SBMConv(8, 4, init_density=bad)
+
+
+def test_init_density_and_dense_init_exclude_each_other():
+    with pytest.raises(ValueError, match="sbm_init='dense' or init_density"):
+        SBMConv(8, 4, sbm_init="dense", init_density=0.1)
+
+
+def test_memory_refusal_says_how_to_start_sparse(monkeypatch):
+    from sbm_pyg import validation
+    monkeypatch.setattr(validation, "available_memory", lambda device: 1024)
+    pin_crossover(monkeypatch, float("inf"))  # the sampler, which guards
+    torch.manual_seed(0)
+    conv = SBMConv(16, 8, heads=2, num_clusters=8)
+    with pytest.raises(ValueError, match="GiB are available.*build it with init_density"):
+        conv(torch.randn(256, 16, generator=seeded(1)), generator=seeded(2))

@@ -384,3 +384,13 @@ def test_drops_into_pygs_own_gps_usage(swap):
         loss.backward()
         opt.step()
     assert torch.isfinite(loss)
+
+
+def test_init_density_through_attn_kwargs():
+    from sbm_pyg.models import SBMTransformer
+    from sbm_pyg.nn import SBMMultiheadAttention
+    gps = SBMGPSConv(16, None, heads=2, attn_kwargs=dict(init_density=0.02))
+    attn = SBMMultiheadAttention(16, 2, init_density=0.02)
+    model = SBMTransformer(10, 8, channels=16, heads=2, init_density=0.02)
+    for conv in (gps.attn, attn.conv, model.blocks[0].attention.conv):
+        assert conv.sbm.density == 0.02 and conv.exploration == pytest.approx(0.002)
