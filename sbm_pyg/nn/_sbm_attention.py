@@ -30,6 +30,7 @@ from sbm_pyg.nn._regimes import (
     regimes,
     tiles_share,
 )
+from sbm_pyg.nn._static_attention import static_attention
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
 from sbm_pyg.nn.functional import check_sbm_shapes, check_sink
 from sbm_pyg.nn.options import SBMAttentionOptions
@@ -53,12 +54,17 @@ class SBMAttention(NamedTuple):
     :obj:`None`); :obj:`expected_density` :obj:`[H]`, differentiable (the
     paper's sparsity regularizer), and :obj:`sampled_density` :obj:`[H]`,
     the fraction of pairs sampled, both averaged over non-empty sequences;
-    and :obj:`backends`, the kernels that ran, e.g. :obj:`{'sampler': 'cpp',
+    :obj:`backends`, the kernels that ran, e.g. :obj:`{'sampler': 'cpp',
     'attention': 'cpp'}` (:obj:`'dense'` for both where the dense-regime
     kernel ran for every (sequence, head), and :obj:`'dense_pairs': 'd/n'`
     where it ran for :math:`d` of the :math:`n` pairs of non-empty
     sequences only; :obj:`'clusters': "k'/k"`, the clusters computed
-    over, with the options' :obj:`sparse_memberships`)."""
+    over, with the options' :obj:`sparse_memberships`; :obj:`'static'` the
+    sampler with the options' :obj:`capacity`); and with a
+    :obj:`capacity`, :obj:`overflow`, a 0-dim bool on the device: the
+    draws did not fit it, and the graph lacks the rest, and
+    :obj:`expected_draws`, their Poisson mean (0-dim; both :obj:`None`
+    without a capacity: :func:`~sbm_pyg.sampling.round_capacity` sizes one)."""
 
     out: Tensor
     graph: Optional[SampledGraph]
@@ -66,6 +72,8 @@ class SBMAttention(NamedTuple):
     expected_density: Tensor
     sampled_density: Tensor
     backends: Dict[str, str]
+    overflow: Optional[Tensor] = None
+    expected_draws: Optional[Tensor] = None
 
 
 def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
@@ -77,7 +85,8 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
                   return_attention_weights: bool = False,
                   attend: Optional[Attend] = None,
                   generator: Optional[torch.Generator] = None,
-                  sink: Optional[Tensor] = None) -> SBMAttention:
+                  sink: Optional[Tensor] = None,
+                  seed: Optional[Tensor] = None) -> SBMAttention:
     r"""The SBM-Transformer's attention over a ragged batch, all heads at
     once: samples each (sequence, head)'s graph from the SBM
     :math:`p_{ij} = \hat{\mathbf{Q}}_i \hat{\mathbf{S}}_h
@@ -158,6 +167,10 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
         sink (Tensor, optional): :obj:`[H]`, each head's attention sink
             logit (see :func:`~sbm_pyg.nn.functional.sparse_attention`),
             in both regimes; the weights then leave out the sink's share.
+        seed (Tensor, optional): with the options' :obj:`capacity`, the
+            sampler's seed, a 0-dim int64 tensor :math:`\geq 0` on the
+            device (:obj:`None`: drawn from :obj:`generator`, or from
+            torch's default generator, on the device: no read).
 
     Returns:
         :class:`SBMAttention`.
@@ -192,6 +205,12 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     attention = ("message_passing" if attend is not None else resolve_backend(
         "attention", "auto" if opts.attention_backend in ("dense", "tiles")
         else opts.attention_backend, device))
+    if opts.capacity is not None:
+        return _static(query, key, value, sbm, ptr_q, ptr_k, include_edges,
+                       opts, dict(training=training, need_graph=need_graph,
+                                  need_alpha=return_attention_weights,
+                                  sink=sink, attend=attend),
+                       attention, generator, seed)
     dense_backends = dict(sampler="dense",
                           attention=attention if need_graph else "dense")
     call, dense, per, choice = _decide(
@@ -233,6 +252,31 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
     expected, sampled = mean_densities(call.ptr_q, call.ptr_k, part.edges, per)
     return SBMAttention(part.out.to(query.dtype), part.graph, part.alpha,
                         expected, sampled, backends)
+
+
+def _static(query: Tensor, key: Tensor, value: Tensor,
+            sbm: Tuple[Tensor, Tensor, Tensor], ptr_q: PtrLike, ptr_k: PtrLike,
+            include_edges: Optional[Tensor], opts: SBMAttentionOptions,
+            requests: Dict[str, Any], attention: str,
+            generator: Optional[torch.Generator],
+            seed: Optional[Tensor]) -> SBMAttention:
+    # A call with the options' capacity: static shapes, no read.
+    if requests["attend"] is not None:
+        raise ValueError("capacity (static shapes) attends on the fused "
+                         "sparse kernel: a custom attention (the "
+                         "message_passing backend) is not served there")
+    if seed is None:
+        seed = torch.randint(2**62, (), generator=generator, device=query.device)
+    elif not (isinstance(seed, Tensor) and seed.dim() == 0
+              and seed.dtype == torch.int64 and seed.device == query.device):
+        raise TypeError(f"seed must be a 0-dim int64 tensor on {query.device} "
+                        f"or None")
+    out, graph, alpha, expected, sampled, draws = static_attention(
+        (query, key, value, *sbm), ptr_q, ptr_k, include_edges, opts, requests,
+        attention, seed)
+    return SBMAttention(out.to(query.dtype), graph, alpha, expected, sampled,
+                        dict(sampler="static", attention=attention),
+                        draws.overflow, draws.expected_draws)
 
 
 # The forward's one host read, and all the code that depends on what it

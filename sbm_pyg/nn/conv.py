@@ -2,7 +2,6 @@ r"""The SBM-Transformer attention as a PyG :class:`MessagePassing` layer."""
 from __future__ import annotations
 
 import math
-import warnings
 from collections import OrderedDict
 from functools import partial
 from typing import Callable, Dict, Literal, Optional, Tuple, Union, overload
@@ -24,6 +23,7 @@ from sbm_pyg.nn.functional import straight_through_probability, with_sink
 from sbm_pyg.nn.inputs import (
     check_layer_options,
     check_not_edges,
+    eval_randomness,
     project,
     raise_for_batch,
     raise_for_features,
@@ -37,22 +37,6 @@ from sbm_pyg.ops.torch_attention import clip_grad
 from sbm_pyg.sampling import SampledGraph
 
 __all__ = ["SBMConv"]
-
-_EVAL_WARNED = [False]
-
-
-def _warn_eval_samples() -> None:
-    # Said once: a user who compares two eval() calls on one input sees them
-    # differ; sampling stays the default, as the paper evaluates.
-    if not _EVAL_WARNED[0]:
-        _EVAL_WARNED[0] = True
-        warnings.warn("SBMConv samples its attention graph in eval() too, as "
-                      "the paper evaluates: two calls on one input differ. "
-                      "Build the layer with eval_seed=<int> (SBMConv, "
-                      "SBMMultiheadAttention, SBMTransformer; SBMGPSConv "
-                      "through attn_kwargs={'eval_seed': <int>}), or pass a "
-                      "seeded generator, for repeatable evaluation.",
-                      UserWarning, stacklevel=4)
 
 Features = Union[Tensor, SparseTensor, Tuple]
 Batch = Union[None, Tensor, Tuple[Optional[Tensor], Optional[Tensor]]]
@@ -191,6 +175,17 @@ class SBMConv(MessagePassing):
             counter: :mod:`sbm_pyg.ops.dropout`), or
             :obj:`"message_passing"`: PyG's :meth:`message` (the same
             result with :obj:`[E, H, d]` memory). (default: :obj:`"auto"`)
+        capacity (int, optional): static shapes: the draws that the
+            sampler's buffers hold in one call, over all sequences and
+            heads (:class:`SBMAttentionOptions`' :obj:`capacity`). The
+            layer then reads nothing from the device, so that
+            :func:`torch.compile` traces it as one graph
+            (:obj:`fullgraph=True`) and a GPU can capture it; after each
+            call :attr:`overflow` (a 0-dim bool on the device) says whether
+            the draws overflowed it (the graph then lacks the rest) and
+            :attr:`expected_draws` their mean, which
+            :func:`~sbm_pyg.sampling.round_capacity` turns into a capacity.
+            (default: :obj:`None`)
         **kwargs (optional): additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing` (:obj:`aggr`
             :obj:`"add"`, :obj:`flow` :obj:`"source_to_target"`). Message
@@ -233,7 +228,7 @@ class SBMConv(MessagePassing):
                  sbm_parametrization: str = "paper",
                  distill_edges: float = 0.0, sink: bool = False,
                  distill_recall: float = 0.0, init_density: Optional[float] = None,
-                 **kwargs):
+                 capacity: Optional[int] = None, **kwargs):
         check_layer_options(kwargs, sbm_init=sbm_init,
                             sbm_parametrization=sbm_parametrization,
                             attention_backend=attention_backend,
@@ -254,7 +249,11 @@ class SBMConv(MessagePassing):
         # is sampled (exploration 1) whatever the SBM says.
         self.attend_all = False
         self.sampler_backend, self.attention_backend = sampler_backend, attention_backend
-        self.eval_seed = eval_seed
+        self.eval_seed, self.capacity = eval_seed, capacity
+        # Whether the last call's draws overflowed the capacity (0-dim bool
+        # on the device; None without a capacity).
+        self.overflow: Optional[Tensor] = None
+        self.expected_draws: Optional[Tensor] = None
         # The sharp form's memberships are zero off a token's top clusters.
         self.sparse_memberships = sbm_parametrization == "sharp"
         self._attention_options(warmup=False)  # checks them, naming each
@@ -300,7 +299,7 @@ class SBMConv(MessagePassing):
             ste=None if warmup else self.ste, dropout=self.dropout,
             sampler_backend=self.sampler_backend,
             attention_backend="auto" if backend == "message_passing" else backend,
-            sparse_memberships=self.sparse_memberships)
+            sparse_memberships=self.sparse_memberships, capacity=self.capacity)
 
     def _dense_warmup(self, x_dst: Tensor, query: Tensor, key: Tensor,
                       value: Tensor, memb: Tuple[Tensor, Tensor, Tensor],
@@ -407,11 +406,10 @@ class SBMConv(MessagePassing):
                                  if warmup else self.sbm(query, key))
         ptr_k, ptr_q = sequence_pointers(batch, ptr, key.size(0),
                                          query.size(0), batch_size)
+        seed = None
         if generator is None and not self.training:
-            if self.eval_seed is not None:
-                generator = torch.Generator(query.device).manual_seed(self.eval_seed)
-            else:
-                _warn_eval_samples()
+            generator, seed = eval_randomness(self.eval_seed, self.capacity is not None,
+                                              query.device)
         passing = self.attention_backend == "message_passing"
         distilling = (self.distill > 0 and self.training
                       and torch.is_grad_enabled())
@@ -438,7 +436,7 @@ class SBMConv(MessagePassing):
                                           or bool(self._weights_hooks)),
                 attend=partial(self._propagate, query, key, value,
                                (q_memb, block, k_memb)) if passing else None,
-                generator=generator, sink=self.sink)
+                generator=generator, sink=self.sink, seed=seed)
         except ValueError as err:
             raise_for_features(err)
             raise_for_batch(err, batch_size)
@@ -452,6 +450,7 @@ class SBMConv(MessagePassing):
             hook(self, res.graph, res.alpha.detach())
         self.expected_density, self.sampled_density = (res.expected_density,
                                                        res.sampled_density)
+        self.overflow, self.expected_draws = res.overflow, res.expected_draws
         self.distillation = None
         if distilling:
             # The SBM alone learns from it: its inputs detached, so that the

@@ -3,6 +3,7 @@ sparse) and the sequences of a batch, as a sorted batch vector or CSR
 pointers."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -15,7 +16,7 @@ from sbm_pyg.nn.block_model import INITS, PARAMETRIZATIONS
 from sbm_pyg.nn.options import SBM_ATTENTION_BACKENDS
 from sbm_pyg.validation import invalid_values, require_tensor, sync
 
-__all__ = ["project", "batch_to_ptr", "check_not_edges", "sequence_pointers",
+__all__ = ["eval_randomness", "project", "batch_to_ptr", "check_not_edges", "sequence_pointers",
            "check_layer_options", "raise_for_features", "raise_for_batch",
            "raise_for_memory"]
 
@@ -205,3 +206,35 @@ def raise_for_memory(err: ValueError) -> None:
             f"degree of 64) and hold it there while training with a "
             f"DensityBudget or the density penalty (max_edges caps one "
             f"call)") from err
+
+
+_EVAL_WARNED = [False]
+
+
+def _warn_eval_samples() -> None:
+    # Said once: a user who compares two eval() calls on one input sees them
+    # differ; sampling stays the default, as the paper evaluates.
+    if not _EVAL_WARNED[0]:
+        _EVAL_WARNED[0] = True
+        warnings.warn("SBMConv samples its attention graph in eval() too, as "
+                      "the paper evaluates: two calls on one input differ. "
+                      "Build the layer with eval_seed=<int> (SBMConv, "
+                      "SBMMultiheadAttention, SBMTransformer; SBMGPSConv "
+                      "through attn_kwargs={'eval_seed': <int>}), or pass a "
+                      "seeded generator, for repeatable evaluation.",
+                      UserWarning, stacklevel=4)
+
+
+def eval_randomness(eval_seed: Optional[int], static: bool, device: torch.device
+                    ) -> Tuple[Optional[torch.Generator], Optional[Tensor]]:
+    r"""A layer's randomness in :obj:`eval()` without a generator: a
+    generator seeded with :obj:`eval_seed`, or with :obj:`static` shapes
+    (a capacity) that seed as a 0-dim tensor, which a compiled graph takes
+    where it takes no generator; :obj:`(None, None)` without an
+    :obj:`eval_seed` (and the warning, once, that evaluation samples)."""
+    if eval_seed is None:
+        _warn_eval_samples()
+        return None, None
+    if static:
+        return None, torch.full((), eval_seed, dtype=torch.int64, device=device)
+    return torch.Generator(device).manual_seed(eval_seed), None

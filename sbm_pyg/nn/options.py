@@ -100,6 +100,19 @@ class SBMAttentionOptions:
             outputs, the straight-through gradients reaching the
             memberships on those clusters only, every product over the
             clusters as narrow as they are. (default: :obj:`False`)
+        capacity (int, optional): a call of static shapes: the graph is
+            sampled into buffers of :obj:`capacity` draws over all
+            sequences and heads (:func:`~sbm_pyg.sampling.fastrg_static`,
+            the same law while they fit), attended on the sparse path's
+            fused kernel, and nothing is read to the host: the inputs'
+            checks raise on the device (:func:`torch._assert_async`, a
+            :class:`RuntimeError`), the result says whether the draws
+            overflowed the capacity (:obj:`overflow`, the graph then lacks
+            some). What :func:`torch.compile` with :obj:`fullgraph=True`
+            and a captured CUDA graph need; without the dense and tiled
+            regimes, :obj:`max_edges`, dropout and
+            :obj:`sparse_memberships`, which read the device.
+            (default: :obj:`None`, shapes follow the graph)
 
     Example:
         >>> from dataclasses import replace
@@ -119,6 +132,7 @@ class SBMAttentionOptions:
     tile_size: int = 64
     tile_fill: float = 0.5
     sparse_memberships: bool = False
+    capacity: Optional[int] = None
 
     def __post_init__(self) -> None:
         check_sampler_options(self.mode, self.exploration, self.max_edges)
@@ -141,3 +155,23 @@ class SBMAttentionOptions:
                 raise ValueError(f"{name} must be one of {choices}, got "
                                  f"{value!r}")
         check_tile_options(tile_size=self.tile_size, tile_fill=self.tile_fill)
+        if self.capacity is not None:
+            self._check_capacity()
+
+    def _check_capacity(self) -> None:
+        # A static call reads nothing: what needs a read is refused.
+        capacity = self.capacity
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be an int >= 1 or None, got {capacity!r}")
+        refused = dict(attention_backend=self.attention_backend in ("dense", "tiles", "torch"),
+                       max_edges=self.max_edges is not None,
+                       dropout=self.dropout > 0,
+                       sparse_memberships=self.sparse_memberships,
+                       sampler_backend=self.sampler_backend != "auto")
+        for name, bad in refused.items():
+            if bad:
+                raise ValueError(
+                    f"capacity (static shapes) samples with fastrg_static and "
+                    f"attends on the fused sparse kernel, reading nothing: "
+                    f"{name}={getattr(self, name)!r} is not served there; "
+                    f"leave it at its default or capacity at None")

@@ -115,15 +115,24 @@ class CSRGraph:
             self._cache["row_t"] = self.row().index_select(0, self.perm)
         return self._cache["row_t"]
 
+    def set_row(self, row: Tensor) -> None:
+        r"""Caches :meth:`row` as given by a sampler that has it (a graph
+        padded past :obj:`rowptr[-1]`, :func:`~sbm_pyg.sampling.fastrg_static`,
+        gives its padding a row of its own choice)."""
+        self._cache["row"] = self._checked("row", row)
+
     def set_row_t(self, row_t: Tensor) -> None:
         r"""Caches :meth:`row_t` as given by a kernel that computed it while
         sorting the edges by column (the compiled sampler does: a random
         gather :obj:`row()[perm]` afterwards costs more than the sort)."""
-        if (not isinstance(row_t, Tensor) or row_t.dtype != INDEX_DTYPE
-                or row_t.shape != self.col.shape):
-            raise ValueError(f"row_t must be an int32 tensor of shape "
+        self._cache["row_t"] = self._checked("row_t", row_t)
+
+    def _checked(self, name: str, rows: Tensor) -> Tensor:
+        if (not isinstance(rows, Tensor) or rows.dtype != INDEX_DTYPE
+                or rows.shape != self.col.shape):
+            raise ValueError(f"{name} must be an int32 tensor of shape "
                              f"{tuple(self.col.shape)}")
-        self._cache["row_t"] = row_t
+        return rows
 
     def nbytes(self) -> int:
         r"""Bytes held by the graph's edge-sized tensors, the cached views

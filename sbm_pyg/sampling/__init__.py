@@ -14,14 +14,23 @@ time and memory linear in the number of edges; :func:`bernoulli` and
 and small inputs. :func:`plan_tiles` splits a sharp head's law into dense
 tiles of cluster-sorted tokens and a rest for fastRG;
 :func:`sample_tiled` draws a graph through that split.
+:func:`fastrg_static` samples :func:`fastrg`'s law into buffers of a size
+fixed before the call, for a layer traced or captured as one graph.
 """
 from sbm_pyg.sampling.edges import edge_pairs
 from sbm_pyg.sampling.fastrg import BACKENDS, MODES, fastrg
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.sampling.reference import bernoulli, expected_adjacency
+from sbm_pyg.sampling.static_fastrg import (
+    StaticGraph,
+    fastrg_static,
+    round_capacity,
+    valid_graph,
+)
 from sbm_pyg.sampling.tiled_graph import sample_tiled
 from sbm_pyg.sampling.tiles import TilePlan, plan_tiles
 
 __all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency",
            "edge_pairs", "MODES", "BACKENDS", "TilePlan", "plan_tiles",
-           "sample_tiled"]
+           "sample_tiled", "fastrg_static", "StaticGraph", "valid_graph",
+           "round_capacity"]

@@ -38,6 +38,10 @@ _VALID: weakref.WeakValueDictionary[Tuple[int, int, int], Tensor] = \
 
 
 def _version_key(ptr: Tensor, num_rows: int) -> Optional[Tuple[int, int, int]]:
+    # Not while torch.compile traces: a traced tensor has no identity to
+    # remember (the checks are then made again, on the device).
+    if torch.compiler.is_compiling():
+        return None
     try:
         return id(ptr), num_rows, ptr._version
     except RuntimeError:  # inference tensors have no version counter

@@ -26,7 +26,7 @@ from sbm_pyg.sampling.edges import (
 )
 from sbm_pyg.validation import Check, invalid_values, sync
 
-__all__ = ["sample"]
+__all__ = ["sample", "Cells", "forced_keys"]
 
 # Largest rate inflation used by mode="exact": exp(-40) = 4e-18 is below the
 # float64 resolution near 1, so an edge with p >= 1 is kept with probability
@@ -48,24 +48,10 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     clamped :obj:`(i, j)` pairs); raises :obj:`checks` at its one sync."""
     Nq, H, _ = q_memb.shape
     Nk, device = k_memb.size(0), q_memb.device
-    explore = exploration > 0
-    cdf_q = Cdf(q_memb, ptr_q, explore, "q_memb")
-    cdf_k = Cdf(k_memb, ptr_k, explore, "k_memb")
-    checks = checks + [cdf_q.check, cdf_k.check]
-    B = explored_block(block, exploration)
-    rate = (cdf_q.mass[:, :, :, None] * B[None]
-            * cdf_k.mass[:, :, None, :])  # [G, H, k, k]
-    inflation = None
-    if mode == "exact":
-        Y = explored_memberships(q_memb, exploration)
-        Z = explored_memberships(k_memb, exploration)
-        bound = torch.einsum("ghu,huv,ghv->gh", sequence_max(Y, ptr_q), B,
-                             sequence_max(Z, ptr_k))
-        inflation = inflation_for(bound)  # [G, H]
-        rate = rate * inflation[:, :, None, None]
-    checks.append((~torch.isfinite(rate).all(),
-                   "the SBM's edge rates overflow (q_memb, block or k_memb "
-                   "too large)"))
+    cells = Cells(q_memb, block, k_memb, ptr_q, ptr_k, mode, exploration)
+    cdf_q, cdf_k, rate, inflation = cells.cdf_q, cells.cdf_k, cells.rate, cells.inflation
+    Y, B, Z = cells.Y, cells.B, cells.Z
+    checks = checks + cells.checks
     # Invalid input raises at the sync below, before anything is drawn.
     counts = torch.poisson(torch.nan_to_num(rate, 0.0, 0.0, 0.0).clamp(min=0),
                            generator=generator)
@@ -90,9 +76,44 @@ def sample(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     key = sorted_unique(i * Nk + j)  # (head, query, key) order
     del i, j
     if inflation is not None:
+        assert Y is not None and Z is not None
         key = thin(key, Y, B, Z, inflation, ptr_q, H, Nq, Nk, generator)
     key = with_forced_keys(key, included, self_loops, H, Nq, Nk)
     return edges_from_keys(key, H, Nq, Nk, num_draws, expected)
+
+
+class Cells:
+    r"""The cells :math:`(g, h, u, v)` of a call: the memberships'
+    :class:`Cdf` (:obj:`cdf_q`, :obj:`cdf_k`), the explored block
+    :obj:`B`, each cell's Poisson rate :obj:`rate` :obj:`[G, H, k, k]`
+    (exact mode: inflated by each sequence and head's :obj:`inflation`
+    :obj:`[G, H]`, its explored memberships :obj:`Y` and :obj:`Z` kept for
+    the thinning; else all three :obj:`None`), and the :obj:`checks` of
+    the memberships and the rates."""
+
+    def __init__(self, q_memb: Tensor, block: Tensor, k_memb: Tensor,
+                 ptr_q: Tensor, ptr_k: Tensor, mode: str, exploration: float):
+        explore = exploration > 0
+        self.cdf_q = Cdf(q_memb, ptr_q, explore, "q_memb")
+        self.cdf_k = Cdf(k_memb, ptr_k, explore, "k_memb")
+        self.B = B = explored_block(block, exploration)
+        rate = (self.cdf_q.mass[:, :, :, None] * B[None]
+                * self.cdf_k.mass[:, :, None, :])  # [G, H, k, k]
+        self.inflation: Optional[Tensor] = None
+        self.Y: Optional[Tensor] = None
+        self.Z: Optional[Tensor] = None
+        if mode == "exact":
+            self.Y = Y = explored_memberships(q_memb, exploration)
+            self.Z = Z = explored_memberships(k_memb, exploration)
+            bound = torch.einsum("ghu,huv,ghv->gh", sequence_max(Y, ptr_q), B,
+                                 sequence_max(Z, ptr_k))
+            self.inflation = inflation_for(bound)  # [G, H]
+            rate = rate * self.inflation[:, :, None, None]
+        self.rate = rate
+        self.checks: List[Check] = [
+            self.cdf_q.check, self.cdf_k.check,
+            (~torch.isfinite(rate).all(),
+             "the SBM's edge rates overflow (q_memb, block or k_memb too large)")]
 
 
 def explored_block(block: Tensor, exploration: float) -> Tensor:
@@ -247,14 +268,23 @@ def with_forced_keys(key: Tensor, included: Optional[Sequence[Tensor]],
                      self_loops: bool, H: int, Nq: int, Nk: int) -> Tensor:
     r"""The sorted distinct edge keys :obj:`key` with every head's included
     :obj:`(i, j)` pairs and self-loops added."""
+    forced = forced_keys(included, self_loops, H, Nq, Nk, key.device)
+    return sorted_unique(torch.cat([key, *forced])) if forced else key
+
+
+def forced_keys(included: Optional[Sequence[Tensor]], self_loops: bool,
+                H: int, Nq: int, Nk: int, device: torch.device) -> List[Tensor]:
+    r"""The keys of the edges every head has whatever is drawn: the
+    included :obj:`(i, j)` pairs and the self-loops (unsorted, maybe
+    repeated; an empty list for neither)."""
     forced = []
     if included is not None:
         i, j = included
-        h = torch.arange(H, device=key.device)[:, None]
+        h = torch.arange(H, device=device)[:, None]
         forced.append(((h * Nq + i) * Nk + j).reshape(-1))
     if self_loops:
-        forced.append(self_loop_keys(H, Nq, key.device))
-    return sorted_unique(torch.cat([key, *forced])) if forced else key
+        forced.append(self_loop_keys(H, Nq, device))
+    return forced
 
 
 def self_loop_keys(H: int, N: int, device: torch.device) -> Tensor:

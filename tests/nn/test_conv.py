@@ -369,8 +369,8 @@ def test_eval_seed_makes_evaluation_repeatable(monkeypatch):
     assert not all(torch.equal(o, outs[0]) for o in outs[1:])
     # Without a seed, evaluation samples afresh too (the paper's setting),
     # and says so once.
-    from sbm_pyg.nn import conv as conv_module
-    monkeypatch.setattr(conv_module, "_EVAL_WARNED", [False])
+    from sbm_pyg.nn import inputs
+    monkeypatch.setattr(inputs, "_EVAL_WARNED", [False])
     free = make_conv(exploration=0.0)
     free.eval()
     with pytest.warns(UserWarning, match="eval_seed") as record:

@@ -1,0 +1,216 @@
+"""Static calls (the options' capacity): no host read, the same operators
+and shapes on every call, one graph for torch.compile, the overflow flag,
+the checks on the device, and the attention over the sampled graph as
+the sparse path computes it."""
+from dataclasses import replace
+
+import pytest
+import torch
+import torch._dynamo.utils
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch_geometric.nn import GINConv
+
+from benchmarks.launches import count_reads
+from sbm_pyg.models import SBMTransformer
+from sbm_pyg.nn import (
+    SBMAttentionOptions,
+    SBMConv,
+    SBMGPSConv,
+    SBMMultiheadAttention,
+    sbm_attention,
+)
+from sbm_pyg.nn.functional import sparse_attention
+from sbm_pyg.sampling import round_capacity
+from tests.helpers import seeded
+
+
+class _Trace(TorchDispatchMode):
+    # Each dispatched operator with the shapes and dtypes of its tensors.
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        shapes = tuple((tuple(a.shape), a.dtype) for a in args
+                       if isinstance(a, torch.Tensor))
+        self.ops.append((str(func), shapes))
+        return func(*args, **(kwargs or {}))
+
+
+def layer(capacity=8192, **kwargs):
+    torch.manual_seed(0)
+    return SBMConv(16, 8, heads=2, num_clusters=4, capacity=capacity,
+                   **kwargs).train()
+
+
+def test_a_training_step_reads_nothing_and_keeps_its_operators_and_shapes():
+    conv = layer()
+    x = torch.randn(96, 16)
+    batch = torch.repeat_interleave(torch.arange(3), torch.tensor([30, 26, 40]))
+
+    def step():
+        out = conv(x, batch, batch_size=3)
+        (out.sum() + conv.expected_density.sum()).backward()
+
+    step()
+    traces = []
+    for _ in range(5):
+        with _Trace() as trace:
+            step()
+        traces.append(trace.ops)
+    assert all(t == traces[0] for t in traces[1:])
+    assert len(traces[0]) > 100
+    assert count_reads(step) == {}
+    assert not bool(conv.overflow)
+    # The default layer's call reads (the edge count sizes its buffers).
+    plain = layer(capacity=None)
+    assert count_reads(lambda: plain(x, batch, batch_size=3).sum().backward())
+
+
+def test_torch_compile_traces_one_graph_and_matches_eager():
+    conv = layer(eval_seed=5)
+    x = torch.randn(64, 16)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(conv, fullgraph=True, dynamic=False,
+                             backend="aot_eager")
+    for _ in range(4):
+        compiled(x).sum().backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["recompiles"]
+    conv.eval()
+    with torch.no_grad():
+        assert torch.equal(compiled(x), conv(x))  # the same seed, the same graph
+
+
+def test_the_output_and_gradients_are_the_sparse_attention_on_its_graph():
+    g = seeded(0)
+    N, H, D, k = 60, 2, 4, 3
+    q, kk, v = (torch.randn(N, H, D, generator=g, requires_grad=True)
+                for _ in range(3))
+    memb = torch.rand(N, H, k, generator=g, requires_grad=True)
+    block = torch.softmax(torch.randn(H, k * k, generator=g), -1).view(H, k, k)
+    ptr = torch.tensor([0, 25, 60])
+    opts = SBMAttentionOptions(capacity=round_capacity(4e4), exploration=0.05)
+    res = sbm_attention(q, kk, v, (memb, block, memb), ptr_q=ptr, ptr_k=ptr,
+                        options=opts, return_attention_weights=True,
+                        generator=seeded(1))
+    assert res.backends == {"sampler": "static", "attention": "cpp"}
+    assert not bool(res.overflow) and res.alpha.numel() == res.graph.num_edges
+    grads = torch.autograd.grad(res.out.square().sum(), (q, memb))
+    out, alpha = sparse_attention(q, kk, v, res.graph, sbm=(memb, block, memb),
+                                  return_attention_weights=True)
+    assert torch.allclose(out, res.out) and torch.allclose(alpha, res.alpha)
+    expect = torch.autograd.grad(out.square().sum(), (q, memb))
+    for a, b in zip(grads, expect):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert torch.allclose(res.sampled_density,
+                          res.graph.density().mean(0).float())
+
+
+def test_an_overflow_is_flagged_and_the_call_still_runs():
+    conv = layer(capacity=16)
+    out = conv(torch.randn(64, 16))
+    assert bool(conv.overflow) and float(conv.expected_draws) > 16
+    assert torch.isfinite(out).all()
+    assert float(conv.sampled_density.sum()) * 64 * 64 <= 16 + 2 * 64
+
+
+def test_a_failed_check_raises_on_the_device():
+    conv = layer()
+    x = torch.randn(20, 16)
+    x[3, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="q_memb must be finite"):
+        conv(x)
+    with pytest.raises(RuntimeError, match="ptr_q must"):
+        conv(torch.randn(20, 16), ptr=torch.tensor([0, 12, 9, 20]))
+    # p_ij > 1 on a quarter of the pairs, a mean of 0.45: exact mode refuses.
+    N = 40
+    memb = torch.zeros(N, 1, 2)
+    memb[: N // 2, 0, 0] = memb[N // 2:, 0, 1] = 1.0
+    block = torch.tensor([[[1.5, 0.1], [0.1, 0.1]]])
+    x = torch.randn(N, 1, 4)
+    with pytest.raises(RuntimeError, match="a sampled pair has p_ij > 1"):
+        sbm_attention(x, x, x, (memb, block, memb),
+                      options=SBMAttentionOptions(capacity=40_000))
+
+
+@pytest.mark.parametrize("change", [
+    dict(attention_backend="dense"), dict(attention_backend="tiles"),
+    dict(attention_backend="torch"), dict(max_edges=10), dict(dropout=0.1),
+    dict(sparse_memberships=True), dict(sampler_backend="cpp")])
+def test_what_a_static_call_cannot_serve_is_refused_by_name(change):
+    name = next(iter(change))
+    with pytest.raises(ValueError, match=f"capacity.*{name}"):
+        replace(SBMAttentionOptions(capacity=64), **change)
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 2.5, True])
+def test_bad_capacity(capacity):
+    with pytest.raises(ValueError, match="capacity"):
+        SBMAttentionOptions(capacity=capacity)
+
+
+def test_bad_seed_and_custom_attention():
+    x = torch.randn(10, 1, 4)
+    memb = torch.rand(10, 1, 2)
+    block = torch.full((1, 2, 2), 0.25)
+    opts = SBMAttentionOptions(capacity=256)
+    with pytest.raises(TypeError, match="seed"):
+        sbm_attention(x, x, x, (memb, block, memb), options=opts,
+                      seed=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="message_passing"):
+        sbm_attention(x, x, x, (memb, block, memb), options=opts,
+                      attend=lambda graph, weights: (x, None))
+    with pytest.raises(ValueError, match="expected_draws"):
+        round_capacity(float("nan"))
+
+
+def test_round_capacity_steps():
+    assert round_capacity(0.0) == 64
+    assert round_capacity(1000.0) == 1536  # 1000 + 8 * 31.6 + 64 = 1317
+    caps = {round_capacity(float(m)) for m in range(10_000, 12_000, 10)}
+    assert len(caps) <= 2  # few shapes while the mean moves 20%
+
+
+def _around(which):
+    # A layer or model that holds SBMConv, with capacity, and its loss.
+    torch.manual_seed(0)
+    sbm = dict(num_clusters=4, capacity=16384)
+    if which == "multihead":
+        attn = SBMMultiheadAttention(16, heads=2, head_channels=8, **sbm)
+        x = torch.randn(3, 20, 16)
+        return attn, lambda m: m(x).square().mean()
+    if which == "gps":
+        gps = SBMGPSConv(16, GINConv(torch.nn.Linear(16, 16)), heads=2,
+                         attn_kwargs=sbm)
+        x = torch.randn(50, 16)
+        edge_index = torch.randint(0, 25, (2, 80))
+        edge_index[:, 40:] += 25  # within each graph
+        batch = torch.arange(2).repeat_interleave(25)
+        return gps, lambda m: m(x, edge_index, batch, batch_size=2).square().mean()
+    net = SBMTransformer(16, 64, channels=16, num_layers=2, heads=2, **sbm)
+    tokens = torch.randint(16, (2, 64))
+    label = torch.tensor([1, 3])
+
+    def loss(m):  # the LRA step's loss, its density penalty included
+        out = m(tokens, output="sequence")
+        return (torch.nn.functional.cross_entropy(out.seq_logits, label)
+                + 0.1 * out.density_loss)
+    return net, loss
+
+
+@pytest.mark.parametrize("which", ["multihead", "gps", "transformer"])
+def test_the_layers_and_the_model_around_it_compile_as_one_graph(which):
+    module, loss = _around(which)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(module, fullgraph=True, dynamic=False,
+                             backend="aot_eager")
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
+    for _ in range(4):  # training steps: forward and loss compiled
+        optimizer.zero_grad()
+        loss(compiled).backward()
+        optimizer.step()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["recompiles"]
