@@ -74,20 +74,18 @@ def _mix32(x: Tensor) -> Tensor:
 
 
 def counter_uniform(seed: Tensor, stream: int, index: Tensor) -> Tensor:
-    r"""Uniforms in :math:`(0, 1)`, float64 with 53 random bits, one per
-    entry of :obj:`index` (int64, :math:`\geq 0`): a hash of the 0-dim int64
-    :obj:`seed` (:math:`\geq 0`), the :obj:`stream` and the index, so that a
-    value depends on nothing else (not the device, the order or the number
-    of entries)."""
-    lo, hi = index & _M32, (index >> 32) & _M32
-    out = []
-    for lane in (2 * stream, 2 * stream + 1):
-        # The seed's two words and the lane folded into one 32-bit key.
-        key = _mix32(_mix32((seed & _M32) ^ (0x9E3779B9 * (lane + 1) & _M32))
-                     ^ ((seed >> 32) & _M32))
-        out.append(_mix32(_mix32(lo ^ key) ^ hi))
-    bits = (out[0] >> 6) * (1 << 27) + (out[1] >> 5)  # 26 + 27 bits
-    return (bits.double() + 0.5) * 2.0 ** -53
+    r"""Uniforms in :math:`(0, 1)`, float64 on a grid of :math:`2^{-32}`
+    (as fine as a float32 uniform's is coarse, :math:`2^{-24}`), one per
+    entry of :obj:`index` (int64, :math:`\geq 0`): a hash of the 0-dim
+    int64 :obj:`seed` (:math:`\geq 0`), the :obj:`stream` and the index,
+    so that a value depends on nothing else (not the device, the order or
+    the number of entries)."""
+    # The seed's two words and the stream folded into one 32-bit key (on
+    # the 0-dim seed: nothing per entry), then the index's two words.
+    key = _mix32(_mix32((seed & _M32) ^ (0x9E3779B9 * (stream + 1) & _M32))
+                 ^ ((seed >> 32) & _M32))
+    bits = _mix32(_mix32((index & _M32) ^ key) ^ ((index >> 32) & _M32))
+    return (bits.double() + 0.5) * 2.0 ** -32
 
 
 class StaticGraph(NamedTuple):
@@ -193,7 +191,9 @@ def _draw_keys(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     if inflation is not None:
         assert cells.Y is not None and cells.Z is not None
         keys, above_one = _thin(keys, cells.Y, cells.B, cells.Z, inflation,
-                                ptr_q, seed, exploration)
+                                ptr_q, seed, exploration,
+                                torch.float64 if q_memb.dtype == torch.float64
+                                else torch.float32)
     return keys, total, overflow, above_one, cells.checks
 
 
@@ -209,14 +209,26 @@ def _search(cdf: Cdf, cell: Tensor, dim: int, shape: torch.Size,
 def _distinct(keys: Tensor, sentinel: int) -> Tensor:
     # Sorted, each key once, the rest the sentinel (sorted last).
     keys = keys.sort().values
-    repeat = torch.cat([keys.new_zeros(1, dtype=torch.bool), keys[1:] == keys[:-1]])
-    return torch.where(repeat, sentinel, keys).sort().values
+    first = torch.cat([keys.new_ones(1, dtype=torch.bool), keys[1:] != keys[:-1]])
+    return _compact(keys, first, sentinel)
+
+
+def _compact(keys: Tensor, keep: Tensor, sentinel: int) -> Tensor:
+    # The sorted keys where keep is set, in order, then the sentinel: each
+    # entry scattered to its place (kept ones by their rank, the others
+    # after them in order: a permutation, so no slot is written twice), in
+    # O(n) where a second sort took O(n log n).
+    rank = torch.cumsum(keep, 0)  # kept up to and including each entry
+    index = torch.arange(keys.numel(), device=keys.device)
+    place = torch.where(keep, rank - 1, rank[-1:] + index - rank)
+    return torch.empty_like(keys).scatter_(0, place, torch.where(keep, keys, sentinel))
 
 
 def _thin(keys: Tensor, Y: Tensor, B: Tensor, Z: Tensor, c: Tensor,
-          ptr_q: Tensor, seed: Tensor, exploration: float):
+          ptr_q: Tensor, seed: Tensor, exploration: float, dtype: torch.dtype):
     # fastrg_torch.thin on the padded keys, with each edge's uniform from its
-    # key: P(edge) = min(p_ij, 1). Also the flag of a drawn pair whose SBM
+    # key: P(edge) = min(p_ij, 1), p_ij in dtype (the memberships', as the
+    # compiled samplers compute it). Also the flag of a drawn pair whose SBM
     # p_ij (the exploration taken off) exceeds 1.
     Nq, H, k = Y.shape
     Nk = Z.size(0)
@@ -225,19 +237,20 @@ def _thin(keys: Tensor, Y: Tensor, B: Tensor, Z: Tensor, c: Tensor,
     row = torch.where(valid, keys // Nk, 0)  # h N_q + i
     j = keys % Nk
     head = row // Nq
-    W = torch.bmm(Y.transpose(0, 1), B).reshape(H * Nq, k)
-    Zf = Z.transpose(0, 1).reshape(H * Nk, k)
+    W = torch.bmm(Y.transpose(0, 1), B).reshape(H * Nq, k).to(dtype)
+    Zf = Z.transpose(0, 1).reshape(H * Nk, k).to(dtype)
     col = head * Nk + j
     # Chunks of a fixed size: no [E, k] buffer, and a count known from the
-    # capacity.
-    p = torch.cat([(W[row[s:s + _CHUNK]] * Zf[col[s:s + _CHUNK]]).sum(-1)
-                   for s in range(0, keys.numel(), _CHUNK)])
+    # capacity; each chunk's dot products as one batched product.
+    p = torch.cat([torch.bmm(W.index_select(0, row[s:s + _CHUNK])[:, None],
+                             Zf.index_select(0, col[s:s + _CHUNK])[:, :, None]).view(-1)
+                   for s in range(0, keys.numel(), _CHUNK)]).double()
     g = (torch.searchsorted(ptr_q, row % Nq, right=True) - 1).clamp(0, c.size(0) - 1)
     cp = c[g, head] * p
     keep = torch.where(p > 0, p.clamp(max=1.0) / -torch.expm1(-cp), 0.0)
     u = counter_uniform(seed, _KEEP, torch.where(valid, keys, 0))
     over = ((p - exploration > 1 + 1e-6) & valid).any()
-    return torch.where(valid & (u < keep), keys, sentinel).sort().values, over
+    return _compact(keys, valid & (u < keep), sentinel), over
 
 
 def _csr(keys: Tensor, H: int, Nq: int, Nk: int) -> CSRGraph:
