@@ -113,6 +113,16 @@ class _Block(Module):
         return x + self.dropout(self.mlp(self.norm2(x)))
 
 
+def _at(x: Tensor, positions: Tensor) -> Tensor:
+    # The rows of x [B, N, C] at the positions: a bool mask [B, N] (sized
+    # by its count: a read on a GPU), or P indices per sequence [B, P]
+    # (a gather of a known size), both as [B * P, C] in row-major order.
+    if positions.dtype == torch.bool:
+        return x[positions]
+    index = positions[..., None].expand(-1, -1, x.size(-1))
+    return x.gather(1, index).reshape(-1, x.size(-1))
+
+
 class SBMTransformer(Module):
     r"""Pre-norm Transformer encoder with SBM attention (or a baseline).
 
@@ -160,9 +170,11 @@ class SBMTransformer(Module):
         - **output:** :class:`TransformerOutput`; with
           :obj:`output="token"` or :obj:`"sequence"` only that head is
           computed (an unused head would stall DistributedDataParallel);
-          with :obj:`positions` (bool :math:`(B, N)`) the token head runs
-          only there, and :obj:`token_logits` is :math:`(P, C_{tok})`, the
-          :math:`P` positions in row-major order
+          with :obj:`positions` (bool :math:`(B, N)`, or :math:`(B, P)`
+          long, the same number of positions in every sequence: a gather
+          of a known size) the token head runs only there, and
+          :obj:`token_logits` is :math:`(P, C_{tok})` (:math:`(B P,
+          C_{tok})`), the positions in row-major order
 
     Example:
         >>> model = SBMTransformer(num_tokens=10, max_len=8, channels=16,
@@ -277,10 +289,13 @@ class SBMTransformer(Module):
         if mask is not None and (mask.dtype != torch.bool or mask.shape != (B, N)):
             raise ValueError(f"mask must be a bool tensor of shape [{B}, {N}], "
                              f"got {mask.dtype} {tuple(mask.shape)}")
-        if positions is not None and (positions.dtype != torch.bool
-                                      or positions.shape != (B, N)):
+        if positions is not None and not (
+                (positions.dtype == torch.bool and positions.shape == (B, N))
+                or (positions.dtype == torch.long and positions.dim() == 2
+                    and positions.size(0) == B)):
             raise ValueError(f"positions must be a bool tensor of shape "
-                             f"[{B}, {N}], got {positions.dtype} "
+                             f"[{B}, {N}] or a LongTensor [{B}, P] of "
+                             f"positions, got {positions.dtype} "
                              f"{tuple(positions.shape)}")
         pos = torch.arange(N, device=tokens.device)
         x = self.token_embedding(tokens) + self.position_embedding(pos)
@@ -291,7 +306,7 @@ class SBMTransformer(Module):
         if output in ("both", "token"):
             # Only where an answer is asked: a wide token head (MQAR's
             # 8192 values) over every position is most of a step's cost.
-            token_logits = self.token_head(x if positions is None else x[positions])
+            token_logits = self.token_head(x if positions is None else _at(x, positions))
         if output in ("both", "sequence"):
             if mask is None:
                 seq_logits = self.seq_head(x.sum(1) / max(N, 1))

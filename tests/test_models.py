@@ -137,7 +137,12 @@ def test_token_head_at_given_positions_only():
     assert some.shape == (3, 3)
     # Rows (0, 4), (2, 1), (2, 3) of the full head, in that order.
     torch.testing.assert_close(some, full[[0, 2, 2], [4, 1, 3]])
-    for bad in (positions.long(), positions[:, :5]):
+    # Or as P indices per sequence: a gather of a known size.
+    index = torch.tensor([[4, 0], [5, 1], [1, 3]])
+    torch.testing.assert_close(
+        model(t, MASK, output="token", positions=index).token_logits,
+        full[[0, 0, 1, 1, 2, 2], [4, 0, 5, 1, 1, 3]])
+    for bad in (positions.int(), positions[:, :5], index[:2], index[0]):
         with pytest.raises(ValueError, match="positions must be a bool tensor"):
             model(t, MASK, positions=bad)
 

@@ -20,6 +20,7 @@ from sbm_pyg.experiments.presets import (  # noqa: F401 (the options' module re-
 )
 from sbm_pyg.experiments.recipe import RECIPES
 from sbm_pyg.experiments.resume import RESUMABLE, resolve_resume  # noqa: F401 (re-exported)
+from sbm_pyg.experiments.static_steps import add_static_arguments, validate_static
 from sbm_pyg.nn.block_model import INITS, PARAMETRIZATIONS
 
 __all__ = ["PRESETS", "BUDGET_PRESETS", "preset_defaults", "RESUMABLE",
@@ -61,6 +62,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="the step from which --lam acts (e.g. --dense-steps: in a "
              "dense warm-up the penalty only pulls the SBM sparse)")
     add_budget_arguments(add)
+    add_static_arguments(add)
     add("--distill", type=float, default=0.0,
         help="strength beta of the attention distillation in every SBM "
              "layer: the SBM learns to put its edges where the attention "
@@ -287,6 +289,7 @@ def validate_train_arguments(args) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} needs --attention sbm")
     _validate_recipe(args)
     validate_budget(args)
+    validate_static(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda: CUDA is not available")
     if args.diagnose_every < 0 or (args.diagnose_every and (

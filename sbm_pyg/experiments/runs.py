@@ -48,7 +48,8 @@ def build_model(args) -> SBMTransformer:
                 distill=getattr(args, "distill", 0.0),
                 distill_edges=getattr(args, "distill_edges", 0.0),
                 distill_recall=getattr(args, "distill_recall", 0.0),
-                sink=getattr(args, "sink", False))
+                sink=getattr(args, "sink", False),
+                capacity=getattr(args, "capacity", None))
            if args.attention == "sbm" else {}),
     )
 

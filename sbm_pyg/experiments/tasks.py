@@ -273,8 +273,10 @@ Batch = Tuple[Tensor, Tensor, Tensor]  # tokens [B, N], mask [B, N], labels
 
 
 class _FreshBatches:
-    # A task whose batches are generated afresh for every split.
+    # A task whose batches are generated afresh for every split; every
+    # token real (no padding: the model takes no mask).
     output = "token"
+    padded = False
 
     @staticmethod
     def positions(labels: Tensor) -> Optional[Tensor]:
@@ -320,6 +322,7 @@ class ListOpsTask:
     split, a class (0-9) per sequence; the test split is evaluated whole."""
 
     output = "sequence"
+    padded = True
     positions = staticmethod(_FreshBatches.positions)
 
     def __init__(self, data: ListOps, batch_size: int,
@@ -380,9 +383,12 @@ class MQARTask(_FreshBatches):
 
     @staticmethod
     def positions(labels: Tensor) -> Tensor:
-        """Where an answer is asked (bool :obj:`[B, N]`): the model's token
-        head runs only there (``SBMTransformer(..., positions=)``)."""
-        return labels != -100
+        """Where an answer is asked, the same number in every sequence: the
+        positions :obj:`[B, P]` in order, found on the host (the labels are
+        the generator's) so that the model gathers a known size; the
+        model's token head runs only there (``SBMTransformer(...,
+        positions=)``)."""
+        return (labels != -100).nonzero()[:, 1].view(labels.size(0), -1)
 
     @staticmethod
     def loss_and_correct(out, mask: Tensor, labels: Tensor
@@ -392,11 +398,11 @@ class MQARTask(_FreshBatches):
         :obj:`[B, N, C]` or at the asked ones only :obj:`[P, C]`
         (:meth:`positions`)."""
         logits = out.token_logits
-        target = labels.to(logits.device)
-        asked = target != -100
-        target = target[asked]
+        # Selected on the host, where the labels are: no read of the device.
+        asked = labels != -100
+        target = labels[asked].to(logits.device)
         if logits.dim() == 3:
-            logits = logits[asked]
+            logits = logits[asked.to(logits.device)]
         loss = F.cross_entropy(logits, target)
         return loss, (logits.argmax(-1) == target).sum(), target.numel()
 
@@ -407,10 +413,13 @@ def task_forward(model: torch.nn.Module, task: Union[RepeatTask, ListOpsTask, MQ
     r"""The :class:`~sbm_pyg.models.SBMTransformer` (or its wrapper)
     :obj:`model` on one of :obj:`task`'s batches :obj:`(tokens, mask,
     labels)`: the task's head only (:obj:`output`), at the positions it
-    asks (:meth:`MQARTask.positions`)."""
+    asks (:meth:`MQARTask.positions`), the mask only where the task pads."""
     tokens, mask, labels = batch
     positions = task.positions(labels)
-    return model(tokens.to(device), mask.to(device), generator=generator,
+    # A task without padding passes no mask: the attentions then take the
+    # sequences as they are, reading nothing off a mask.
+    return model(tokens.to(device), mask.to(device) if task.padded else None,
+                 generator=generator,
                  output=task.output,
                  positions=None if positions is None else positions.to(device))
 

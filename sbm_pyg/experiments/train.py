@@ -31,6 +31,7 @@ from sbm_pyg.experiments.runs import (
     load_checkpoint,
     save_checkpoint,
 )
+from sbm_pyg.experiments.static_steps import compiled, grow_capacity, static_stats
 from sbm_pyg.experiments.tasks import ListOpsTask, MQARTask, RepeatTask, make_task, task_forward
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn.conv import SBMConv
@@ -44,7 +45,7 @@ Task = Union[RepeatTask, ListOpsTask, MQARTask]
 RECALL_MAX_LEN = 1024
 
 
-def train(args) -> dict:
+def train(args) -> dict:  # noqa: PLR0915
     """Trains, checkpoints, evaluates; returns the final metrics (rank 0
     writes OUT/metrics.jsonl, OUT/checkpoint.pt and OUT/final.json)."""
     rank, world, device = _distributed(args.device)
@@ -79,6 +80,9 @@ def train(args) -> dict:
                         rank, generator, graph_generator, device)
     net = model if world == 1 else torch.nn.parallel.DistributedDataParallel(
         model, find_unused_parameters=True)
+    # A compiled forward takes no generator: its static layers draw their
+    # seeds from torch's, seeded above.
+    forward = compiled(net) if getattr(args, "compile", False) else net
     metrics_path = args.out / "metrics.jsonl"
     if args.resume and rank == 0:
         for path in (metrics_path, args.out / "diagnostics.jsonl"):
@@ -92,11 +96,12 @@ def train(args) -> dict:
         lam = args.lam if step >= getattr(args, "lam_start", 0) else 0.0
         # A gated dense phase's added steps leave the budget as it was: its
         # delay and warm-up count from the selector phase as without them.
-        record = train_step(net, model, optimizer, schedule, task, args,
-                            device, graph_generator,
+        record = train_step(forward, model, optimizer, schedule, task, args,
+                            device, None if forward is not net else graph_generator,
                             None if recipe.held(step) else budget, lam=lam,
                             trainable=recipe.trainable(model, step))
         step += 1
+        record.update(grow_capacity(model, record))
         switch = recipe.after_step(step, lambda: evaluate_model(
             model, task, device, graph_generator, "val", 1), record["accuracy"])
         if switch is not None and rank == 0:
@@ -143,7 +148,7 @@ def train(args) -> dict:
 
 
 def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
-               args, device: torch.device, generator: torch.Generator,
+               args, device: torch.device, generator: Optional[torch.Generator],
                budget: Optional[DensityBudget] = None,
                lam: Optional[float] = None,
                trainable: Optional[Set[int]] = None) -> dict:
@@ -160,7 +165,8 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
         task (Task): the batches and the loss.
         args: the training arguments (:obj:`lam`, :obj:`clip_grad_norm`).
         device (torch.device): where the batch goes.
-        generator (torch.Generator): the attention's sampling generator.
+        generator (torch.Generator, optional): the attention's sampling
+            generator (:obj:`None` for a compiled :obj:`net`).
         budget (DensityBudget, optional): holds the density to a budget;
             its penalty replaces :obj:`args.lam`'s.
         lam (float, optional): this step's density penalty (default:
@@ -205,7 +211,7 @@ def train_step(net, model: SBMTransformer, optimizer, schedule, task: Task,
     density = (out.sampled_density.mean() if out.sampled_density is not None
                else torch.ones(()))
     stats.update(loss=loss.detach(), density=density,
-                 expected_density=out.density_loss.detach())
+                 expected_density=out.density_loss.detach(), **static_stats(model))
     # One host transfer for every figure of the record (the distillation
     # per layer and head [L, H] after the scalars).
     distillation = (out.distillation.detach().float().reshape(-1)

@@ -1,0 +1,80 @@
+r"""Training steps of static shapes for ``python -m sbm_pyg train``: the
+options (``--capacity``: every SBM layer samples into buffers of a fixed
+size and reads nothing from the device; ``--compile``: the model's forward
+and loss traced by :func:`torch.compile` as one graph), the layers'
+overflow and expected draws read with a step's record, and the capacity
+grown where they overflowed."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import torch
+from torch import Tensor
+
+from sbm_pyg.nn.conv import SBMConv
+from sbm_pyg.sampling.static_fastrg import round_capacity
+
+__all__ = ["add_static_arguments", "validate_static", "static_stats", "grow_capacity",
+           "compiled"]
+
+
+def add_static_arguments(add: Callable[..., object]) -> None:
+    r"""Adds the static steps' options with :obj:`add` (a parser's
+    :obj:`add_argument`)."""
+    add("--capacity", type=int, default=None,
+        help="static shapes: each SBM layer samples into buffers of this many "
+             "draws a step (sbm_pyg.sampling.fastrg_static) and reads nothing "
+             "from the device; a step whose draws overflow it is logged "
+             "(overflow) and the capacity grown for the next "
+             "(sbm_pyg.sampling.round_capacity)")
+    add("--compile", action="store_true",
+        help="the model's forward and loss compiled by torch.compile "
+             "(fullgraph=True, dynamic=False); needs --capacity and a task "
+             "without padding (repeat, mqar)")
+
+
+def validate_static(args) -> None:
+    r"""Raises a :class:`ValueError` naming a bad static-step option."""
+    capacity = getattr(args, "capacity", None)
+    if capacity is not None and (capacity < 1 or args.attention != "sbm"):
+        raise ValueError("--capacity must be >= 1 and needs --attention sbm")
+    if getattr(args, "compile", False) and (capacity is None or args.task == "listops"):
+        raise ValueError("--compile needs --capacity (static shapes) and a task "
+                         "without padding (repeat, mqar): a mask is read")
+
+
+def _layers(model: torch.nn.Module) -> List[SBMConv]:
+    return [m for m in model.modules()
+            if isinstance(m, SBMConv) and m.capacity is not None]
+
+
+def static_stats(model: torch.nn.Module) -> Dict[str, Tensor]:
+    r"""The last forward's static layers, as 0-dim tensors for a step's
+    one read: how many overflowed their capacity (:obj:`overflow`) and the
+    largest expected draws (:obj:`expected_draws`); empty without a
+    capacity (or before a static forward)."""
+    layers = [m for m in _layers(model) if m.overflow is not None]
+    if not layers:
+        return {}
+    return dict(overflow=torch.stack([m.overflow for m in layers]).sum(),
+                expected_draws=torch.stack([m.expected_draws for m in layers]).max())
+
+
+def grow_capacity(model: torch.nn.Module, record: Dict[str, float]) -> Dict[str, int]:
+    r"""Where a step's record (:func:`static_stats` read) says that a layer
+    overflowed, every static layer's capacity made at least
+    :func:`~sbm_pyg.sampling.round_capacity` of the largest expected
+    draws; the new capacity by name (empty where nothing changed)."""
+    if not record.get("overflow"):
+        return {}
+    need = round_capacity(float(record["expected_draws"]))
+    layers = [m for m in _layers(model) if m.capacity < need]
+    for m in layers:
+        m.capacity = need
+    return dict(capacity=need) if layers else {}
+
+
+def compiled(net: torch.nn.Module) -> torch.nn.Module:
+    r""":obj:`net` compiled as one graph (``fullgraph=True``, static
+    shapes): a new capacity, a switch of regime or of mode retraces it."""
+    return torch.compile(net, fullgraph=True, dynamic=False)

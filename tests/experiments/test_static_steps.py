@@ -1,0 +1,72 @@
+"""The train command's static steps: --capacity (no read in a step, the
+overflow logged and the capacity grown) and --compile (one graph)."""
+import importlib
+import json
+
+import pytest
+import torch
+import torch._dynamo.utils
+
+from sbm_pyg.__main__ import main
+
+# The module (the package's name "train" is the function).
+train_module = importlib.import_module("sbm_pyg.experiments.train")
+
+pytestmark = pytest.mark.host
+
+MQAR = ["train", "--task", "mqar", "--seq-len", "32", "--num-kv-pairs", "4",
+        "--vocab-size", "40", "--channels", "16", "--num-clusters", "8",
+        "--batch-size", "4", "--no-progress", "--eval-batches", "2",
+        "--log-every", "1"]
+
+
+def records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_an_overflowing_capacity_is_logged_and_grown(tmp_path):
+    out = tmp_path / "run"
+    main([*MQAR, "--out", str(out), "--steps", "3", "--capacity", "64"])
+    steps = [r for r in records(out) if r.get("split") == "train"]
+    assert steps[0]["overflow"] >= 1 and steps[0]["expected_draws"] > 64
+    grown = steps[0]["capacity"]
+    assert grown >= steps[0]["expected_draws"]
+    assert all(r["overflow"] == 0 and "capacity" not in r for r in steps[1:])
+    final = json.loads((out / "final.json").read_text())
+    assert final["args"]["capacity"] == 64 and 0 < final["density"] < 1
+
+
+def test_compile_trains_as_one_graph(tmp_path, monkeypatch):
+    # aot_eager: the whole trace (dynamo, autograd's) without inductor's
+    # code generation, which takes minutes on two cores.
+    monkeypatch.setattr(train_module, "compiled", lambda net: torch.compile(
+        net, fullgraph=True, dynamic=False, backend="aot_eager"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    out = tmp_path / "run"
+    main([*MQAR, "--out", str(out), "--steps", "4", "--capacity", "65536",
+          "--compile", "--attention", "sbm"])
+    steps = [r for r in records(out) if r.get("split") == "train"]
+    assert len(steps) == 4 and all(r["overflow"] == 0 for r in steps)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["recompiles"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--capacity", "0"], "--capacity must be >= 1 and needs --attention sbm"),
+    (["--capacity", "64", "--attention", "full"],
+     "--capacity must be >= 1 and needs --attention sbm"),
+    (["--compile"], "--compile needs --capacity"),
+])
+def test_bad_static_arguments_exit_2(extra, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*MQAR, "--out", "x", *extra])
+    assert e.value.code == 2
+    assert "error: " + message in capsys.readouterr().err
+
+
+def test_compile_refuses_a_padded_task(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--task", "listops", "--out", "x", "--capacity", "64",
+              "--compile"])
+    assert "a task without padding" in capsys.readouterr().err
