@@ -3,7 +3,8 @@ calibrated layer's forward and backward as it runs by default (shapes
 from the edge count), with a capacity eagerly, and with a capacity
 compiled by :func:`torch.compile` (inductor, ``fullgraph=True``,
 ``dynamic=False``), against ``torch.nn.MultiheadAttention``, in turns;
-and the compile's time.
+the compile's time (cold: inductor's caches off); and the operators and
+host reads of one eager call of each route.
 
     python -m benchmarks.static_layer --out results.json [--sizes 4096]
         [--densities 0.05 0.01] [--repeats 7]
@@ -21,8 +22,10 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 import torch
+import torch._inductor.config
 
 from benchmarks.cases import CLUSTERS, HEAD_DIM, HEADS, calibrated_conv
+from benchmarks.launches import count_ops
 from benchmarks.measure import median_times
 from sbm_pyg.sampling import round_capacity
 
@@ -39,6 +42,8 @@ def bench_static(n: int, density: float, repeats: int, log) -> dict:
     conv(x)
     draws = float(conv.expected_draws)
     conv.capacity = capacity = round_capacity(draws)
+    # A cold compile, whatever this machine compiled before.
+    torch._inductor.config.force_disable_caches = True
     compiled = torch.compile(conv, fullgraph=True, dynamic=False)
     start = time.perf_counter()
     torch.autograd.grad(compiled(x).sum(), params)
@@ -54,6 +59,11 @@ def bench_static(n: int, density: float, repeats: int, log) -> dict:
         out, _ = mha(x[None], x[None], x[None], need_weights=False)
         torch.autograd.grad(out.sum(), [x] + list(mha.parameters()))
 
+    # Operators dispatched and host reads of one eager call of each route
+    # (counts, not timings: a GPU launches at least one kernel an operator
+    # unless the call is compiled or captured).
+    ops = {name: count_ops(run(conv, static))
+           for name, static in (("default", False), ("static", True))}
     times = median_times(dict(default=run(conv, False), static=run(conv, True),
                               compiled=run(compiled, True), mha=run_mha),
                          device, repeats)
@@ -63,6 +73,8 @@ def bench_static(n: int, density: float, repeats: int, log) -> dict:
                sampled_density=float(conv.sampled_density.mean()),
                expected_draws=draws, capacity=capacity, overflow=overflow,
                compile_time=compile_time,
+               **{f"{k}_ops": {f: v[f] for f in ("ops", "views", "host_reads", "reads")}
+                  for k, v in ops.items()},
                **{f"{k}_time": v for k, v in times.items()},
                **{f"{k}_vs_mha": times[k] / times["mha"]
                   for k in ("default", "static", "compiled")})
@@ -71,7 +83,9 @@ def bench_static(n: int, density: float, repeats: int, log) -> dict:
         + ", ".join(f"{k} {times[k] * 1e3:.1f} ms" for k in times)
         + f"; vs MHA: default {row['default_vs_mha']:.3f}x, static "
         f"{row['static_vs_mha']:.3f}x, compiled {row['compiled_vs_mha']:.3f}x; "
-        f"compile {compile_time:.0f} s")
+        f"compile {compile_time:.0f} s; operators (views) and host reads a call: "
+        + ", ".join(f"{k} {v['ops']} ({v['views']}), {v['host_reads']}"
+                    for k, v in ops.items()))
     return row
 
 
