@@ -30,8 +30,8 @@ def main() -> None:
             out = subprocess.run([sys.executable, "-c", CODE], cwd=tree, check=True,
                                  capture_output=True, text=True,
                                  env={"PYTHONPATH": tree, "PATH": "/usr/bin:/bin"})
-            print(json.dumps(dict(round=r, code=name, rows=json.loads(out.stdout.strip().splitlines()[-1]))),
-                  flush=True)
+            rows = json.loads(out.stdout.strip().splitlines()[-1])
+            print(json.dumps(dict(round=r, code=name, rows=rows)), flush=True)
 
 
 if __name__ == "__main__":
