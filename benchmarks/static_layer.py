@@ -7,7 +7,12 @@ the compile's time (cold: inductor's caches off); and the operators and
 host reads of one eager call of each route.
 
     python -m benchmarks.static_layer --out results.json [--sizes 4096]
-        [--densities 0.05 0.01] [--repeats 7]
+        [--densities 0.05 0.01] [--repeats 7] [--device cuda
+        --compile-mode reduce-overhead]
+
+On a GPU, ``--compile-mode reduce-overhead`` replays the compiled layer
+as CUDA graphs: the route the static shapes are for (``--sizes 16384
+--densities 0.01`` is the GPU targets' case).
 
 The capacity is :func:`~sbm_pyg.sampling.round_capacity` of the expected draws
 that a first static call reports. Run it with nothing else on the
@@ -30,13 +35,16 @@ from benchmarks.measure import median_times
 from sbm_pyg.sampling import round_capacity
 
 
-def bench_static(n: int, density: float, repeats: int, log) -> dict:
-    """The four variants at one size and density (see the module)."""
+def bench_static(n: int, density: float, repeats: int, log,
+                 device: torch.device = torch.device("cpu"),
+                 compile_mode: Optional[str] = None) -> dict:
+    """The four variants at one size and density (see the module);
+    :obj:`compile_mode` is :func:`torch.compile`'s (``"reduce-overhead"``:
+    CUDA graphs on a GPU)."""
     channels = HEADS * HEAD_DIM
-    device = torch.device("cpu")
     conv = calibrated_conv(channels, density, device)
-    mha = torch.nn.MultiheadAttention(channels, HEADS, batch_first=True)
-    x = torch.randn(n, channels, requires_grad=True)
+    mha = torch.nn.MultiheadAttention(channels, HEADS, batch_first=True).to(device)
+    x = torch.randn(n, channels, device=device, requires_grad=True)
     params = [x] + list(conv.parameters())
     conv.capacity = 1  # a first static call reports the expected draws
     conv(x)
@@ -44,7 +52,7 @@ def bench_static(n: int, density: float, repeats: int, log) -> dict:
     conv.capacity = capacity = round_capacity(draws)
     # A cold compile, whatever this machine compiled before.
     torch._inductor.config.force_disable_caches = True
-    compiled = torch.compile(conv, fullgraph=True, dynamic=False)
+    compiled = torch.compile(conv, fullgraph=True, dynamic=False, mode=compile_mode)
     start = time.perf_counter()
     torch.autograd.grad(compiled(x).sum(), params)
     compile_time = time.perf_counter() - start
@@ -68,7 +76,8 @@ def bench_static(n: int, density: float, repeats: int, log) -> dict:
                               compiled=run(compiled, True), mha=run_mha),
                          device, repeats)
     overflow = bool(conv.overflow)
-    row = dict(n=n, channels=channels, heads=HEADS, clusters=CLUSTERS,
+    row = dict(n=n, device=str(device), compile_mode=compile_mode,
+               channels=channels, heads=HEADS, clusters=CLUSTERS,
                target_density=density,
                sampled_density=float(conv.sampled_density.mean()),
                expected_draws=draws, capacity=capacity, overflow=overflow,
@@ -94,9 +103,14 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096])
     parser.add_argument("--densities", type=float, nargs="+", default=[0.05, 0.01])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile-mode", default=None,
+                        choices=["default", "reduce-overhead", "max-autotune"],
+                        help="torch.compile's mode (reduce-overhead: CUDA graphs)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    rows = [bench_static(n, d, args.repeats, print)
+    rows = [bench_static(n, d, args.repeats, print, torch.device(args.device),
+                         args.compile_mode)
             for n in args.sizes for d in args.densities]
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
