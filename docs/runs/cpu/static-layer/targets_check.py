@@ -1,4 +1,4 @@
-"""The CPU targets of static shapes on the issue's layer: a default
+"""The CPU targets of static shapes on the default layer: a
 SBMConv(64, 32, heads=2) with a capacity, training mode, one sequence of
 1024 tokens (batch_size=1): the operator and shape traces of five
 forward+backward calls after a first, their host reads, and torch.compile (inductor,
