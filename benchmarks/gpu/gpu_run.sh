@@ -28,6 +28,11 @@
 #            LISTOPS_SECONDS (default 120), into runs/
 #   pack     runs/ -> $OUT/runs.tgz
 #   short    benchmarks/gpu/gpu_short.sh (the eight-minute plan) -> $OUT/short/
+#   static   the layer with static shapes (capacity), eager and compiled,
+#            replayed as CUDA graphs (torch.compile's reduce-overhead) at
+#            n = 16384, 1%, against MultiheadAttention: python -m
+#            benchmarks.static_layer -> $OUT/static-layer.json (minutes of
+#            compiling)
 #
 # SUITE_ARGS adds pytest arguments (e.g. a test selection); BENCH_ARGS adds
 # benchmark arguments. Every stage runs under a time limit, so that the
@@ -88,7 +93,7 @@ check() {  # check NAME STATUS: log a stage's exit status, remember a failure
 repeat_pids=()
 for stage in "${stages[@]}"; do
   case $stage in
-    suite|repeat|wait-repeat|bench|bench-suite|checks|profile|listops|short)
+    suite|repeat|wait-repeat|bench|bench-suite|checks|profile|listops|short|static)
       if [ "$gpu" != 1 ]; then
         log "stage $stage: skipped, no CUDA device (torch.cuda.is_available() is False)"
         continue
@@ -179,6 +184,12 @@ for stage in "${stages[@]}"; do
       t=(); [ $tiny = 1 ] && t=(--tiny)
       OUT="$OUT/short" PY=$PY bash benchmarks/gpu/gpu_short.sh "${t[@]}"
       check short $? ;;
+    static)
+      args=(--sizes 16384 --densities 0.01 --compile-mode reduce-overhead)
+      [ $tiny = 1 ] && args=(--sizes 256 --densities 0.1 --repeats 1)
+      timeout "${STATIC_SECONDS:-420}" $PY -m benchmarks.static_layer --device $DEV \
+        "${args[@]}" --out "$OUT/static-layer.json" 2>&1 | tee "$OUT/static-layer.log"
+      check "static layer" ${PIPESTATUS[0]} ;;
     pack)
       tar czf "$OUT/runs.tgz" runs; ls -la "$OUT" ;;
     *) log "unknown stage $stage"; exit 2 ;;
