@@ -191,3 +191,12 @@ def test_bad_arguments(capacity, seed, error):
     ptr_q, ptr_k, _ = check_pointers(None, None, NQ, k.size(0), q.device)
     with pytest.raises(error, match="capacity|seed"):
         fastrg_static(q, b, k, ptr_q, ptr_k, capacity=capacity, seed=seed)
+
+
+def test_buffers_beyond_int32_or_the_memory_are_refused_before_allocating():
+    q, b, k = small_sbm()
+    ptr_q, ptr_k, _ = check_pointers(None, None, NQ, k.size(0), q.device)
+    with pytest.raises(ValueError, match="2\\^31 - 1"):
+        fastrg_static(q, b, k, ptr_q, ptr_k, capacity=2**31, seed=torch.tensor(0))
+    with pytest.raises(ValueError, match=r"capacity=2000000000.*GiB"):
+        fastrg_static(q, b, k, ptr_q, ptr_k, capacity=2 * 10**9, seed=torch.tensor(0))
