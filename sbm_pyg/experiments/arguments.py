@@ -46,7 +46,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "num_kv_pairs)")
     add("--vocab-size", type=int, default=8192,
         help="mqar: vocabulary (keys from the lower half, values from the "
-             "upper)")
+             "upper); larger than --seq-len, as Zoology requires")
+    add("--small-vocab", action="store_true",
+        help="mqar: allow a vocabulary <= --seq-len (the easy variant of "
+             "docs/runs/mqar256: 256 symbols at N = 256, where every key "
+             "can have a cluster of its own)")
     add("--short-conv", type=int, default=0,
         help="size of a causal depthwise convolution before each attention "
              "(Zoology's short convolution; 0: none)")
@@ -90,7 +94,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--lr", type=float, default=1e-3)
     add("--sbm-lr", type=float, default=None,
         help="learning rate of the SBMs (cluster embeddings and membership "
-             "MLPs; default --lr)")
+             "MLPs; default --lr). 0: the SBMs stay as initialized, a "
+             "random selector (with --ste none and no density loss nothing "
+             "of the selector reaches the model)")
     add("--optimizer", choices=OPTIMIZERS, default="adamw",
         help="AdamW (decoupled weight decay), as the published code, or Adam")
     add("--adam-eps", type=float, default=1e-8,
@@ -184,6 +190,11 @@ def _add_recipe_arguments(add) -> None:
              "recall reaches this share of the oracle's at the same edge count")
     add("--selector-check", type=int, default=25,
         help="teacher recipe: measure the recall every K selector steps")
+    add("--switch-within", type=float, default=None,
+        help="teacher recipe: switch only once the frozen model's "
+             "validation accuracy on the selector's graphs is also within "
+             "this many points (a fraction, e.g. 0.01) of the teacher's "
+             "accuracy at its gate (--teacher-accuracy), or at the cap")
     add("--freeze-selector", action="store_true",
         help="teacher recipe: after the switch the SBMs stay as the "
              "selector phase left them, the model alone learning on their "
@@ -244,12 +255,18 @@ def validate_train_arguments(args) -> None:
     if args.task == "mqar":
         from sbm_pyg.experiments.tasks import check_mqar
         check_mqar(args.seq_len, args.num_pairs, args.vocab_size)
+        if args.vocab_size <= args.seq_len and not getattr(args, "small_vocab", False):
+            raise ValueError(
+                f"--vocab-size must exceed --seq-len, as Zoology's MQAR requires "
+                f"(with fewer symbols than positions every key can own a "
+                f"cluster), got {args.vocab_size} at --seq-len {args.seq_len}; "
+                f"--small-vocab (or --preset mqar-sparse-easy) runs the easy variant")
     if getattr(args, "short_conv", 0) < 0:
         raise ValueError("--short-conv must be >= 0")
     if not 0 < getattr(args, "bigbird_density", 0.05) <= 1:
         raise ValueError("--bigbird-density must lie in (0, 1]")
-    if args.sbm_lr is not None and args.sbm_lr <= 0:
-        raise ValueError("--sbm-lr must be > 0")
+    if args.sbm_lr is not None and not args.sbm_lr >= 0:
+        raise ValueError(f"--sbm-lr must be >= 0, got {args.sbm_lr}")
     if getattr(args, "init_density", None) is not None and args.attention != "sbm":
         raise ValueError("--init-density needs --attention sbm")
     if args.adam_eps <= 0:
@@ -309,7 +326,8 @@ def _validate_recipe(args) -> None:
     if getattr(args, "switch_steps", 0) < 0:
         raise ValueError(f"--switch-steps must be >= 0, got {args.switch_steps}")
     if getattr(args, "recipe", "end-to-end") != "teacher":
-        for flag in ("freeze_selector", "teacher_accuracy", "dense_max_steps"):
+        for flag in ("freeze_selector", "teacher_accuracy", "dense_max_steps",
+                     "switch_within"):
             if getattr(args, flag, None):
                 raise ValueError(f"--{flag.replace('_', '-')} needs --recipe teacher")
         return
@@ -325,6 +343,10 @@ def _validate_recipe(args) -> None:
     if dense_max is not None and (not accuracy > 0 or dense_max < args.dense_steps):
         raise ValueError("--dense-max-steps needs --teacher-accuracy and must be "
                          f">= --dense-steps ({args.dense_steps}), got {dense_max}")
+    within = getattr(args, "switch_within", None)
+    if within is not None and (not 0 <= within <= 1 or not accuracy > 0):
+        raise ValueError(f"--switch-within must lie in [0, 1] and needs "
+                         f"--teacher-accuracy (the accuracy it is within), got {within}")
     if args.selector_steps < 1 or args.selector_check < 1:
         raise ValueError("--selector-steps and --selector-check must be >= 1")
     if not 0 < args.selector_recall <= 1:

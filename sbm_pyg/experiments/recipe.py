@@ -31,7 +31,11 @@ Two recipes (``--recipe``):
      from here on), until the selector's recall on a validation batch
      (:mod:`~sbm_pyg.experiments.recall`) reaches ``--selector-recall``
      times the oracle's at the same edge count, checked every
-     ``--selector-check`` steps, or ``--selector-steps`` have passed;
+     ``--selector-check`` steps, or ``--selector-steps`` have passed; with
+     ``--switch-within`` d the frozen model's accuracy on the selector's
+     graphs (the same validation batch) must also be within d of the
+     teacher's at its gate, so that the switch does not hand the model
+     graphs on which it has already lost the task;
   3. **sparse**: sampled graphs, everything learning, the SBMs still
      distilled on their sampled edges; with ``--freeze-selector`` the SBMs
      stay as the selector phase left them and the model alone learns on
@@ -94,6 +98,7 @@ class Recipe:
         self.switch_steps = getattr(args, "switch_steps", 0)
         self.freeze_selector = getattr(args, "freeze_selector", False)
         self.teacher_accuracy = getattr(args, "teacher_accuracy", 0.0)
+        self.within = getattr(args, "switch_within", None)
         dense_max = getattr(args, "dense_max_steps", None)
         # The selector phase ends by its cap at the same step, gated or
         # not: the steps a gate adds come out of it.
@@ -194,15 +199,21 @@ class Recipe:
         result = measure()
         recall, oracle = result.get("recall"), result.get("oracle_recall")
         ready = recall is not None and recall >= self.threshold * oracle
+        accuracy = result.get("accuracy")
+        if self.within is not None:
+            # The teacher's accuracy is its gate's: the model is frozen since.
+            ready = ready and accuracy is not None and \
+                accuracy >= self.state["teacher_accuracy"] - self.within
         if not (ready or capped):
             return None
         self.state.update(sparse_start=step, reason="recall" if ready else "cap",
                           recall=recall, oracle_recall=oracle,
-                          selector_steps=done)
+                          selector_steps=done, selector_accuracy=accuracy)
         self._save()
         return dict(step=step, split="recipe", phase="sparse", **{
             k: v for k, v in self.state.items()
-            if k in ("reason", "recall", "oracle_recall", "selector_steps")})
+            if k in ("reason", "recall", "oracle_recall", "selector_steps",
+                     "selector_accuracy")})
 
     def _gate(self, step: int) -> Optional[dict]:
         # The gated dense phase's end: every selector_check steps from

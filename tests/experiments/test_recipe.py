@@ -91,6 +91,46 @@ def test_a_gated_dense_phase_ends_on_the_teachers_accuracy():
     assert recipe.phase(10) == "sparse" and recipe.state["selector_start"] == 8
 
 
+def test_the_switch_waits_for_the_selectors_accuracy():
+    # Gate passed at 4 with a teacher at 0.95; with --switch-within 0.01 a
+    # ready recall is not enough while the frozen model on the selector's
+    # graphs sits at 0.90 (< 0.94); it switches once it reaches 0.94, and
+    # at the cap whatever the accuracy.
+    recipe = _recipe(teacher_accuracy=0.9, dense_max_steps=20, switch_within=0.01,
+                     selector_steps=10)
+    assert [_observe(recipe, s, 0.95) for s in range(1, 4)] == [None] * 3
+    assert _observe(recipe, 4, 0.95)["teacher_accuracy"] == pytest.approx(0.95)
+
+    def measure(accuracy):
+        return lambda: dict(recall=1.0, oracle_recall=1.0, accuracy=accuracy)
+    assert _observe(recipe, 6, 1.0, measure(0.90)) is None
+    assert _observe(recipe, 8, 1.0, measure(0.9399)) is None
+    record = _observe(recipe, 10, 1.0, measure(0.9401))
+    assert record["reason"] == "recall" and record["selector_accuracy"] == 0.9401
+    assert recipe.sparse_start == 10
+    capped = _recipe(teacher_accuracy=0.9, dense_max_steps=20, switch_within=0.01,
+                     selector_steps=6)
+    assert _observe(capped, 4, 0.95) is None  # one accuracy seen: window not full
+    capped.state = dict(selector_start=4, teacher_accuracy=0.95)
+    assert _observe(capped, 6, 1.0, measure(0.5)) is None
+    record = _observe(capped, 10, 1.0, measure(0.5))
+    assert record["reason"] == "cap" and record["selector_accuracy"] == 0.5
+
+
+def test_switch_within_needs_the_gate(tmp_path):
+    teacher = dict(task="repeat", out=tmp_path, recipe="teacher", dense_steps=10,
+                   distill=1.0)
+    with pytest.raises(ValueError, match="--switch-within must lie in .* needs "
+                                         "--teacher-accuracy"):
+        train_arguments(**teacher, switch_within=0.01)
+    with pytest.raises(ValueError, match="--switch-within must lie"):
+        train_arguments(**teacher, teacher_accuracy=0.9, switch_within=2.0)
+    with pytest.raises(ValueError, match="--switch-within needs --recipe teacher"):
+        train_arguments(task="repeat", out=tmp_path, switch_within=0.01)
+    assert train_arguments(**teacher, teacher_accuracy=0.9,
+                           switch_within=0.01).switch_within == 0.01
+
+
 def test_a_gated_dense_phase_at_its_cap_and_at_once():
     # Never learned: the selector phase starts at --dense-max-steps (7, not
     # a check step); learned by --dense-steps: it starts there, as ungated.
@@ -270,7 +310,8 @@ def test_recipe_arguments_are_checked(tmp_path):
 
 
 @pytest.mark.parametrize("preset,task,seq_len", [("repeat-sparse", "repeat", 64),
-                                                 ("mqar-sparse", "mqar", 256)])
+                                                 ("mqar-sparse", "mqar", 256),
+                                                 ("mqar-sparse-easy", "mqar", 256)])
 def test_sparse_presets(tmp_path, preset, task, seq_len):
     args = train_arguments(preset, out=tmp_path)
     assert (args.task, args.seq_len, args.recipe, args.sbm_parametrization) == \
@@ -282,17 +323,41 @@ def test_sparse_presets(tmp_path, preset, task, seq_len):
     over = train_arguments(preset, out=tmp_path, target_density=0.02, seed=2)
     assert (over.target_density, over.seed) == (0.02, 2)
     # MQAR's: the recall fit, a budget per head from lambda 1, the SBMs
-    # learning from the selector phase on, for up to 1500 steps, and a sink;
-    # each can be switched back off (the runs made before it).
+    # learning from the selector phase on; each can be switched back off
+    # (the runs made before it). Both tasks: a sink, and a dense phase that
+    # waits for its teacher (99%).
     mqar = task == "mqar"
     assert (args.distill_recall, args.budget_per_head, args.budget_lam, args.sink) == \
-        ((1.0, True, 1.0, True) if mqar else (0.0, False, 1e-3, False))
-    assert (args.distill_start, args.selector_steps, args.steps) == \
-        ((500, 1500, 2100) if mqar else (0, 400, 2000))
-    # MQAR's dense phase waits for its teacher (seed 1 learns after 500).
-    assert args.teacher_accuracy == (0.99 if mqar else 0.0)
+        ((1.0, True, 1.0, True) if mqar else (0.0, False, 1e-3, True))
+    assert (args.distill_start, args.selector_steps, args.steps) == {
+        "repeat-sparse": (0, 1200, 3000), "mqar-sparse": (500, 2500, 4500),
+        "mqar-sparse-easy": (500, 1500, 2100)}[preset]
+    assert args.teacher_accuracy == 0.99
+    # Repeat's switch waits for the selector's graphs to serve the model.
+    assert args.switch_within == (None if mqar else 0.01)
+    # MQAR at Zoology's setting unless the easy variant is asked for.
+    if mqar:
+        assert (args.num_pairs, args.vocab_size, args.small_vocab) == (
+            (16, 256, True) if preset.endswith("easy") else (64, 8192, False))
     off = train_arguments(preset, out=tmp_path, budget_per_head=False, sink=False)
     assert not off.budget_per_head and not off.sink
+
+
+def test_the_mqar_baselines_share_the_setting(tmp_path):
+    # Full attention, BigBird and the random selector: the same task, model
+    # and schedule as the learned selector's preset, each a different head.
+    sparse = vars(train_arguments("mqar-sparse", out=tmp_path))
+    shared = ("task", "seq_len", "num_pairs", "vocab_size", "short_conv", "num_layers",
+              "heads", "channels", "batch_size", "lr", "warmup_steps", "schedule")
+    for preset, attention in (("mqar-full", "full"), ("mqar-bigbird", "bigbird"),
+                              ("mqar-random", "sbm")):
+        args = vars(train_arguments(preset, out=tmp_path))
+        assert args["attention"] == attention
+        assert {k: args[k] for k in shared} == {k: sparse[k] for k in shared}
+    random = train_arguments("mqar-random", out=tmp_path)
+    assert (random.sbm_lr, random.ste, random.init_density, random.lam,
+            random.target_density) == (0.0, "none", 0.05, 0.0, None)
+    assert train_arguments("mqar-bigbird", out=tmp_path).bigbird_density == 0.05
 
 
 def test_a_per_head_budget_from_its_starting_multiplier(tmp_path):

@@ -1,6 +1,7 @@
 """train_step: one optimizer step and its record."""
 import math
 
+import pytest
 import torch
 
 from sbm_pyg.experiments.arguments import train_arguments
@@ -30,3 +31,38 @@ def test_train_step_updates_the_model_and_records_the_step(tmp_path):
     # the step moved the parameters and the schedule
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert schedule.last_epoch == 1
+
+
+def test_a_random_selector_never_moves(tmp_path):
+    # --sbm-lr 0 with --ste none (the random-selector control): the SBMs
+    # stay as initialized through sampled steps while the rest learns.
+    torch.manual_seed(0)
+    args = train_arguments(task="mqar", out=tmp_path, seq_len=32, num_pairs=4,
+                           vocab_size=40, batch_size=4, num_clusters=8, channels=16,
+                           sbm_parametrization="mmsb", init_density=0.2,
+                           sbm_lr=0.0, ste="none")
+    device = torch.get_default_device()
+    task = make_task(args, seeded(0))
+    model = build_model(args).to(device)
+    optimizer = build_optimizer(model, args)
+    schedule = build_schedule(optimizer, args)
+    sbm = {n: p.detach().clone() for n, p in model.named_parameters() if ".sbm." in n}
+    rest = {n: p.detach().clone() for n, p in model.named_parameters()
+            if ".sbm." not in n}
+    assert sbm and rest
+    for step in range(3):
+        record = train_step(model, model, optimizer, schedule, task, args, device,
+                            seeded(step + 1))
+        assert 0 < record["density"] < 1
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[n], p) for n, p in sbm.items())
+    assert any(not torch.equal(params[n], p) for n, p in rest.items())
+
+
+def test_the_easy_mqar_variant_needs_its_flag(tmp_path):
+    with pytest.raises(ValueError, match="--small-vocab"):
+        train_arguments(task="mqar", out=tmp_path, seq_len=64, num_pairs=4,
+                        vocab_size=64)
+    args = train_arguments("mqar-sparse-easy", out=tmp_path)
+    assert (args.seq_len, args.num_pairs, args.vocab_size, args.small_vocab) == \
+        (256, 16, 256, True)
