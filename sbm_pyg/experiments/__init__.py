@@ -12,10 +12,12 @@ from sbm_pyg.experiments.tasks import (
     repeat_batch,
     tokenize,
 )
+from sbm_pyg.experiments.text import ByteCorpus, MaskedBytesTask
 from sbm_pyg.experiments.train import evaluate_model, train
 
 __all__ = ["repeat_batch", "repeat_accuracy_bound", "ListOps", "generate_expression",
            "evaluate_expression", "tokenize", "RepeatTask", "ListOpsTask",
+           "ByteCorpus", "MaskedBytesTask",
            "make_task", "build_model", "load_run", "load_checkpoint",
            "PRESETS", "train_arguments", "train", "evaluate_model"]
 

@@ -18,9 +18,10 @@ from sbm_pyg.experiments.presets import (  # noqa: F401 (the options' module re-
     default_exploration,
     preset_defaults,
 )
-from sbm_pyg.experiments.recipe import RECIPES
+from sbm_pyg.experiments.recipe_arguments import add_recipe_arguments, validate_recipe
 from sbm_pyg.experiments.resume import RESUMABLE, resolve_resume  # noqa: F401 (re-exported)
 from sbm_pyg.experiments.static_steps import add_static_arguments, validate_static
+from sbm_pyg.experiments.text import add_text_arguments
 from sbm_pyg.nn.block_model import INITS, PARAMETRIZATIONS
 
 __all__ = ["PRESETS", "BUDGET_PRESETS", "preset_defaults", "RESUMABLE",
@@ -35,12 +36,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
     add("--preset", choices=sorted(PRESETS), default=None,
         help="defaults of a named experiment; explicit arguments override them")
-    add("--task", choices=["repeat", "listops", "mqar"], default=None,
+    add("--task", choices=["repeat", "listops", "mqar", "mlm"], default=None,
         help="required unless a --preset sets it")
     add("--attention", choices=["sbm", "full", "linear", "performer", "bigbird"],
         default="sbm")
     add("--seq-len", type=int, default=64,
-        help="repeat, mqar: sequence length N; listops: max_length")
+        help="repeat, mqar, mlm: sequence length N; listops: max_length")
     add("--num-kv-pairs", "--num-pairs", dest="num_pairs", type=int, default=8,
         help="mqar: key-value pairs per sequence (each asked once; Zoology's "
              "num_kv_pairs)")
@@ -51,6 +52,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="mqar: allow a vocabulary <= --seq-len (the easy variant of "
              "docs/runs/mqar256: 256 symbols at N = 256, where every key "
              "can have a cluster of its own)")
+    add_text_arguments(add)
     add("--short-conv", type=int, default=0,
         help="size of a causal depthwise convolution before each attention "
              "(Zoology's short convolution; 0: none)")
@@ -88,7 +90,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dense-steps", type=int, default=0,
         help="a dense warm-up: for the first steps every SBM head attends "
              "every pair (its SBM still learns, e.g. from --distill)")
-    _add_recipe_arguments(add)
+    add_recipe_arguments(add)
     add("--steps", type=int, default=1000)
     add("--batch-size", type=int, default=32)
     add("--lr", type=float, default=1e-3)
@@ -165,46 +167,6 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-progress", action="store_true")
 
 
-def _add_recipe_arguments(add) -> None:
-    # The teacher recipe's phases and the switch (sbm_pyg.experiments.recipe).
-    add("--recipe", choices=RECIPES, default="end-to-end",
-        help="end-to-end: sampled graphs from --dense-steps on; teacher: "
-             "after --dense-steps the model is frozen and the SBMs alone "
-             "learn from its attention (--distill) under the budget until "
-             "their recall is ready, then sampled graphs "
-             "(sbm_pyg.experiments.recipe)")
-    add("--teacher-accuracy", type=float, default=0.0,
-        help="teacher recipe: the dense phase goes on past --dense-steps "
-             "until the model's training accuracy over the last "
-             "--selector-check steps reaches this (0: it ends at "
-             "--dense-steps), so that the selector learns from a model that "
-             "has learned the task")
-    add("--dense-max-steps", type=int, default=None,
-        help="teacher recipe with --teacher-accuracy: the dense phase's "
-             "last step (default --dense-steps + --selector-steps, the "
-             "selector phase's cap, which the gate's steps come out of)")
-    add("--selector-steps", type=int, default=400,
-        help="teacher recipe: the most steps of the selector phase")
-    add("--selector-recall", type=float, default=0.9,
-        help="teacher recipe: switch to sampled graphs once the selector's "
-             "recall reaches this share of the oracle's at the same edge count")
-    add("--selector-check", type=int, default=25,
-        help="teacher recipe: measure the recall every K selector steps")
-    add("--switch-within", type=float, default=None,
-        help="teacher recipe: switch only once the frozen model's "
-             "validation accuracy on the selector's graphs is also within "
-             "this many points (a fraction, e.g. 0.01) of the teacher's "
-             "accuracy at its gate (--teacher-accuracy), or at the cap")
-    add("--freeze-selector", action="store_true",
-        help="teacher recipe: after the switch the SBMs stay as the "
-             "selector phase left them, the model alone learning on their "
-             "graphs")
-    add("--switch-steps", type=int, default=0,
-        help="a gradual switch: over the first M sampled steps the "
-             "exploration falls geometrically from 1 (every pair) to "
-             "--exploration (0: the budget's graphs at once)")
-
-
 def train_arguments(preset: Optional[str] = None, **overrides) -> argparse.Namespace:
     r"""The arguments of a training run for :func:`~sbm_pyg.experiments.train`,
     as the command line builds them: the defaults, a preset's, then
@@ -252,15 +214,7 @@ def validate_train_arguments(args) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if args.task == "repeat" and args.seq_len < 2:
         raise ValueError("--seq-len must be >= 2 for the repeat task")
-    if args.task == "mqar":
-        from sbm_pyg.experiments.tasks import check_mqar
-        check_mqar(args.seq_len, args.num_pairs, args.vocab_size)
-        if args.vocab_size <= args.seq_len and not getattr(args, "small_vocab", False):
-            raise ValueError(
-                f"--vocab-size must exceed --seq-len, as Zoology's MQAR requires "
-                f"(with fewer symbols than positions every key can own a "
-                f"cluster), got {args.vocab_size} at --seq-len {args.seq_len}; "
-                f"--small-vocab (or --preset mqar-sparse-easy) runs the easy variant")
+    _validate_task(args)
     if getattr(args, "short_conv", 0) < 0:
         raise ValueError("--short-conv must be >= 0")
     if not 0 < getattr(args, "bigbird_density", 0.05) <= 1:
@@ -304,7 +258,7 @@ def validate_train_arguments(args) -> None:
     for flag in ("dense_steps", "sink"):
         if getattr(args, flag, 0) and args.attention != "sbm":
             raise ValueError(f"--{flag.replace('_', '-')} needs --attention sbm")
-    _validate_recipe(args)
+    validate_recipe(args)
     validate_budget(args)
     validate_static(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -322,32 +276,16 @@ def validate_train_arguments(args) -> None:
                          f"continue the run in it, or choose another directory")
 
 
-def _validate_recipe(args) -> None:
-    if getattr(args, "switch_steps", 0) < 0:
-        raise ValueError(f"--switch-steps must be >= 0, got {args.switch_steps}")
-    if getattr(args, "recipe", "end-to-end") != "teacher":
-        for flag in ("freeze_selector", "teacher_accuracy", "dense_max_steps",
-                     "switch_within"):
-            if getattr(args, flag, None):
-                raise ValueError(f"--{flag.replace('_', '-')} needs --recipe teacher")
-        return
-    if args.attention != "sbm" or not getattr(args, "distill", 0.0) > 0 \
-            or getattr(args, "dense_steps", 0) < 1:
-        raise ValueError("--recipe teacher needs --attention sbm, --distill > 0 "
-                         "(what the selector learns from) and --dense-steps >= 1 "
-                         "(the phase in which the teacher learns the task)")
-    accuracy, dense_max = getattr(args, "teacher_accuracy", 0.0), \
-        getattr(args, "dense_max_steps", None)
-    if not 0 <= accuracy <= 1:
-        raise ValueError(f"--teacher-accuracy must lie in [0, 1], got {accuracy}")
-    if dense_max is not None and (not accuracy > 0 or dense_max < args.dense_steps):
-        raise ValueError("--dense-max-steps needs --teacher-accuracy and must be "
-                         f">= --dense-steps ({args.dense_steps}), got {dense_max}")
-    within = getattr(args, "switch_within", None)
-    if within is not None and (not 0 <= within <= 1 or not accuracy > 0):
-        raise ValueError(f"--switch-within must lie in [0, 1] and needs "
-                         f"--teacher-accuracy (the accuracy it is within), got {within}")
-    if args.selector_steps < 1 or args.selector_check < 1:
-        raise ValueError("--selector-steps and --selector-check must be >= 1")
-    if not 0 < args.selector_recall <= 1:
-        raise ValueError(f"--selector-recall must lie in (0, 1], got {args.selector_recall}")
+def _validate_task(args) -> None:
+    # The sizes of the MQAR and masked-byte tasks.
+    if args.task == "mqar":
+        from sbm_pyg.experiments.tasks import check_mqar
+        check_mqar(args.seq_len, args.num_pairs, args.vocab_size)
+        if args.vocab_size <= args.seq_len and not getattr(args, "small_vocab", False):
+            raise ValueError(
+                f"--vocab-size must exceed --seq-len, as Zoology's MQAR requires "
+                f"(with fewer symbols than positions every key can own a "
+                f"cluster), got {args.vocab_size} at --seq-len {args.seq_len}; "
+                f"--small-vocab (or --preset mqar-sparse-easy) runs the easy variant")
+    if args.task == "mlm" and not 0 < getattr(args, "mask_rate", 0.15) < 1:
+        raise ValueError(f"--mask-rate must lie in (0, 1), got {args.mask_rate}")

@@ -111,6 +111,28 @@ PRESETS["mqar-sparse-easy"] = dict(
     selector_steps=1500, steps=2100)
 
 
+# Masked-byte modelling on the Python sources of the pinned torch
+# (sbm_pyg.experiments.text): sequences of 1024 bytes, 15% masked, 2 layers
+# of 2 heads, width 64 with the short convolution, batch 16, lr 3e-3,
+# 1500 steps (what two CPU cores allow; docs/runs/mlm).
+_MLM = dict(task="mlm", seq_len=1024, num_layers=2, heads=2, channels=64,
+            num_clusters=128, short_conv=3, batch_size=16, lr=3e-3, warmup_steps=100,
+            steps=1500, eval_batches=8, optimizer="adamw", adam_eps=1e-8,
+            weight_decay=0.0, schedule="linear", clip_grad_norm=0.0)
+PRESETS["mlm-full"] = dict(_MLM, attention="full")
+PRESETS["mlm-bigbird"] = dict(_MLM, attention="bigbird", bigbird_density=0.05)
+# The learned selector: MQAR's recipe without the accuracy gate (no byte
+# model nears 99%): 600 dense steps, up to 300 selector steps.
+PRESETS["mlm-sparse"] = dict(_MLM, **dict(_MQAR_SPARSE, teacher_accuracy=0.0,
+                                          dense_steps=600, distill_start=600,
+                                          selector_steps=300))
+# The random selector, its dense phase as long as the learned one's at the
+# latest (600 + 300 steps).
+PRESETS["mlm-random"] = dict(_MLM, attention="sbm", sbm_parametrization="mmsb",
+                             init_density=0.05, sbm_lr=0.0, ste="none", mode="exact",
+                             dense_steps=900)
+
+
 #: What a preset adds when a run holds its heads to a budget
 #: (``--target-density``): defaults again, which the command line overrides.
 #: A head held sparse from the start learns nothing of the repeat task (its

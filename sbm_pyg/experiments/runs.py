@@ -13,6 +13,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from sbm_pyg.experiments.tasks import VOCAB
+from sbm_pyg.experiments.text import BYTE_CLASSES
 from sbm_pyg.models import SBMTransformer
 
 __all__ = ["build_model", "load_run", "save_checkpoint", "load_checkpoint",
@@ -28,6 +29,8 @@ def build_model(args) -> SBMTransformer:
     elif args.task == "mqar":
         num_tokens = token_classes = args.vocab_size
         max_len = args.seq_len
+    elif args.task == "mlm":  # the bytes, and the mask token
+        num_tokens, token_classes, max_len = BYTE_CLASSES + 1, BYTE_CLASSES, args.seq_len
     else:
         num_tokens, max_len = args.seq_len + 1, args.seq_len
     # getattr: runs saved before these options lack them.

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sbm_pyg.experiments.batches import AskedTokens, Batch, FreshBatches
+
 __all__ = ["repeat_batch", "repeat_accuracy_bound", "mqar_batch",
            "OPERATORS", "VOCAB", "generate_expression", "evaluate_expression",
            "tokenize", "ListOps", "RepeatTask", "ListOpsTask", "MQARTask",
@@ -269,30 +271,7 @@ class ListOps:
         return splits
 
 
-Batch = Tuple[Tensor, Tensor, Tensor]  # tokens [B, N], mask [B, N], labels
-
-
-class _FreshBatches:
-    # A task whose batches are generated afresh for every split; every
-    # token real (no padding: the model takes no mask).
-    output = "token"
-    padded = False
-
-    @staticmethod
-    def positions(labels: Tensor) -> Optional[Tensor]:
-        """Where the token head must run (bool :obj:`[B, N]`); :obj:`None`:
-        everywhere."""
-        return None
-
-    def batch(self, split: str = "train") -> Batch:
-        raise NotImplementedError
-
-    def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
-        """:obj:`count` fresh batches."""
-        return (self.batch(split) for _ in range(count))
-
-
-class RepeatTask(_FreshBatches):
+class RepeatTask(FreshBatches):
     r"""Finding repeated tokens as a training task: fresh batches of
     :func:`repeat_batch`, a binary label per token."""
 
@@ -323,7 +302,7 @@ class ListOpsTask:
 
     output = "sequence"
     padded = True
-    positions = staticmethod(_FreshBatches.positions)
+    positions = staticmethod(FreshBatches.positions)
 
     def __init__(self, data: ListOps, batch_size: int,
                  generator: torch.Generator):
@@ -363,7 +342,7 @@ class ListOpsTask:
         return loss, (out.seq_logits.argmax(-1) == target).sum(), target.numel()
 
 
-class MQARTask(_FreshBatches):
+class MQARTask(AskedTokens):
     r"""Multi-query associative recall as a training task: fresh batches of
     :func:`mqar_batch`, a value to recall at each query position; the
     accuracy is over the query positions."""
@@ -380,31 +359,6 @@ class MQARTask(_FreshBatches):
                                      self.num_pairs, self.vocab_size,
                                      self.generator)
         return tokens, torch.ones_like(tokens, dtype=torch.bool), targets
-
-    @staticmethod
-    def positions(labels: Tensor) -> Tensor:
-        """Where an answer is asked, the same number in every sequence: the
-        positions :obj:`[B, P]` in order, found on the host (the labels are
-        the generator's) so that the model gathers a known size; the
-        model's token head runs only there (``SBMTransformer(...,
-        positions=)``)."""
-        return (labels != -100).nonzero()[:, 1].view(labels.size(0), -1)
-
-    @staticmethod
-    def loss_and_correct(out, mask: Tensor, labels: Tensor
-                         ) -> Tuple[Tensor, Tensor, int]:
-        """Cross-entropy over the query positions, the number recalled and
-        the number of queries; the token logits at every position
-        :obj:`[B, N, C]` or at the asked ones only :obj:`[P, C]`
-        (:meth:`positions`)."""
-        logits = out.token_logits
-        # Selected on the host, where the labels are: no read of the device.
-        asked = labels != -100
-        target = labels[asked].to(logits.device)
-        if logits.dim() == 3:
-            logits = logits[asked.to(logits.device)]
-        loss = F.cross_entropy(logits, target)
-        return loss, (logits.argmax(-1) == target).sum(), target.numel()
 
 
 def task_forward(model: torch.nn.Module, task: Union[RepeatTask, ListOpsTask, MQARTask],
@@ -427,12 +381,17 @@ def task_forward(model: torch.nn.Module, task: Union[RepeatTask, ListOpsTask, MQ
 def make_task(args, generator: torch.Generator
               ) -> Union[RepeatTask, ListOpsTask, MQARTask]:
     r"""The task of a training run's arguments (:obj:`task`,
-    :obj:`seq_len`, :obj:`batch_size`, the ListOps and MQAR options)."""
+    :obj:`seq_len`, :obj:`batch_size`, the ListOps, MQAR and masked-byte
+    options)."""
     if args.task == "repeat":
         return RepeatTask(args.seq_len, args.batch_size, generator)
     if args.task == "mqar":
         return MQARTask(args.seq_len, args.num_pairs, args.vocab_size,
                         args.batch_size, generator)
+    if args.task == "mlm":
+        from sbm_pyg.experiments.text import ByteCorpus, MaskedBytesTask
+        return MaskedBytesTask(ByteCorpus(args.text_root), args.seq_len,
+                               args.batch_size, generator, args.mask_rate)
     data = ListOps(args.data_dir, sizes=tuple(args.listops_sizes),
                    min_length=args.listops_min_length, max_length=args.seq_len,
                    seed=args.seed)

@@ -33,13 +33,14 @@ from sbm_pyg.experiments.runs import (
 )
 from sbm_pyg.experiments.static_steps import compiled, grow_capacity, static_stats
 from sbm_pyg.experiments.tasks import ListOpsTask, MQARTask, RepeatTask, make_task, task_forward
+from sbm_pyg.experiments.text import MaskedBytesTask, bits_per_byte
 from sbm_pyg.models import SBMTransformer
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.nn.losses import DensityBudget
 
 __all__ = ["train", "train_step", "evaluate_model"]
 
-Task = Union[RepeatTask, ListOpsTask, MQARTask]
+Task = Union[RepeatTask, ListOpsTask, MQARTask, MaskedBytesTask]
 # The longest sequences whose evaluation measures the selector's recall
 # (dense attention rows: O(N^2) a sequence and head).
 RECALL_MAX_LEN = 1024
@@ -255,6 +256,8 @@ def evaluate_model(model: SBMTransformer, task: Task, device: torch.device,
             if out.sampled_density is not None:
                 densities.append(out.sampled_density)
     result = dict(split=split, loss=loss_sum / count, accuracy=correct / count)
+    if isinstance(task, MaskedBytesTask):
+        result["bits_per_byte"] = bits_per_byte(result["loss"])
     if densities:
         per_head = torch.stack(densities).mean(0)  # [L, H]
         result.update(density=float(per_head.mean()),
