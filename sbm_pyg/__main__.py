@@ -1,6 +1,6 @@
 """Command line: ``python -m sbm_pyg train ...``, ``python -m sbm_pyg gps
-...`` and ``python -m sbm_pyg plot DIR...``. Bad arguments print a message
-and exit with code 2."""
+...``, ``python -m sbm_pyg large ...`` and ``python -m sbm_pyg plot DIR...``.
+Bad arguments print a message and exit with code 2."""
 from __future__ import annotations
 
 import argparse
@@ -37,6 +37,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 "SBM, dense, Performer or no global attention",
                                 formatter_class=show_defaults)
     add_gps_arguments(gps_parser)
+    from sbm_pyg.experiments.large import add_large_arguments
+    large_parser = sub.add_parser("large", help="community classification on one "
+                                  "large graph: GPS with SBM, Performer or no "
+                                  "attention, SGFormer, Polynormer",
+                                  formatter_class=show_defaults)
+    add_large_arguments(large_parser)
     plot_parser = sub.add_parser("plot", help="plot loss, accuracy and density of runs",
                                  formatter_class=show_defaults)
     plot_parser.add_argument("runs", nargs="+", type=Path, help="run directories")
@@ -53,6 +59,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     if args.command == "gps":
         return _gps(parser, gps_parser, GPS_PRESETS, args, argv)
+    if args.command == "large":
+        return _large(large_parser, args)
     if args.command == "train":
         check_train_arguments(train_parser, args)
         if args.resume:
@@ -100,6 +108,17 @@ def _gps(parser, gps_parser, presets, args, argv) -> int:
         resolve_resume(gps_parser, args, list(sys.argv[1:] if argv is None else argv),
                        resumable=RESUMABLE)
     final = train_gps(args)
+    print(json.dumps({k: v for k, v in final.items() if k != "args"}, indent=1))
+    return 0
+
+
+def _large(large_parser, args) -> int:
+    from sbm_pyg.experiments.large import train_large, validate_large
+    try:
+        validate_large(args)
+    except ValueError as e:
+        large_parser.error(str(e))
+    final = train_large(args)
     print(json.dumps({k: v for k, v in final.items() if k != "args"}, indent=1))
     return 0
 

@@ -1,0 +1,74 @@
+"""The large-graph harness: every model end to end on a small graph, the
+node batches, the options' checks."""
+import argparse
+import json
+
+import pytest
+import torch
+
+from sbm_pyg.__main__ import main
+from sbm_pyg.experiments.large import (
+    LARGE_MODELS,
+    add_large_arguments,
+    large_graph,
+    node_batches,
+    train_large,
+    validate_large,
+)
+from tests.helpers import seeded
+
+
+def _args(tmp_path, *argv):
+    parser = argparse.ArgumentParser()
+    add_large_arguments(parser)
+    return parser.parse_args(["--out", str(tmp_path / "run"), "--nodes", "300",
+                              "--min-community", "20", "--max-community", "60",
+                              "--average-degree", "8", "--channels", "16",
+                              "--layers", "1", "--epochs", "2", "--eval-every", "1",
+                              *argv])
+
+
+@pytest.mark.parametrize("model", LARGE_MODELS)
+@pytest.mark.parametrize("batch_nodes", ["0", "128"])
+def test_every_model_trains_and_reports(tmp_path, model, batch_nodes):
+    args = _args(tmp_path, "--model", model, "--batch-nodes", batch_nodes)
+    validate_large(args)
+    final = train_large(args)
+    assert 0 <= final["accuracy"] <= 1 and 0 <= final["val_accuracy"] <= 1
+    assert final["seconds_per_epoch"] > 0 and final["best_epoch"] in (1, 2)
+    assert final["args"]["model"] == model
+    records = [json.loads(line) for line in (args.out / "metrics.jsonl").open()]
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert all("val" in r and "test" in r for r in records)
+    assert json.loads((args.out / "final.json").read_text())["accuracy"] == final["accuracy"]
+
+
+@pytest.mark.parametrize("graph", ["lfr", "cluster"])
+def test_the_task_hides_the_answer(tmp_path, graph):
+    data = large_graph(_args(tmp_path, "--graph", graph, "--seeds", "2"), seeded(0))
+    classes = int(data.y.max()) + 1
+    # Only seeds carry a community; the splits cover the rest exactly once.
+    assert data.x.shape == (300, classes + 1)
+    assert int(data.x[:, -1].sum()) == 2 * classes
+    assert bool((data.x[~data.seed_mask] == 0).all())
+    assert torch.equal(data.x[data.seed_mask, :-1].argmax(1), data.y[data.seed_mask])
+    masks = torch.stack([data.train_mask, data.val_mask, data.test_mask, data.seed_mask])
+    assert bool((masks.sum(0) == 1).all())
+
+
+def test_node_batches_partition_the_nodes():
+    parts = list(node_batches(10, 4, seeded(0)))
+    assert [p.numel() for p in parts] == [4, 4, 2]
+    assert torch.equal(torch.cat(parts).sort().values, torch.arange(10))
+    assert torch.equal(next(node_batches(10, 0, seeded(0))), torch.arange(10))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--channels", "15", "--heads", "2"], "--heads (2) must divide --channels (15)"),
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--lr", "0"], "--lr and --degree > 0"),
+])
+def test_bad_options_exit_2(tmp_path, argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["large", "--out", str(tmp_path / "r"), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
