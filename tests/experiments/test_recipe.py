@@ -333,8 +333,10 @@ def test_sparse_presets(tmp_path, preset, task, seq_len):
         "repeat-sparse": (0, 1200, 3000), "mqar-sparse": (500, 2500, 4500),
         "mqar-sparse-easy": (500, 1500, 2100)}[preset]
     assert args.teacher_accuracy == 0.99
-    # Repeat's switch waits for the selector's graphs to serve the model.
+    # Repeat's switch waits for the selector's graphs to serve the model;
+    # its gate for the teacher leaves the selector 400 steps at least.
     assert args.switch_within == (None if mqar else 0.01)
+    assert args.dense_max_steps == (None if mqar else 1600)
     # MQAR at Zoology's setting unless the easy variant is asked for.
     if mqar:
         assert (args.num_pairs, args.vocab_size, args.small_vocab) == (
