@@ -6,7 +6,7 @@ import networkx as nx
 import pytest
 import torch
 
-from sbm_pyg.datasets.lfr import _pmf, lfr_graph, lfr_statistics, powerlaw_sequence
+from sbm_pyg.datasets.lfr import lfr_graph, lfr_statistics, powerlaw_sequence
 from tests.helpers import seeded
 
 SMALL = dict(tau1=3.0, tau2=1.5, average_degree=10, max_degree=50,
@@ -18,9 +18,10 @@ def test_powerlaw_sequence_follows_the_truncated_law(tau, low, high):
     draws = powerlaw_sequence(200_000, tau, low, high, seeded(0))
     assert int(draws.min()) >= low and int(draws.max()) <= high
     freq = torch.bincount(draws - low, minlength=high - low + 1).double() / draws.numel()
+    law = torch.arange(low, high + 1, dtype=torch.float64) ** -tau
     # Total variation against the law: its expectation here is about
     # sqrt(K / (2 pi N)) <= 0.004 for K <= 81 values; 0.01 is 2.5 times that.
-    assert 0.5 * float((freq - _pmf(tau, low, high)).abs().sum()) < 0.01
+    assert 0.5 * float((freq - law / law.sum()).abs().sum()) < 0.01
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -45,6 +46,13 @@ def test_lfr_graph_realises_its_law(seed, mu):
     assert abs(stats["target_mean_degree"] - 10) < 1.0
     assert 0.95 * stats["target_mean_degree"] <= stats["mean_degree"]
     assert stats["mean_degree"] <= stats["target_mean_degree"]
+    # No node has more links inside or outside its community than its
+    # targets (refused pairs only remove links).
+    same = g.y[row] == g.y[col]
+    inside = torch.bincount(row[same], minlength=g.num_nodes)
+    across = torch.bincount(row[~same], minlength=g.num_nodes)
+    assert bool((inside <= internal).all()) and bool((across <= g.degree - internal).all())
+    assert float(inside.sum() + across.sum()) >= 0.95 * float(g.degree.sum())
     # The realised mixing is the targets' (rounded internal degrees).
     target = float((g.degree - internal).sum() / g.degree.sum())
     assert abs(stats["mixing"] - target) < 0.02
