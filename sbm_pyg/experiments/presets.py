@@ -69,11 +69,14 @@ _SPARSE = dict(attention="sbm", sbm_parametrization="mmsb", sbm_init="paper",
 # not as a spread), and the switch waits until the frozen model on the
 # selector's graphs is within a point of the teacher, for up to 1200 steps
 # (the dense phase waits until step 1600 at the latest, so that the selector
-# has 400 steps at least).
+# has 400 steps at least). After the switch the task's gradient pulls the
+# density down, and a floor starting from lambda 0.001 came back too late
+# (3.2% at the end of 3000 steps on seed 1, its lambda 21 by then): the
+# floor starts from 1, as MQAR's, and 2000 sampled steps follow the switch.
 PRESETS["repeat-sparse"] = dict(PRESETS["repeat-paper"], **dict(
     _SPARSE, seq_len=64, dense_steps=800, budget_warmup=200, switch_steps=400,
     teacher_accuracy=0.99, dense_max_steps=1600, sink=True, switch_within=0.01,
-    selector_steps=1200, steps=3000))
+    selector_steps=1200, steps=4000, budget_lam=1.0))
 # MQAR at Zoology's evaluation setting (Arora et al., 2023): N = 256, 64
 # key-value pairs, a vocabulary of 8192 (chance 1/4096), a short convolution
 # before each attention, 2 layers of 2 heads, width 64, batch 64, lr 3e-3

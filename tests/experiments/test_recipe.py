@@ -328,9 +328,9 @@ def test_sparse_presets(tmp_path, preset, task, seq_len):
     # waits for its teacher (99%).
     mqar = task == "mqar"
     assert (args.distill_recall, args.budget_per_head, args.budget_lam, args.sink) == \
-        ((1.0, True, 1.0, True) if mqar else (0.0, False, 1e-3, True))
+        ((1.0, True, 1.0, True) if mqar else (0.0, False, 1.0, True))
     assert (args.distill_start, args.selector_steps, args.steps) == {
-        "repeat-sparse": (0, 1200, 3000), "mqar-sparse": (500, 2500, 4500),
+        "repeat-sparse": (0, 1200, 4000), "mqar-sparse": (500, 2500, 4500),
         "mqar-sparse-easy": (500, 1500, 2100)}[preset]
     assert args.teacher_accuracy == 0.99
     # Repeat's switch waits for the selector's graphs to serve the model;
