@@ -127,7 +127,7 @@ def train(args) -> dict:  # noqa: PLR0915
                      dict(step=step, **repeat_diagnostics(model, batch=16, seed=step)))
         if step % args.checkpoint_every == 0 or step == args.steps:
             save_checkpoint(model, optimizer, schedule, step,
-                            _rng_state(generator, graph_generator), world,
+                            _rng_state(generator, graph_generator, device), world,
                             checkpoint_path, rank, jsonable(args),
                             keep=args.keep_checkpoints,
                             budget=None if budget is None else budget.state_dict())
@@ -298,11 +298,15 @@ def _distributed(device_name: str) -> Tuple[int, int, torch.device]:
     return rank, world, device
 
 
-def _rng_state(generator: torch.Generator,
-               graph_generator: torch.Generator) -> Dict[str, Tensor]:
+def _rng_state(generator: torch.Generator, graph_generator: torch.Generator,
+               device: torch.device) -> Dict[str, Tensor]:
     state = dict(torch=torch.get_rng_state(), data=generator.get_state())
     if graph_generator is not generator:  # CUDA: graphs have their own
         state["graph"] = graph_generator.get_state()
+    if device.type == "cuda":
+        # A compiled step takes no generator: its graphs' seeds come from
+        # the device's default generator, which a resumed run must continue.
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
@@ -326,6 +330,8 @@ def _restore(path: Path, model, optimizer, schedule,
     generator.set_state(rng["data"].cpu())
     if "graph" in rng:
         graph_generator.set_state(rng["graph"].cpu())
+    if "cuda" in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
     return state["step"]
 
 

@@ -70,3 +70,29 @@ def test_compile_refuses_a_padded_task(capsys):
         main(["train", "--task", "listops", "--out", "x", "--capacity", "64",
               "--compile"])
     assert "a task without padding" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_a_resumed_compiled_run_repeats_the_uninterrupted_one(tmp_path, monkeypatch,
+                                                              device):
+    # A compiled step takes no generator: its graphs' seeds come from the
+    # device's default generator, which the checkpoint must carry.
+    monkeypatch.setattr(train_module, "compiled", lambda net: torch.compile(
+        net, fullgraph=True, dynamic=False, backend="aot_eager"))
+    torch._dynamo.reset()
+    static = [*MQAR, "--capacity", "65536", "--compile", "--attention", "sbm",
+              "--device", device, "--checkpoint-every", "2", "--keep-checkpoints", "2"]
+    straight = tmp_path / "straight"
+    main([*static, "--out", str(straight), "--steps", "4"])
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / "checkpoint.pt").write_bytes((straight / "checkpoint-2.pt").read_bytes())
+    main([*static, "--out", str(resumed), "--steps", "4", "--resume"])
+    a, b = ([r for r in records(out) if r.get("split") == "train"]
+            for out in (straight, resumed))
+    assert [r["step"] for r in b] == [3, 4]
+    # Steps 3 and 4 sample the same graphs: the same loss and density.
+    for x, y in zip(a[2:], b):
+        assert x | dict(seconds=0) == y | dict(seconds=0)
