@@ -109,9 +109,11 @@ class SBMAttentionOptions:
             :class:`RuntimeError`), the result says whether the draws
             overflowed the capacity (:obj:`overflow`, the graph then lacks
             some). What :func:`torch.compile` with :obj:`fullgraph=True`
-            and a captured CUDA graph need; without the dense and tiled
-            regimes, :obj:`max_edges`, dropout and
-            :obj:`sparse_memberships`, which read the device.
+            and a captured CUDA graph need; without what reads the device
+            or samples otherwise: the dense and tiled regimes, the PyTorch
+            attention backend (:obj:`attention_backend="torch"`), another
+            :obj:`sampler_backend` than :obj:`"auto"`, :obj:`max_edges`,
+            dropout and :obj:`sparse_memberships`, each refused by name.
             (default: :obj:`None`, shapes follow the graph)
 
     Example:
