@@ -329,7 +329,7 @@ class SBMTransformer(Module):
                                  density_loss, distillation, distill_loss)
 
 
-GPS_ATTENTIONS = ("none", "multihead", "performer", "sbm")
+GPS_ATTENTIONS = ("none", "multihead", "performer", "bigbird", "sbm")
 
 
 class GPSNodeClassifier(Module):
@@ -343,7 +343,7 @@ class GPSNodeClassifier(Module):
     :obj:`attention` types: :class:`SBMGPSConv` (:obj:`"sbm"`) or
     :class:`EdgeGPSConv`, PyG's :class:`GPSConv` for an edge-updating local
     conv (:obj:`"multihead"`, :obj:`"performer"` with heads of :math:`C / H`
-    channels, :obj:`"none"`).
+    channels, :obj:`"bigbird"` at :obj:`bigbird_density`, :obj:`"none"`).
 
     Args:
         in_channels (int): node features.
@@ -356,6 +356,8 @@ class GPSNodeClassifier(Module):
         attn_dropout (float): dropout on the attention weights. (default: :obj:`0.5`)
         pe_channels (int): width of the positional encoding, 0 for none.
             (default: :obj:`16`)
+        bigbird_density (float): the pairs of each graph BigBird attends
+            (:obj:`"bigbird"` only). (default: :obj:`0.05`)
         **sbm_kwargs: :class:`~sbm_pyg.nn.SBMConv`'s arguments for
             :obj:`"sbm"` (e.g. :obj:`num_clusters`, :obj:`sbm_init`), as
             :class:`SBMTransformer` takes them.
@@ -370,7 +372,8 @@ class GPSNodeClassifier(Module):
     def __init__(self, in_channels: int, num_classes: int, channels: int = 64,
                  num_layers: int = 6, heads: int = 4, attention: str = "sbm",
                  dropout: float = 0.0, attn_dropout: float = 0.5,
-                 pe_channels: int = 16, **sbm_kwargs: Any):
+                 pe_channels: int = 16, bigbird_density: float = 0.05,
+                 **sbm_kwargs: Any):
         super().__init__()
         if attention not in GPS_ATTENTIONS:
             raise ValueError(f"attention must be one of {GPS_ATTENTIONS}, got "
@@ -401,6 +404,8 @@ class GPSNodeClassifier(Module):
                 attn_kwargs: Dict[str, Any] = dict(dropout=attn_dropout)
                 if attention == "performer":
                     attn_kwargs["head_channels"] = channels // heads
+                if attention == "bigbird":
+                    attn_kwargs["density"] = bigbird_density
                 layers.append(EdgeGPSConv(
                     channels, local, heads, dropout=dropout,
                     attn_type=attention, attn_kwargs=attn_kwargs))

@@ -1,7 +1,7 @@
 r"""One harness for global attention on one large graph: community
 classification (:func:`~sbm_pyg.datasets.communities.community_task`) on an
-LFR graph or CLUSTER's recipe at scale, by the GNN alone, GPS with SBM or
-Performer attention, and PyG's :class:`~torch_geometric.nn.models.SGFormer`
+LFR graph or CLUSTER's recipe at scale, by the GNN alone, GPS with SBM,
+Performer or BigBird attention, and PyG's :class:`~torch_geometric.nn.models.SGFormer`
 and :class:`~torch_geometric.nn.models.Polynormer`: accuracy, time per epoch
 and peak memory, full-batch or on random node batches (as SGFormer trains
 on large graphs), ``python -m sbm_pyg large``.
@@ -33,9 +33,10 @@ from sbm_pyg.models import GPSNodeClassifier
 __all__ = ["LARGE_MODELS", "GRAPHS", "add_large_arguments", "validate_large",
            "large_graph", "build_large_model", "node_batches", "train_large"]
 
-LARGE_MODELS = ("gnn", "gps-sbm", "gps-performer", "sgformer", "polynormer")
+LARGE_MODELS = ("gnn", "gps-sbm", "gps-performer", "gps-bigbird", "sgformer", "polynormer")
 GRAPHS = ("lfr", "cluster")
-_GPS = {"gnn": "none", "gps-sbm": "sbm", "gps-performer": "performer"}
+_GPS = {"gnn": "none", "gps-sbm": "sbm", "gps-performer": "performer",
+        "gps-bigbird": "bigbird"}
 
 
 def add_large_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,8 @@ def add_large_arguments(parser: argparse.ArgumentParser) -> None:
     add("--heads", type=int, default=2)
     add("--degree", type=float, default=32.0,
         help="gps-sbm: the SBM heads' starting expected degree (init_density "
-             "= degree / nodes of the graph or batch)")
+             "= degree / nodes of the graph or batch); gps-bigbird: its "
+             "pattern's degree")
     add("--epochs", type=int, default=100)
     add("--batch-nodes", type=int, default=0,
         help="random node batches of this size (their induced subgraphs; 0: "
@@ -102,9 +104,14 @@ def build_large_model(name: str, in_channels: int, num_classes: int, channels: i
                       init_density: Optional[float] = None) -> torch.nn.Module:
     r"""The model :obj:`name` (one of :data:`LARGE_MODELS`) for
     :obj:`in_channels` features and :obj:`num_classes` classes; for
-    :obj:`"gps-sbm"` the heads start at :obj:`init_density`."""
+    :obj:`"gps-sbm"` the heads start at :obj:`init_density`, and
+    :obj:`"gps-bigbird"` attends that density of the pairs."""
     if name in _GPS:
-        extra = dict(init_density=init_density) if name == "gps-sbm" else {}
+        extra: Dict[str, float] = {}
+        if name == "gps-sbm" and init_density is not None:
+            extra = dict(init_density=init_density)
+        elif name == "gps-bigbird" and init_density is not None:
+            extra = dict(bigbird_density=init_density)
         return GPSNodeClassifier(in_channels, num_classes, channels=channels,
                                  num_layers=layers, heads=heads, attention=_GPS[name],
                                  dropout=dropout, attn_dropout=0.0, pe_channels=0,

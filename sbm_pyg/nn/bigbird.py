@@ -145,6 +145,11 @@ class BigBirdAttention(Module):
         self.out = Linear(heads * head_channels, channels)
         self.sampled_density: Optional[Tensor] = None
 
+    def reset_parameters(self) -> None:
+        r"""Resets all learnable parameters of the module."""
+        self.qkv.reset_parameters()
+        self.out.reset_parameters()
+
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, *,
                 generator: Optional[torch.Generator] = None) -> Tensor:
         require_tensor("x", x, 3, floating=True)

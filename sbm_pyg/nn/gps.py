@@ -16,6 +16,7 @@ from torch_geometric.nn.resolver import activation_resolver, normalization_resol
 from torch_geometric.typing import Adj
 from torch_geometric.utils import to_dense_batch
 
+from sbm_pyg.nn.bigbird import BigBirdAttention
 from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.validation import require_tensor
 
@@ -285,7 +286,7 @@ class SBMGPSConv(_GPSLayer):
                 f"include_input_edges={self.include_input_edges})")
 
 
-ATTENTIONS = ("multihead", "performer")
+ATTENTIONS = ("multihead", "performer", "bigbird")
 
 
 class EdgeGPSConv(_GPSLayer):
@@ -298,9 +299,13 @@ class EdgeGPSConv(_GPSLayer):
     (:func:`~torch_geometric.utils.to_dense_batch`):
     :class:`torch.nn.MultiheadAttention` (:obj:`"multihead"`, :math:`O(N^2)`
     per graph) or PyG's :class:`~torch_geometric.nn.attention.PerformerAttention`
-    (:obj:`"performer"`, linear), or none (:obj:`None`: local MPNN and MLP
-    only, an ablation GPSConv does not offer). This is the baseline that
-    :class:`SBMGPSConv` with the same local conv is compared with.
+    (:obj:`"performer"`, linear), BigBird's fixed sparse pattern in node
+    order (:class:`~sbm_pyg.nn.BigBirdAttention`, :obj:`"bigbird"`: window,
+    global and random keys at :obj:`attn_kwargs["density"]` of each graph's
+    pairs, on the same kernels as SBM attention), or none (:obj:`None`:
+    local MPNN and MLP only, an ablation GPSConv does not offer). This is
+    the baseline that :class:`SBMGPSConv` with the same local conv is
+    compared with.
 
     .. math::
         \mathbf{h}^{L}, \mathbf{e}^{\prime} &= \mathrm{MPNN}(\mathbf{x},
@@ -320,11 +325,12 @@ class EdgeGPSConv(_GPSLayer):
         heads (int): attention heads. (default: :obj:`1`)
         dropout (float): dropout of intermediate embeddings. (default: :obj:`0.`)
         act, act_kwargs, norm, norm_kwargs: as in :class:`GPSConv`.
-        attn_type (str, optional): :obj:`"multihead"`, :obj:`"performer"` or
-            :obj:`None`. (default: :obj:`"multihead"`)
+        attn_type (str, optional): :obj:`"multihead"`, :obj:`"performer"`,
+            :obj:`"bigbird"` or :obj:`None`. (default: :obj:`"multihead"`)
         attn_kwargs (Dict[str, Any], optional): arguments of the attention
             layer, as in :class:`GPSConv` (e.g. :obj:`dropout`; the
-            performer's :obj:`head_channels`).
+            performer's :obj:`head_channels`; BigBird's :obj:`density`,
+            required, its heads of :math:`C / H` channels).
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, C)`, edge indices
@@ -381,6 +387,12 @@ class EdgeGPSConv(_GPSLayer):
         elif attn_type == "performer":
             self.attn = PerformerAttention(channels=channels, heads=heads,
                                            **attn_kwargs)
+        elif attn_type == "bigbird":
+            if "density" not in attn_kwargs:
+                raise ValueError("attn_type='bigbird' needs attn_kwargs['density'], "
+                                 "the fraction of each graph's pairs to attend")
+            self.attn = BigBirdAttention(channels, heads, channels // heads,
+                                         **attn_kwargs)
         else:  # no attention branch to normalize
             self.norm2 = None
         # Drawn once more, as this layer always has: the committed runs of
@@ -391,6 +403,8 @@ class EdgeGPSConv(_GPSLayer):
     def _reset_attention(self) -> None:
         if isinstance(self.attn, (MultiheadAttention, PerformerAttention)):
             self.attn._reset_parameters()  # both name it so
+        elif isinstance(self.attn, BigBirdAttention):
+            self.attn.reset_parameters()
 
     def _attend(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor],
                 generator: Optional[torch.Generator],
@@ -400,6 +414,8 @@ class EdgeGPSConv(_GPSLayer):
         h, mask = to_dense_batch(x, batch, batch_size=batch_size)
         if isinstance(self.attn, MultiheadAttention):
             h, _ = self.attn(h, h, h, key_padding_mask=~mask, need_weights=False)
+        elif isinstance(self.attn, BigBirdAttention):
+            h = self.attn(h, mask=mask, generator=generator)
         else:
             h = self.attn(h, mask=mask)
         return h[mask]

@@ -10,6 +10,7 @@ from sbm_pyg.__main__ import main
 from sbm_pyg.experiments.large import (
     LARGE_MODELS,
     add_large_arguments,
+    build_large_model,
     large_graph,
     node_batches,
     train_large,
@@ -44,6 +45,23 @@ def test_every_model_trains_and_reports(tmp_path, model, batch_nodes):
     # The test accuracy reported is the one at the best validation.
     best = max(records, key=lambda r: (r["val"], -r["epoch"]))
     assert (final["accuracy"], final["best_epoch"]) == (best["test"], best["epoch"])
+
+
+def test_the_sparse_attentions_start_at_the_degree_asked():
+    # --degree 32 on 400 nodes: the SBM heads start, and BigBird's pattern
+    # attends, at 8% of the pairs.
+    sbm = build_large_model("gps-sbm", 5, 3, 16, 2, 2, 0.0, init_density=0.08)
+    bigbird = build_large_model("gps-bigbird", 5, 3, 16, 2, 2, 0.0, init_density=0.08)
+    assert [layer.attn.density for layer in bigbird.layers] == [0.08, 0.08]
+    x = torch.randn(400, 5, generator=seeded(3))
+    edge_index = torch.randint(0, 400, (2, 800), generator=seeded(4))
+    batch = torch.zeros(400, dtype=torch.long)
+    for model in (sbm, bigbird):
+        model(x, edge_index, batch, generator=seeded(5), batch_size=1)
+    sampled = [layer.attn.sampled_density for layer in bigbird.layers]
+    # The pattern's sizes round a third of 32 keys each way: 0.06-0.10.
+    assert all(0.06 <= float(d.mean()) <= 0.10 for d in sampled)
+    assert all(0.04 <= float(d) <= 0.16 for d in sbm.densities().flatten())
 
 
 @pytest.mark.parametrize("graph", ["lfr", "cluster"])

@@ -249,12 +249,15 @@ def _two_graphs(C=8, seed=0):
     return x, edge_index, e, torch.tensor([0, 0, 0, 3, 3, 3]) // 3
 
 
-@pytest.mark.parametrize("layer", ["sbm", "multihead", "performer", None])
+@pytest.mark.parametrize("layer", ["sbm", "multihead", "performer", "bigbird", None])
 def test_an_edge_updating_conv_carries_edge_features(layer):
     x, ei, e, batch = _two_graphs()
     conv = GatedGCNConv(8)
     if layer == "sbm":
         gps = SBMGPSConv(8, conv, heads=2, attn_kwargs=dict(num_clusters=4))
+    elif layer == "bigbird":
+        gps = EdgeGPSConv(8, conv, heads=2, attn_type=layer,
+                          attn_kwargs=dict(density=0.5))
     else:
         # .to(): PyG's PerformerAttention draws its projection on the CPU
         # whatever the default device (as a user's model is, it is moved).
@@ -334,8 +337,40 @@ def test_edge_twin_is_pygs_gpsconv(attn_type, training):
         "GPSConv", "").replace("GINConv", "_GINWithEdges")
 
 
+def test_bigbird_attends_its_pattern_within_each_graph():
+    # Graphs of 5 and 3 nodes (the second padded in the dense batch): the
+    # attention branch is BigBirdAttention on each graph's nodes in order,
+    # its random keys drawn from the same generator state.
+    torch.manual_seed(0)
+    g = seeded(3)
+    x = torch.randn(8, 8, generator=g)
+    ei = torch.tensor([[0, 1, 2, 3, 5, 6], [1, 2, 3, 4, 6, 7]])
+    e = torch.randn(ei.size(1), 8, generator=g)
+    batch = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
+    gps = EdgeGPSConv(8, GatedGCNConv(8), heads=2, attn_type="bigbird",
+                      attn_kwargs=dict(density=0.4), norm=None).eval()
+    branch = gps._attend(x, ei, batch, seeded(1), None)
+    dense = torch.zeros(2, 5, 8)
+    dense[0], dense[1, :3] = x[:5], x[5:]
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    want = gps.attn(dense, mask=mask, generator=seeded(1))[mask]
+    torch.testing.assert_close(branch, want)
+    # The second graph's nodes never reach the first graph's.
+    x2 = x.clone()
+    x2[5:] = torch.randn(3, 8, generator=g)
+    out, out2 = (gps(h, ei, batch, edge_attr=e, generator=seeded(1)) for h in (x, x2))
+    torch.testing.assert_close(out[:5], out2[:5])
+    assert not torch.allclose(out[5:], out2[5:])
+    before = [p.clone() for p in gps.attn.parameters()]
+    gps.reset_parameters()
+    assert all(not torch.equal(a, b) for a, b in zip(before, gps.attn.parameters()))
+    assert "attn_type=bigbird" in repr(gps)
+
+
 def test_edge_twin_bad_arguments():
     with pytest.raises(ValueError, match="attn_type"):
+        EdgeGPSConv(8, GatedGCNConv(8), attn_type="longformer")
+    with pytest.raises(ValueError, match="density"):
         EdgeGPSConv(8, GatedGCNConv(8), attn_type="bigbird")
     with pytest.raises(ValueError, match="conv.*GPSConv"):
         EdgeGPSConv(8, None)
