@@ -31,7 +31,8 @@ from sbm_pyg.experiments.runs import PeakMemory, jsonable
 from sbm_pyg.models import GPSNodeClassifier
 
 __all__ = ["LARGE_MODELS", "GRAPHS", "add_large_arguments", "validate_large",
-           "large_graph", "build_large_model", "node_batches", "train_large"]
+           "large_graph", "build_large_model", "batch_statistics", "node_batches",
+           "train_large"]
 
 LARGE_MODELS = ("gnn", "gps-sbm", "gps-performer", "gps-bigbird", "sgformer", "polynormer")
 GRAPHS = ("lfr", "cluster")
@@ -105,7 +106,33 @@ def build_large_model(name: str, in_channels: int, num_classes: int, channels: i
     r"""The model :obj:`name` (one of :data:`LARGE_MODELS`) for
     :obj:`in_channels` features and :obj:`num_classes` classes; for
     :obj:`"gps-sbm"` the heads start at :obj:`init_density`, and
-    :obj:`"gps-bigbird"` attends that density of the pairs."""
+    :obj:`"gps-bigbird"` attends that density of the pairs. Its batch norms
+    normalise by the batch's statistics in evaluation too
+    (:func:`batch_statistics`)."""
+    return batch_statistics(_large_model(name, in_channels, num_classes, channels,
+                                         layers, heads, dropout, init_density))
+
+
+def batch_statistics(model: torch.nn.Module) -> torch.nn.Module:
+    r""":obj:`model` with every batch norm normalising by the batch's own
+    statistics in evaluation as in training (no running averages). On one
+    graph trained full-batch a running average gets one update an epoch
+    and lags far behind the features' statistics: the GNN alone on the
+    10^4-node LFR graph scored 0.6% validation accuracy in evaluation mode
+    where the same weights in training mode scored 52.8% (epoch 30). The
+    evaluation's batch is the training's (the graph, or node batches of the
+    same size)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.track_running_stats = False
+            module.running_mean = module.running_var = None
+            module.num_batches_tracked = None
+    return model
+
+
+def _large_model(name: str, in_channels: int, num_classes: int, channels: int,
+                 layers: int, heads: int, dropout: float,
+                 init_density: Optional[float]) -> torch.nn.Module:
     if name in _GPS:
         extra: Dict[str, float] = {}
         if name == "gps-sbm" and init_density is not None:

@@ -47,6 +47,23 @@ def test_every_model_trains_and_reports(tmp_path, model, batch_nodes):
     assert (final["accuracy"], final["best_epoch"]) == (best["test"], best["epoch"])
 
 
+@pytest.mark.parametrize("model", ["gnn", "gps-performer", "sgformer"])
+def test_evaluation_normalises_as_training_does(model):
+    # Without dropout, eval and train mode compute the same: the batch norms
+    # keep no running averages, which one update an epoch leaves far behind.
+    net = build_large_model(model, 5, 3, 16, 2, 2, 0.0)
+    x = torch.randn(300, 5, generator=seeded(3)) * 5 + 2
+    edge_index = torch.randint(0, 300, (2, 900), generator=seeded(4))
+    batch = torch.zeros(300, dtype=torch.long)
+    outs = []
+    for mode in (True, False, True):
+        net.train(mode)
+        outs.append(net(x, edge_index, batch))
+    torch.testing.assert_close(outs[1], outs[0])
+    torch.testing.assert_close(outs[2], outs[0])
+    assert any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
+
+
 def test_the_sparse_attentions_start_at_the_degree_asked():
     # --degree 32 on 400 nodes: the SBM heads start, and BigBird's pattern
     # attends, at 8% of the pairs.
