@@ -18,7 +18,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 def test_notebooks_exist():
     assert [p.name for p in NOTEBOOKS] == ["01_sampling.ipynb", "02_theory.ipynb",
-                                           "03_training.ipynb", "04_pyg.ipynb"]
+                                           "03_training.ipynb", "04_pyg.ipynb",
+                                           "05_large.ipynb"]
 
 
 def _untracked_and_modified() -> set:
