@@ -1,0 +1,42 @@
+"""The large-graph comparison's table: each model's test accuracy (mean and
+sample standard deviation over the seeds run), seconds per epoch and peak
+memory, from the runs' final.json under docs/runs/large/lfr-1e4.
+
+    python docs/runs/large/summary.py
+
+writes docs/runs/large/lfr-1e4/summary.json and prints a Markdown table.
+"""
+import json
+import statistics
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent / "lfr-1e4"
+MODELS = ("gnn", "gps-sbm", "gps-performer", "gps-bigbird", "sgformer", "polynormer")
+
+
+def main() -> None:
+    table = {}
+    for model in MODELS:
+        runs = [json.loads(p.read_text()) for p in sorted(HERE.glob(f"{model}-s*/final.json"))]
+        if not runs:
+            continue
+        accuracy = [100 * r["accuracy"] for r in runs]
+        table[model] = dict(
+            seeds=[r["args"]["seed"] for r in runs], accuracy=accuracy,
+            accuracy_mean=statistics.mean(accuracy),
+            accuracy_std=statistics.stdev(accuracy) if len(runs) > 1 else None,
+            seconds_per_epoch=[r["seconds_per_epoch"] for r in runs],
+            peak_gib=[r["peak_memory_bytes"] / 2**30 for r in runs],
+            best_epoch=[r["best_epoch"] for r in runs])
+    (HERE / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
+    print("| model | seeds | test accuracy (%) | s / epoch | peak (GiB) |")
+    print("|---|---|---|---|---|")
+    for model, row in table.items():
+        std = "" if row["accuracy_std"] is None else f" ± {row['accuracy_std']:.2f}"
+        print(f"| {model} | {len(row['seeds'])} | {row['accuracy_mean']:.2f}{std} | "
+              f"{statistics.median(row['seconds_per_epoch']):.2f} | "
+              f"{max(row['peak_gib']):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
