@@ -119,7 +119,8 @@ def batch_statistics(model: torch.nn.Module) -> torch.nn.Module:
     graph trained full-batch a running average gets one update an epoch
     and lags far behind the features' statistics: the GNN alone on the
     10^4-node LFR graph scored 0.6% validation accuracy in evaluation mode
-    where the same weights in training mode scored 52.8% (epoch 30). The
+    where the same epoch's training forward, one update earlier, scored
+    52.8% (epoch 30). The
     evaluation's batch is the training's (the graph, or node batches of the
     same size)."""
     for module in model.modules():
