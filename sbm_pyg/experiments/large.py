@@ -120,9 +120,8 @@ def batch_statistics(model: torch.nn.Module) -> torch.nn.Module:
     and lags far behind the features' statistics: the GNN alone on the
     10^4-node LFR graph scored 0.6% validation accuracy in evaluation mode
     where the same epoch's training forward, one update earlier, scored
-    52.8% (epoch 30). The
-    evaluation's batch is the training's (the graph, or node batches of the
-    same size)."""
+    52.8% (epoch 30). The evaluation's batch is the training's (the graph,
+    or node batches of the same size)."""
     for module in model.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             module.track_running_stats = False
