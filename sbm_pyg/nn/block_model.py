@@ -321,7 +321,8 @@ def _row_chunks(x: Tensor) -> Tuple[Tensor, int]:
     H, N, d = x.shape
     L = min(N, ROW_CHUNK)
     S = -(-N // L) if N else 1
-    x = torch.nn.functional.pad(x, (0, 0, 0, S * L - N))
+    if S * L != N:  # a copy: only where a chunk is short
+        x = torch.nn.functional.pad(x, (0, 0, 0, S * L - N))
     return x.reshape(H * S, L, d), S
 
 

@@ -286,3 +286,26 @@ def test_sink_bad_input(graph):
         sparse_attention(q, k, v, graph, sink=torch.zeros(1, 2))
     with pytest.raises(TypeError, match="sink"):
         sparse_attention(q, k, v, graph, sink=torch.zeros(2, dtype=torch.long))
+
+
+def test_query_block_in_row_chunks_is_the_same_product(monkeypatch):
+    # Q̂ Ŝ in chunks of 4 rows (the last padded) against one einsum over
+    # all rows: the same values and gradients (Ŝ's summed over the chunks),
+    # float64; also with no rows.
+    from sbm_pyg.nn import block_model
+    from sbm_pyg.nn.functional import sbm_factors
+    monkeypatch.setattr(block_model, "ROW_CHUNK", 4)
+    gen = torch.Generator().manual_seed(7)
+    for N in (10, 8, 3, 0):
+        q_memb = torch.rand(N, 2, 3, generator=gen, dtype=torch.float64,
+                            requires_grad=True)
+        block = torch.rand(2, 3, 3, generator=gen, dtype=torch.float64,
+                           requires_grad=True)
+        k_memb = torch.rand(5, 2, 3, generator=gen, dtype=torch.float64)
+        weight = torch.randn(2 * N, 3, generator=gen, dtype=torch.float64)
+        chunked = sbm_factors((q_memb, block, k_memb), torch.float64)[0]
+        whole = torch.einsum("nhu,huv->hnv", q_memb, block).reshape(-1, 3)
+        torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-14)
+        for a, b in zip(torch.autograd.grad((chunked * weight).sum(), [q_memb, block]),
+                        torch.autograd.grad((whole * weight).sum(), [q_memb, block])):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

@@ -214,3 +214,28 @@ def test_the_layers_and_the_model_around_it_compile_as_one_graph(which):
         optimizer.step()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["recompiles"]
+
+
+@pytest.mark.slow  # inductor generates and compiles C++: about two minutes
+def test_inductor_computes_what_eager_does():
+    # The default backend (inductor's own kernels, not only the trace):
+    # a training step from the same global seed draws the same graph, so
+    # the output and every gradient match eager's; a seeded evaluation is
+    # the same graph and, here, the same values to the last bit.
+    conv = layer(eval_seed=5)
+    x = torch.randn(64, 16, generator=seeded(3))
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, fullgraph=True, dynamic=False)
+    results = []
+    for module in (compiled, conv):
+        conv.zero_grad()
+        torch.manual_seed(11)
+        out = module(x)
+        out.square().sum().backward()
+        results.append([out.detach(), *(p.grad.clone() for p in conv.parameters())])
+    assert not bool(conv.overflow)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    conv.eval()
+    with torch.no_grad():
+        assert torch.equal(compiled(x), conv(x))
