@@ -336,7 +336,9 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
             (:math:`\hat{\mathbf{K}}`), the gradient of
             :math:`p_e = (\hat{\mathbf{Q}}\hat{\mathbf{S}})_r \cdot
             \hat{\mathbf{K}}_c` is summed into both inside the kernels, with
-            no :obj:`[E]` tensor.
+            no :obj:`[E]` tensor; with half precision rows the factors'
+            rows are read in that precision, their gradients summed in the
+            accumulation dtype and returned in the factors' own.
         grad_lse (Tensor, optional): :obj:`[R]`, the gradient of
             :obj:`lse` (an attention sink's): each edge's score gradient
             :math:`\alpha_e (t_e - \delta_r + \partial L / \partial
@@ -363,6 +365,12 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
                              "estimator")
         memb, K = True, q_block.size(1)
         grad_qb, grad_km = torch.empty_like(q_block), torch.empty_like(k_memb)
+        if q.element_size() == 2:
+            # Half precision rows (autocast): each edge gathers the other
+            # side's factor row, most of the backward's bytes in float32;
+            # in q's dtype they are half. The sums stay in the accumulation
+            # dtype and are stored in the factors' own.
+            q_block, k_memb = q_block.to(q.dtype), k_memb.to(q.dtype)
     elif ste is not None:
         grad_prob = torch.empty(col.numel(), dtype=acc, device=q.device)
     meta = dict(_meta(q, v, K), STE=STE_CODES[ste], MEMB=memb,

@@ -208,3 +208,33 @@ def test_triton_sink_matches_the_torch_path(dtype, tol):
     assert results[1][-1].abs().min() > 1e-6  # the sink's gradient
     for a, b in zip(*results):
         assert torch.allclose(a, b, rtol=tol, atol=tol)
+
+
+@needs_triton_installed
+def test_triton_half_rows_gather_the_factors_in_half_precision():
+    # Under autocast the rows are bfloat16: the backward reads the factors'
+    # rows in bfloat16 too (half the bytes it gathers per edge), sums their
+    # gradients in float32 and returns them in float32. So float32 factors
+    # give exactly what their bfloat16 roundings give, and the gradients
+    # stay near the float32 rows' ones.
+    from sbm_pyg.ops.triton_attention import attention_backward, attention_forward
+    graph, (q, k, v, _) = graph_and_inputs(torch.float32, H=1)
+    csr, g = graph.csr, seeded(5)
+    q, k, v = (t[:, 0] for t in (q, k, v))
+    q_block, k_memb = (torch.rand(t.size(0), 3, generator=g) for t in (q, k))
+    grad_out = torch.randn(v.shape, generator=g)
+
+    def grads(rows, factors):
+        q_, k_, v_ = (t.to(rows) for t in (q, k, v))
+        out, lse = attention_forward(csr.rowptr, csr.col, q_, k_, v_, 0.5)
+        return attention_backward(csr.rowptr, csr.col, csr.colptr, csr.row_t(),
+                                  q_, k_, v_, out, lse, grad_out.to(rows), 0.5,
+                                  "paper", *factors)[4:]
+    half = grads(torch.bfloat16, (q_block, k_memb))
+    assert all(t.dtype == torch.float32 for t in half)
+    rounded = grads(torch.bfloat16, [t.bfloat16().float() for t in (q_block, k_memb)])
+    full = grads(torch.float32, (q_block, k_memb))
+    for a, b, c in zip(half, rounded, full):
+        assert torch.equal(a, b)
+        assert not torch.equal(a, c)
+        torch.testing.assert_close(a, c, rtol=5e-2, atol=5e-2)
