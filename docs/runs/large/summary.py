@@ -1,23 +1,30 @@
-"""The large-graph comparison's table: each model's test accuracy (mean and
+"""The large-graph comparison's tables: each model's test accuracy (mean and
 sample standard deviation over the seeds run), seconds per epoch and peak
-memory, from the runs' final.json under docs/runs/large/lfr-1e4.
+memory, from the runs' final.json under each docs/runs/large/lfr-* folder.
 
     python docs/runs/large/summary.py
 
-writes docs/runs/large/lfr-1e4/summary.json and prints a Markdown table.
+writes summary.json in each of those folders and prints a Markdown table
+for each.
 """
 import json
 import statistics
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent / "lfr-1e4"
+HERE = Path(__file__).resolve().parent
 MODELS = ("gnn", "gps-sbm", "gps-performer", "gps-bigbird", "sgformer", "polynormer")
 
 
 def main() -> None:
+    for folder in sorted(HERE.glob("lfr-*")):
+        print(f"\n{folder.name}\n")
+        summarise(folder)
+
+
+def summarise(folder: Path) -> None:
     table = {}
     for model in MODELS:
-        runs = [json.loads(p.read_text()) for p in sorted(HERE.glob(f"{model}-s*/final.json"))]
+        runs = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{model}-s*/final.json"))]
         if not runs:
             continue
         accuracy = [100 * r["accuracy"] for r in runs]
@@ -28,7 +35,7 @@ def main() -> None:
             seconds_per_epoch=[r["seconds_per_epoch"] for r in runs],
             peak_gib=[r["peak_memory_bytes"] / 2**30 for r in runs],
             best_epoch=[r["best_epoch"] for r in runs])
-    (HERE / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
+    (folder / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
     print("| model | seeds | test accuracy (%) | s / epoch | peak (GiB) |")
     print("|---|---|---|---|---|")
     for model, row in table.items():
