@@ -61,6 +61,9 @@ def add_large_arguments(parser: argparse.ArgumentParser) -> None:
         help="gps-sbm: the SBM heads' starting expected degree (init_density "
              "= degree / nodes of the graph or batch); gps-bigbird: its "
              "pattern's degree")
+    add("--num-clusters", type=int, default=128,
+        help="gps-sbm: the SBM's clusters per head (its memberships hold this "
+             "many numbers per node and head)")
     add("--epochs", type=int, default=100)
     add("--batch-nodes", type=int, default=0,
         help="random node batches of this size (their induced subgraphs; 0: "
@@ -74,7 +77,8 @@ def add_large_arguments(parser: argparse.ArgumentParser) -> None:
 
 def validate_large(args) -> None:
     """Raises :class:`ValueError` naming the first bad option."""
-    for name in ("nodes", "seeds", "channels", "layers", "heads", "epochs", "eval_every"):
+    for name in ("nodes", "seeds", "channels", "layers", "heads", "epochs", "eval_every",
+                 "num_clusters"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if args.channels % args.heads:
@@ -102,15 +106,18 @@ def large_graph(args, generator: torch.Generator) -> Data:
 
 def build_large_model(name: str, in_channels: int, num_classes: int, channels: int,
                       layers: int, heads: int, dropout: float,
-                      init_density: Optional[float] = None) -> torch.nn.Module:
+                      init_density: Optional[float] = None,
+                      num_clusters: int = 128) -> torch.nn.Module:
     r"""The model :obj:`name` (one of :data:`LARGE_MODELS`) for
     :obj:`in_channels` features and :obj:`num_classes` classes; for
-    :obj:`"gps-sbm"` the heads start at :obj:`init_density`, and
+    :obj:`"gps-sbm"` the heads start at :obj:`init_density` with
+    :obj:`num_clusters` clusters each, and
     :obj:`"gps-bigbird"` attends that density of the pairs. Its batch norms
     normalise by the batch's statistics in evaluation too
     (:func:`batch_statistics`)."""
     return batch_statistics(_large_model(name, in_channels, num_classes, channels,
-                                         layers, heads, dropout, init_density))
+                                         layers, heads, dropout, init_density,
+                                         num_clusters))
 
 
 def batch_statistics(model: torch.nn.Module) -> torch.nn.Module:
@@ -132,11 +139,13 @@ def batch_statistics(model: torch.nn.Module) -> torch.nn.Module:
 
 def _large_model(name: str, in_channels: int, num_classes: int, channels: int,
                  layers: int, heads: int, dropout: float,
-                 init_density: Optional[float]) -> torch.nn.Module:
+                 init_density: Optional[float], num_clusters: int) -> torch.nn.Module:
     if name in _GPS:
         extra: Dict[str, float] = {}
-        if name == "gps-sbm" and init_density is not None:
-            extra = dict(init_density=init_density)
+        if name == "gps-sbm":
+            extra = dict(num_clusters=num_clusters)
+            if init_density is not None:
+                extra.update(init_density=init_density)
         elif name == "gps-bigbird" and init_density is not None:
             extra = dict(bigbird_density=init_density)
         return GPSNodeClassifier(in_channels, num_classes, channels=channels,
@@ -210,7 +219,8 @@ def train_large(args, log: Optional[Callable[[dict], None]] = None) -> dict:
     nodes_seen = args.batch_nodes if 0 < args.batch_nodes < args.nodes else args.nodes
     model = build_large_model(args.model, data.x.size(1), num_classes, args.channels,
                               args.layers, args.heads, args.dropout,
-                              init_density=min(args.degree / nodes_seen, 0.5))
+                              init_density=min(args.degree / nodes_seen, 0.5),
+                              num_clusters=args.num_clusters)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     args.out.mkdir(parents=True, exist_ok=True)
     metrics = args.out / "metrics.jsonl"

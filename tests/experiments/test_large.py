@@ -81,6 +81,16 @@ def test_the_sparse_attentions_start_at_the_degree_asked():
     assert all(0.04 <= float(d) <= 0.16 for d in sbm.densities().flatten())
 
 
+def test_num_clusters_reaches_every_sbm_head(tmp_path):
+    args = _args(tmp_path, "--model", "gps-sbm", "--num-clusters", "6")
+    validate_large(args)
+    model = build_large_model("gps-sbm", 5, 3, 16, 2, 2, 0.0, init_density=0.08,
+                              num_clusters=args.num_clusters)
+    convs = [m for m in model.modules() if type(m).__name__ == "SBMConv"]
+    assert len(convs) == 2 and {c.num_clusters for c in convs} == {6}
+    assert {tuple(c.sbm.clusters.shape) for c in convs} == {(2, 6, 8)}
+
+
 @pytest.mark.parametrize("graph", ["lfr", "cluster"])
 def test_the_task_hides_the_answer(tmp_path, graph):
     data = large_graph(_args(tmp_path, "--graph", graph, "--seeds", "2"), seeded(0))
@@ -105,6 +115,7 @@ def test_node_batches_partition_the_nodes():
     (["--channels", "15", "--heads", "2"], "--heads (2) must divide --channels (15)"),
     (["--epochs", "0"], "--epochs must be >= 1"),
     (["--lr", "0"], "--lr and --degree > 0"),
+    (["--num-clusters", "0"], "--num-clusters must be >= 1"),
 ])
 def test_bad_options_exit_2(tmp_path, argv, message, capsys):
     with pytest.raises(SystemExit) as e:
