@@ -6,7 +6,7 @@ overflow and expected draws read with a step's record, and the capacity
 grown where they overflowed."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Union
 
 import torch
 from torch import Tensor
@@ -21,26 +21,37 @@ __all__ = ["add_static_arguments", "validate_static", "static_stats", "grow_capa
 def add_static_arguments(add: Callable[..., object]) -> None:
     r"""Adds the static steps' options with :obj:`add` (a parser's
     :obj:`add_argument`)."""
-    add("--capacity", type=int, default=None,
+    add("--capacity", type=_capacity, default=None,
         help="static shapes: each SBM layer samples into buffers of this many "
              "draws a step (sbm_pyg.sampling.fastrg_static) and reads nothing "
              "from the device; a step whose draws overflow it is logged "
              "(overflow) and the capacity grown for the next "
-             "(sbm_pyg.sampling.round_capacity)")
+             "(sbm_pyg.sampling.round_capacity); 'auto': each layer sizes its "
+             "own from its earlier steps (sbm_pyg.nn.capacity)")
     add("--compile", action="store_true",
         help="the model's forward and loss compiled by torch.compile "
              "(fullgraph=True, dynamic=False); needs --capacity and a task "
              "without padding (repeat, mqar)")
 
 
+def _capacity(value: str) -> Union[int, str]:
+    # "auto" or an int (argparse reports a ValueError as a bad value).
+    return value if value == "auto" else int(value)
+
+
 def validate_static(args) -> None:
     r"""Raises a :class:`ValueError` naming a bad static-step option."""
     capacity = getattr(args, "capacity", None)
-    if capacity is not None and (capacity < 1 or args.attention != "sbm"):
-        raise ValueError("--capacity must be >= 1 and needs --attention sbm")
+    if capacity is not None and ((capacity != "auto" and capacity < 1)
+                                 or args.attention != "sbm"):
+        raise ValueError("--capacity must be >= 1 or 'auto' and needs --attention sbm")
     if getattr(args, "compile", False) and (capacity is None or args.task == "listops"):
         raise ValueError("--compile needs --capacity (static shapes) and a task "
                          "without padding (repeat, mqar): a mask is read")
+    if getattr(args, "compile", False) and capacity == "auto":
+        raise ValueError("--compile needs an int --capacity: with 'auto' a layer's "
+                         "first call sizes its buffers by a read, which a compiled "
+                         "step cannot make")
 
 
 def _layers(model: torch.nn.Module) -> List[SBMConv]:
@@ -64,11 +75,18 @@ def grow_capacity(model: torch.nn.Module, record: Dict[str, float]) -> Dict[str,
     r"""Where a step's record (:func:`static_stats` read) says that a layer
     overflowed, every static layer's capacity made at least
     :func:`~sbm_pyg.sampling.round_capacity` of the largest expected
-    draws; the new capacity by name (empty where nothing changed)."""
+    draws; layers of :obj:`capacity="auto"` updated by their own
+    :meth:`~sbm_pyg.nn.SBMConv.update_capacity` (a compiled step's need
+    this between steps). The new capacity by name (empty where nothing
+    changed), or the automatic layers' next (their largest) at every step."""
+    auto = [c for m in _layers(model) if m.capacity == "auto"
+            for c in [m.update_capacity()] if c is not None]  # they keep their own
+    if auto:
+        return dict(capacity=max(auto))
     if not record.get("overflow"):
         return {}
     need = round_capacity(float(record["expected_draws"]))
-    layers = [m for m in _layers(model) if m.capacity < need]
+    layers = [m for m in _layers(model) if m.capacity != "auto" and m.capacity < need]
     for m in layers:
         m.capacity = need
     return dict(capacity=need) if layers else {}

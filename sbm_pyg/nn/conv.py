@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from dataclasses import replace
 from functools import partial
 from typing import Callable, Dict, Literal, Optional, Tuple, Union, overload
 
@@ -18,7 +19,8 @@ from torch_geometric.utils import scatter, softmax
 
 from sbm_pyg.nn._sbm_attention import sbm_attention
 from sbm_pyg.nn.block_model import StochasticBlockModel
-from sbm_pyg.nn.distillation import DISTILL_SMOOTHING, layer_distillation
+from sbm_pyg.nn.capacity import AutoCapacity, next_capacity
+from sbm_pyg.nn.distillation import layer_distillation
 from sbm_pyg.nn.functional import straight_through_probability, with_sink
 from sbm_pyg.nn.inputs import (
     check_layer_options,
@@ -31,7 +33,7 @@ from sbm_pyg.nn.inputs import (
     sequence_pointers,
 )
 from sbm_pyg.nn.options import SBMAttentionOptions, default_exploration
-from sbm_pyg.nn.warmup import dense_warmup
+from sbm_pyg.nn.warmup import warmup_forward
 from sbm_pyg.ops.csr import heads_first
 from sbm_pyg.ops.torch_attention import clip_grad
 from sbm_pyg.sampling import SampledGraph
@@ -175,8 +177,8 @@ class SBMConv(MessagePassing):
             counter: :mod:`sbm_pyg.ops.dropout`), or
             :obj:`"message_passing"`: PyG's :meth:`message` (the same
             result with :obj:`[E, H, d]` memory). (default: :obj:`"auto"`)
-        capacity (int, optional): static shapes: the draws that the
-            sampler's buffers hold in one call, over all sequences and
+        capacity (int or str, optional): static shapes: the draws that
+            the sampler's buffers hold in one call, over all sequences and
             heads (:class:`SBMAttentionOptions`' :obj:`capacity`). The
             layer then reads nothing from the device, so that
             :func:`torch.compile` traces it as one graph
@@ -185,6 +187,12 @@ class SBMConv(MessagePassing):
             the draws overflowed it (the graph then lacks the rest) and
             :attr:`expected_draws` their mean, which
             :func:`~sbm_pyg.sampling.round_capacity` turns into a capacity.
+            :obj:`"auto"`: the layer keeps the capacity itself, from its
+            earlier calls' expected draws and overflows read one call late
+            (:class:`~sbm_pyg.nn.capacity.AutoCapacity`: the first call
+            reads once, an overflow warns and grows the next call's; one
+            keeper for training and one for evaluation); compiled, it
+            calls :meth:`update_capacity` between calls.
             (default: :obj:`None`)
         **kwargs (optional): additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing` (:obj:`aggr`
@@ -228,7 +236,7 @@ class SBMConv(MessagePassing):
                  sbm_parametrization: str = "paper",
                  distill_edges: float = 0.0, sink: bool = False,
                  distill_recall: float = 0.0, init_density: Optional[float] = None,
-                 capacity: Optional[int] = None, **kwargs):
+                 capacity: Union[int, str, None] = None, **kwargs):
         check_layer_options(kwargs, sbm_init=sbm_init,
                             sbm_parametrization=sbm_parametrization,
                             attention_backend=attention_backend,
@@ -254,9 +262,14 @@ class SBMConv(MessagePassing):
         # on the device; None without a capacity).
         self.overflow: Optional[Tensor] = None
         self.expected_draws: Optional[Tensor] = None
+        # capacity="auto": the capacities of training and evaluation calls.
+        self._keepers = {True: AutoCapacity(), False: AutoCapacity()}
+        self._static_mode = True
         # The sharp form's memberships are zero off a token's top clusters.
         self.sparse_memberships = sbm_parametrization == "sharp"
-        self._attention_options(warmup=False)  # checks them, naming each
+        opts = self._attention_options(warmup=False)  # checks them, naming each
+        if capacity == "auto":  # what a static call cannot serve, refused now
+            replace(opts, capacity=1)
         if isinstance(in_channels, int):
             in_channels = (in_channels, in_channels)
         self.lin_key = Linear(in_channels[0], heads * out_channels, bias=bias)
@@ -299,31 +312,25 @@ class SBMConv(MessagePassing):
             ste=None if warmup else self.ste, dropout=self.dropout,
             sampler_backend=self.sampler_backend,
             attention_backend="auto" if backend == "message_passing" else backend,
-            sparse_memberships=self.sparse_memberships, capacity=self.capacity)
+            sparse_memberships=self.sparse_memberships,
+            # A bad capacity is refused by name by the options.
+            capacity=None if self.capacity == "auto" else self.capacity)  # type: ignore[arg-type]
 
-    def _dense_warmup(self, x_dst: Tensor, query: Tensor, key: Tensor,
-                      value: Tensor, memb: Tuple[Tensor, Tensor, Tensor],
-                      ptr_q: Optional[Tensor], ptr_k: Optional[Tensor],
-                      distilling: bool, generator: Optional[torch.Generator]
-                      ) -> Tensor:
-        device = query.device
-        if ptr_q is None or ptr_k is None:  # one sequence, made on the device
-            ptr_q = torch.arange(2, device=device) * query.size(0)
-            ptr_k = torch.arange(2, device=device) * key.size(0)
-        out, distill, expected, sampled = dense_warmup(
-            query, key, value, *memb, ptr_q.to(device), ptr_k.to(device),
-            dropout=self.dropout, distill=distilling,
-            smoothing=DISTILL_SMOOTHING, distill_edges=self.distill_edges,
-            distill_recall=self.distill_recall,
-            generator=generator, sink=self.sink)
-        self.expected_density, self.sampled_density = expected, sampled
-        self.distillation = distill
-        self.last_backends = {"sampler": "dense", "attention": "warm-up"}
-        out = out.reshape(-1, self.heads * self.out_channels) if self.concat \
-            else out.mean(1)
-        if self.lin_skip is not None:
-            out = out + project(self.lin_skip, x_dst, "x_dst")
-        return out
+    def update_capacity(self) -> Optional[int]:
+        r"""With :obj:`capacity="auto"`: starts the copy of the last call's
+        expected draws and overflow to the host and reads those that have
+        landed (no wait); returns the next call's capacity in the layer's
+        mode (:obj:`None` before a first call). Each eager call does this
+        itself; a compiled layer's loop calls it between calls (a new
+        capacity retraces the compiled graph)."""
+        if self.capacity != "auto":
+            raise ValueError(f"update_capacity needs capacity='auto', got "
+                             f"{self.capacity!r}")
+        if self.overflow is not None and self.expected_draws is not None:
+            self._keepers[self._static_mode].record(self.expected_draws, self.overflow)
+        for keeper in self._keepers.values():
+            keeper.refresh()
+        return self._keepers[self.training].capacity
 
     def register_graph_hook(self, hook: Callable[[SBMConv, SampledGraph], None]
                             ) -> RemovableHandle:
@@ -418,17 +425,20 @@ class SBMConv(MessagePassing):
             # Every pair attended and nobody asks for the graph: dense
             # products instead of a graph of every pair (nn/warmup.py).
             try:
-                return self._dense_warmup(x_dst, query, key, value,
-                                          (q_memb, block, k_memb), ptr_q, ptr_k,
-                                          distilling, generator)
+                return warmup_forward(self, x_dst, (query, key, value),
+                                      (q_memb, block, k_memb), ptr_q, ptr_k,
+                                      distilling, generator)
             except ValueError as err:
                 raise_for_batch(err, batch_size)
                 raise
+        opts = self._attention_options(warmup)
+        if self.capacity == "auto":
+            opts = replace(opts, capacity=next_capacity(
+                self._keepers[self.training], (q_memb, block, k_memb), ptr_q, ptr_k, opts))
         try:
             res = sbm_attention(
                 query, key, value, (q_memb, block, k_memb), ptr_q=ptr_q,
-                ptr_k=ptr_k, include_edges=include_edges,
-                options=self._attention_options(warmup),
+                ptr_k=ptr_k, include_edges=include_edges, options=opts,
                 training=self.training,
                 return_graph=bool(self._graph_hooks or self._weights_hooks),
                 return_attention_weights=(bool(return_attention_weights)
@@ -451,6 +461,11 @@ class SBMConv(MessagePassing):
         self.expected_density, self.sampled_density = (res.expected_density,
                                                        res.sampled_density)
         self.overflow, self.expected_draws = res.overflow, res.expected_draws
+        self._static_mode = self.training  # whose keeper update_capacity feeds
+        if self.capacity == "auto" and not torch.compiler.is_compiling():
+            # Read before the next call (on a GPU: once it has landed).
+            assert res.expected_draws is not None and res.overflow is not None
+            self._keepers[self.training].record(res.expected_draws, res.overflow)
         self.distillation = None
         if distilling:
             # The SBM alone learns from it: its inputs detached, so that the

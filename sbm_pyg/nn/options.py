@@ -164,7 +164,8 @@ class SBMAttentionOptions:
         # A static call reads nothing: what needs a read is refused.
         capacity = self.capacity
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"capacity must be an int >= 1 or None, got {capacity!r}")
+            raise ValueError(f"capacity must be an int >= 1 or None (a layer's also "
+                             f"'auto'), got {capacity!r}")
         refused = dict(attention_backend=self.attention_backend in ("dense", "tiles", "torch"),
                        max_edges=self.max_edges is not None,
                        dropout=self.dropout > 0,

@@ -12,20 +12,22 @@ CPU thread. Here the same quantities come from padded dense products
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from sbm_pyg.nn.block_model import expected_densities, mean_densities
+from sbm_pyg.nn.distillation import DISTILL_SMOOTHING
+from sbm_pyg.nn.inputs import project
 from sbm_pyg.ops.csr import row_index
 from sbm_pyg.ops.dropout import dropout_keep, dropout_threshold, keep_scale
 from sbm_pyg.sampling.checks import check_pointers
 from sbm_pyg.sampling.fastrg_op import stream_seed
 from sbm_pyg.validation import check_memory, sync
 
-__all__ = ["dense_warmup"]
+__all__ = ["dense_warmup", "warmup_forward"]
 
 # The distillation's guard of the logarithm and the division, as
 # attention_distillation's.
@@ -44,6 +46,37 @@ def _padded(x: Tensor, slots: Tuple[Tensor, Tensor], G: int, size: int
     # through index tensors, so that no mask is read to the host.
     out = x.new_zeros(G, size, *x.shape[1:])
     out[slots] = x
+    return out
+
+
+def warmup_forward(conv: Any, x_dst: Tensor, qkv: Tuple[Tensor, Tensor, Tensor],
+                   memb: Tuple[Tensor, Tensor, Tensor], ptr_q: Optional[Tensor],
+                   ptr_k: Optional[Tensor], distilling: bool,
+                   generator: Optional[torch.Generator]) -> Tensor:
+    r"""The rest of :obj:`conv`'s (an :class:`~sbm_pyg.nn.SBMConv`, which
+    imports this module) forward in a dense warm-up step: its
+    queries, keys and values :obj:`qkv` (:obj:`[N, H, D]`) attended over
+    every pair of each sequence (:func:`dense_warmup`), its memberships
+    :obj:`memb` distilled where :obj:`distilling`; sets the layer's
+    densities and distillation as its forward does and returns its
+    output."""
+    query, key, value = qkv
+    device = query.device
+    if ptr_q is None or ptr_k is None:  # one sequence, made on the device
+        ptr_q = torch.arange(2, device=device) * query.size(0)
+        ptr_k = torch.arange(2, device=device) * key.size(0)
+    out, distill, expected, sampled = dense_warmup(
+        query, key, value, *memb, ptr_q.to(device), ptr_k.to(device),
+        dropout=conv.dropout, distill=distilling,
+        smoothing=DISTILL_SMOOTHING, distill_edges=conv.distill_edges,
+        distill_recall=conv.distill_recall,
+        generator=generator, sink=conv.sink)
+    conv.expected_density, conv.sampled_density = expected, sampled
+    conv.distillation = distill
+    conv.last_backends = {"sampler": "dense", "attention": "warm-up"}
+    out = out.reshape(-1, conv.heads * conv.out_channels) if conv.concat else out.mean(1)
+    if conv.lin_skip is not None:
+        out = out + project(conv.lin_skip, x_dst, "x_dst")
     return out
 
 

@@ -23,6 +23,7 @@ from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.sampling.reference import bernoulli, expected_adjacency
 from sbm_pyg.sampling.static_fastrg import (
     StaticGraph,
+    expected_draws,
     fastrg_static,
     round_capacity,
     valid_graph,
@@ -33,4 +34,4 @@ from sbm_pyg.sampling.tiles import TilePlan, plan_tiles
 __all__ = ["SampledGraph", "fastrg", "bernoulli", "expected_adjacency",
            "edge_pairs", "MODES", "BACKENDS", "TilePlan", "plan_tiles",
            "sample_tiled", "fastrg_static", "StaticGraph", "valid_graph",
-           "round_capacity"]
+           "round_capacity", "expected_draws"]

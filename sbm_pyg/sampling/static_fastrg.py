@@ -48,7 +48,7 @@ from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import Check, check_memory
 
 __all__ = ["StaticGraph", "fastrg_static", "counter_uniform", "valid_graph",
-           "round_capacity"]
+           "round_capacity", "expected_draws"]
 
 _M32 = 0xFFFFFFFF
 # The row streams of one call: the arrivals' gaps, the draws' queries and
@@ -184,7 +184,7 @@ def _draw_keys(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     Nk = k_memb.size(0)
     cells = Cells(q_memb, block, k_memb, ptr_q, ptr_k, mode, exploration)
     cdf_q, cdf_k, inflation = cells.cdf_q, cells.cdf_k, cells.inflation
-    rate = torch.nan_to_num(cells.rate, 0.0, 0.0, 0.0).clamp(min=0)
+    rate = _rates(cells)
     shape = rate.shape
     ends = rate.reshape(-1).cumsum(0)  # each cell's stretch ends here
     total = ends[-1]
@@ -208,6 +208,33 @@ def _draw_keys(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
                                 torch.float64 if q_memb.dtype == torch.float64
                                 else torch.float32)
     return keys, total, overflow, above_one, cells.checks
+
+
+def _rates(cells: Cells) -> Tensor:
+    # The cells' rates as the draws use them: a bad rate (flagged by the
+    # cells' checks) draws nothing.
+    return torch.nan_to_num(cells.rate, 0.0, 0.0, 0.0).clamp(min=0)
+
+
+def expected_draws(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
+                   ptr_k: Tensor, *, mode: str = "poisson",
+                   exploration: float = 0.0) -> Tensor:
+    r"""The Poisson mean of :func:`fastrg_static`'s draws for these
+    arguments (0-dim float64 on their device, nothing read): what
+    :func:`round_capacity` sizes a capacity from before a first call.
+
+    Example:
+        >>> q = torch.full((10, 1, 2), 0.5)
+        >>> b = torch.full((1, 2, 2), 0.5)
+        >>> ptr = torch.tensor([0, 10])
+        >>> float(expected_draws(q, b, q, ptr, ptr))  # sum of p_ij = 0.5
+        50.0
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    with full_precision(q_memb.device):
+        return _rates(Cells(q_memb.detach(), block.detach(), k_memb.detach(),
+                            ptr_q, ptr_k, mode, exploration)).sum()
 
 
 def _search(cdf: Cdf, cell: Tensor, dim: int, shape: torch.Size,

@@ -52,11 +52,24 @@ def test_compile_trains_as_one_graph(tmp_path, monkeypatch):
     assert not torch._dynamo.utils.counters["recompiles"]
 
 
+def test_an_automatic_capacity_fits_from_the_second_step_on(tmp_path):
+    out = tmp_path / "run"
+    main([*MQAR, "--out", str(out), "--steps", "4", "--capacity", "auto",
+          "--attention", "sbm"])
+    steps = [r for r in records(out) if r.get("split") == "train"]
+    assert all(r["overflow"] == 0 for r in steps)
+    # Each step's capacity covers the largest layer's need with room.
+    assert all(r["capacity"] >= r["expected_draws"] + 64 for r in steps)
+    assert json.loads((out / "final.json").read_text())["args"]["capacity"] == "auto"
+
+
 @pytest.mark.parametrize("extra, message", [
-    (["--capacity", "0"], "--capacity must be >= 1 and needs --attention sbm"),
+    (["--capacity", "0"], "--capacity must be >= 1 or 'auto' and needs --attention sbm"),
     (["--capacity", "64", "--attention", "full"],
-     "--capacity must be >= 1 and needs --attention sbm"),
+     "--capacity must be >= 1 or 'auto' and needs --attention sbm"),
     (["--compile"], "--compile needs --capacity"),
+    (["--capacity", "auto", "--compile", "--attention", "sbm"],
+     "--compile needs an int --capacity"),
 ])
 def test_bad_static_arguments_exit_2(extra, message, capsys):
     with pytest.raises(SystemExit) as e:

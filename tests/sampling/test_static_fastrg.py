@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sbm_pyg.sampling import expected_adjacency, fastrg_static, valid_graph
+from sbm_pyg.sampling import expected_adjacency, expected_draws, fastrg_static, valid_graph
 from sbm_pyg.sampling.checks import check_pointers, included_pairs
 from sbm_pyg.sampling.static_fastrg import counter_uniform
 from tests.helpers import max_binomial_z, seeded, z_bound
@@ -79,6 +79,27 @@ def test_edge_counts_and_draws_follow_the_poisson_mean():
     mean = float((-torch.expm1(-rate)).sum(dim=(1, 2)).sum()) * TRIALS
     sd = math.sqrt(mean)  # a sum of Bernoullis: variance below the mean
     assert abs(graph.num_edges - mean) < 4 * sd
+
+
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+@pytest.mark.parametrize("exploration", [0.0, 0.1])
+def test_expected_draws_is_the_samplers_mean_before_it_samples(mode, exploration):
+    g = seeded(3)
+    q, k = torch.rand(30, 2, 3, generator=g), torch.rand(25, 2, 3, generator=g)
+    b = torch.rand(2, 3, 3, generator=g) * 0.2
+    ptr_q, ptr_k = torch.tensor([0, 12, 30]), torch.tensor([0, 10, 25])
+    res = fastrg_static(q, b, k, ptr_q, ptr_k, capacity=64, seed=torch.tensor(7),
+                        mode=mode, exploration=exploration)
+    mean = expected_draws(q, b, k, ptr_q, ptr_k, mode=mode, exploration=exploration)
+    assert mean.dtype == torch.float64 and mean.dim() == 0
+    assert math.isclose(float(mean), float(res.expected_draws), rel_tol=1e-12)
+    if mode == "poisson":  # sum of p_ij + exploration over each sequence's pairs
+        rate = torch.einsum("ihu,huv,jhv->hij", q.double(), b.double(), k.double()) + exploration
+        pairs = [(slice(0, 12), slice(0, 10)), (slice(12, 30), slice(10, 25))]
+        closed = sum(float(rate[:, i, j].sum()) for i, j in pairs)
+        assert math.isclose(float(mean), closed, rel_tol=1e-9)
+    with pytest.raises(ValueError, match="mode"):
+        expected_draws(q, b, k, ptr_q, ptr_k, mode="fast")
 
 
 @pytest.mark.parametrize("mode", ["poisson", "exact"])
