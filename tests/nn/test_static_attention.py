@@ -173,10 +173,10 @@ def test_round_capacity_steps():
     assert len(caps) <= 2  # few shapes while the mean moves 20%
 
 
-def _around(which):
+def _around(which, capacity=16384):
     # A layer or model that holds SBMConv, with capacity, and its loss.
     torch.manual_seed(0)
-    sbm = dict(num_clusters=4, capacity=16384)
+    sbm = dict(num_clusters=4, capacity=capacity)
     if which == "multihead":
         attn = SBMMultiheadAttention(16, heads=2, head_channels=8, **sbm)
         x = torch.randn(3, 20, 16)
@@ -212,6 +212,25 @@ def test_the_layers_and_the_model_around_it_compile_as_one_graph(which):
         optimizer.zero_grad()
         loss(compiled).backward()
         optimizer.step()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["recompiles"]
+
+
+@pytest.mark.parametrize("which", ["multihead", "gps", "transformer"])
+def test_automatic_capacities_compile_after_one_eager_step(which):
+    module, loss = _around(which, capacity="auto")
+    loss(module).backward()  # eagerly: each layer's first call reads once
+    convs = [m for m in module.modules() if isinstance(m, SBMConv)]
+    assert convs and all(m.capacity == "auto" for m in convs)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(module, fullgraph=True, dynamic=False,
+                             backend="aot_eager")
+    for _ in range(3):
+        loss(compiled).backward()
+        capacities = [m.update_capacity() for m in convs]  # between steps
+        assert all(c is not None for c in capacities)
+        assert not any(bool(m.overflow) for m in convs)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["recompiles"]
 
