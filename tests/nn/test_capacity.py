@@ -87,6 +87,25 @@ def test_the_capacity_grows_at_once_and_shrinks_only_when_halved():
     assert keeper.overflows == 1 and keeper.refresh() == 2 * 3584
 
 
+def test_a_copy_not_landed_keeps_the_capacity_and_is_read_later():
+    # An accelerator's copy is read once its event has completed, never
+    # waited for (an event stand-in here: the CPU has none).
+    class Event:
+        done = False
+
+        def query(self):
+            return self.done
+
+    keeper = AutoCapacity()
+    keeper.capacity_for(lambda: torch.tensor(1000.0))
+    event = Event()
+    keeper._copies.append((torch.tensor([5000.0, 0.0], dtype=torch.float64), event))
+    keeper.record(torch.tensor(9000.0), torch.tensor(False))  # behind it
+    assert keeper.refresh() == 1536 and len(keeper._copies) == 2
+    event.done = True
+    assert keeper.refresh() == round_capacity(9000.0) and not keeper._copies
+
+
 def test_a_copied_layer_keeps_its_capacity():
     conv = auto_layer()
     with torch.no_grad():  # a training call's densities keep their graph
