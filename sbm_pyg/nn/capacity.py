@@ -31,8 +31,9 @@ import torch
 from torch import Tensor
 
 from sbm_pyg.nn.options import SBMAttentionOptions
-from sbm_pyg.sampling.checks import PtrLike, check_pointers
+from sbm_pyg.sampling.checks import PtrLike, check_sbm
 from sbm_pyg.sampling.static_fastrg import expected_draws, round_capacity
+from sbm_pyg.validation import sync
 
 __all__ = ["AutoCapacity", "next_capacity"]
 
@@ -130,9 +131,11 @@ def next_capacity(keeper: AutoCapacity, sbm: Tuple[Tensor, Tensor, Tensor],
         return keeper.capacity
 
     def first() -> Tensor:
+        # This call reads anyway: bad input raises its ValueError here, before
+        # the sums run over it.
         q_memb, block, k_memb = sbm
-        pq, pk, _ = check_pointers(ptr_q, ptr_k, q_memb.size(0), k_memb.size(0),
-                                   q_memb.device)
+        pq, pk, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k, options.self_loops)
+        sync(checks)
         return expected_draws(q_memb, block, k_memb, pq, pk, mode=options.mode,
                               exploration=options.exploration)
 

@@ -432,10 +432,10 @@ class SBMConv(MessagePassing):
                 raise_for_batch(err, batch_size)
                 raise
         opts = self._attention_options(warmup)
-        if self.capacity == "auto":
-            opts = replace(opts, capacity=next_capacity(
-                self._keepers[self.training], (q_memb, block, k_memb), ptr_q, ptr_k, opts))
         try:
+            if self.capacity == "auto":
+                opts = replace(opts, capacity=next_capacity(
+                    self._keepers[self.training], (q_memb, block, k_memb), ptr_q, ptr_k, opts))
             res = sbm_attention(
                 query, key, value, (q_memb, block, k_memb), ptr_q=ptr_q,
                 ptr_k=ptr_k, include_edges=include_edges, options=opts,

@@ -130,6 +130,17 @@ def test_a_compiled_auto_layer_is_one_graph_over_steps():
     assert len(set(capacities)) == 1 and not bool(conv.overflow)
 
 
+def test_bad_input_on_the_first_call_is_named_before_the_sums_run():
+    conv = auto_layer()
+    x = torch.randn(20, 16, generator=seeded(1))
+    with pytest.raises(ValueError, match="ptr_q"):
+        conv(x, ptr=torch.tensor([0, 12, 9, 20]))
+    x[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="memberships are not finite"):
+        conv(x)
+    assert conv.update_capacity() is None  # nothing sized yet
+
+
 def test_bad_auto_uses_are_refused_by_name():
     with pytest.raises(ValueError, match="capacity.*'big'"):
         SBMConv(16, 8, capacity="big")
