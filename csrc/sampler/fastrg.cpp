@@ -34,6 +34,7 @@
 // (sbm_pyg/sampling/fastrg_op.py).
 #include "sampler/fastrg.h"
 
+#include "huge_pages.h"
 #include "sampler/stream.h"
 #include "simd.h"
 
@@ -300,9 +301,11 @@ inline int64_t bucket_floor(int64_t b, double step) {
   return std::max<int64_t>(0, (int64_t)((double)b * step * (1.0 - 1e-12)) - 1);
 }
 
+// cum and guide are written where a draw can read them (every table of a
+// non-empty sequence with a positive total) and left uninitialised elsewhere.
 struct KeyTables {
-  std::vector<int64_t> cum;   // inclusive cumulative weights, local keys
-  std::vector<int32_t> guide;  // first local key whose cum exceeds the bucket
+  sbm_pyg::HugeArray<int64_t> cum;   // inclusive cumulative weights, local keys
+  sbm_pyg::HugeArray<int32_t> guide;  // first local key whose cum exceeds the bucket
   std::vector<int64_t> total;  // each table's total, [G, H, k]
 };
 
@@ -315,8 +318,8 @@ constexpr int kBatch = 64;
 template <typename scalar_t>
 KeyTables build_tables(const Problem<scalar_t>& P) {
   KeyTables T;
-  T.cum.assign((size_t)(P.H * P.k * P.Nk), 0);
-  T.guide.assign(T.cum.size(), 0);
+  T.cum.resize((size_t)(P.H * P.k * P.Nk));
+  T.guide.resize(T.cum.size());
   T.total.assign((size_t)(P.G * P.H * P.k), 0);
   const int bits = weight_bits(P.Nk);
   // A task is a tile of clusters of one (sequence, head): it reads the
@@ -649,7 +652,7 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
 #pragma omp parallel num_threads(nt)
   {
     std::vector<int64_t> pos, coarse;
-    std::vector<int64_t> tmp;
+    sbm_pyg::HugeArray<int64_t> tmp;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t h = b / P.G, g = b % P.G;
