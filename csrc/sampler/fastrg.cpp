@@ -25,6 +25,12 @@
 // 64-bit seed and the row's index, so the graph depends on the seed only,
 // not on the number of threads.
 //
+// Rows of long sequences draw by chunk of rows (Sampler::draw_chunk): every
+// draw's cluster and word first, then the draws grouped by key table and
+// resolved table by table, so that a table stays in the cache while its
+// draws read it. Each draw's key depends on its word and table only, so
+// the graph is the same as drawn row by row.
+//
 // Two entry points, so that the caller can check the draw count (max_edges,
 // the memory guard) before anything of that size is allocated:
 //   plan   -> per-row degree (or -1 for a dense row) and inflation c
@@ -374,6 +380,23 @@ struct RowBuffers {
   std::vector<int32_t> guide;
 };
 
+// Rows whose sequence has this many keys or more draw by chunk
+// (Sampler::draw_chunk): below it a head's tables fit the caches anyway.
+constexpr int64_t kGroupedKeys = 2048;
+// Draws a chunk of rows aims at: enough that a group of one table has
+// several draws per cache line of it (24 B of scratch a draw).
+constexpr int64_t kChunkDraws = int64_t(1) << 20;
+
+struct ChunkBuffers {
+  std::vector<int64_t> first;  // each row's first draw in the chunk
+  std::vector<uint64_t> state;  // each row's stream after its draws
+  std::vector<int64_t> runs;   // the chunk's (sequence, head) tables, in order
+  std::vector<int64_t> offset, pos;  // each group's first draw; the scatter's
+  sbm_pyg::HugeArray<int32_t> code;  // a draw's group, then its key
+  sbm_pyg::HugeArray<uint64_t> word, group_word;
+  sbm_pyg::HugeArray<int32_t> group_slot;  // a grouped draw's slot in code
+};
+
 template <typename scalar_t>
 struct Sampler {
   const Problem<scalar_t>& P;
@@ -385,33 +408,50 @@ struct Sampler {
   bool self_loops;
   uint64_t seed;
 
+  // The row's cluster guide (Chen & Asau 1974) over its weights w_v s_v and
+  // the exploration's delta * n_k (cluster k): buf.guide[m] is the first
+  // cluster whose cumulative weight exceeds m / K of the total.
+  struct Clusters {
+    int64_t K, last;
+    double total;
+  };
+  Clusters clusters(int64_t h, int64_t g, const scalar_t* w, int64_t nk,
+                    RowBuffers& buf) const {
+    const double* s = P.mass_row(g, h);
+    Clusters c{P.k + (P.delta > 0.0 ? 1 : 0), 0, 0.0};
+    buf.cum.resize(c.K);
+    buf.guide.resize(c.K);
+    for (int64_t v = 0; v < P.k; ++v) {
+      const double x = (double)w[v] * s[v];
+      if (x > 0.0) c.last = v;
+      c.total += x;
+      buf.cum[v] = c.total;
+    }
+    if (c.K > P.k) {
+      c.total += P.delta * nk;
+      buf.cum[P.k] = c.total;
+      c.last = P.k;
+    }
+    for (int64_t m = 0, v = 0; m < c.K; ++m) {
+      const double x = c.total * m / c.K;
+      while (v < c.last && buf.cum[v] <= x) ++v;
+      buf.guide[m] = (int32_t)v;
+    }
+    return c;
+  }
+
+  // The cluster of a draw's uniform u (P.k: the exploration's).
+  static int64_t pick(double u, const Clusters& c, const RowBuffers& buf) {
+    int64_t v = buf.guide[(int64_t)(u * c.K)];
+    const double x = u * c.total;
+    while (v < c.last && buf.cum[v] <= x) ++v;
+    return v;
+  }
+
   // Draws the row's d multi-edges as local key offsets into buf.list.
   void draw(Rng& rng, int64_t h, int64_t g, const scalar_t* w, int64_t d,
             int64_t nk, RowBuffers& buf) const {
-    const double* s = P.mass_row(g, h);
-    const int64_t K = P.k + (P.delta > 0.0 ? 1 : 0);
-    buf.cum.resize(K);
-    buf.guide.resize(K);
-    double total = 0.0;
-    int64_t last = 0;
-    for (int64_t v = 0; v < P.k; ++v) {
-      const double x = (double)w[v] * s[v];
-      if (x > 0.0) last = v;
-      total += x;
-      buf.cum[v] = total;
-    }
-    if (K > P.k) {
-      total += P.delta * nk;
-      buf.cum[P.k] = total;
-      last = P.k;
-    }
-    // Guide table (Chen & Asau 1974): guide[m] is the first cluster whose
-    // cumulative weight exceeds m / K of the total.
-    for (int64_t m = 0, v = 0; m < K; ++m) {
-      const double x = total * m / K;
-      while (v < last && buf.cum[v] <= x) ++v;
-      buf.guide[m] = (int32_t)v;
-    }
+    const Clusters cl = clusters(h, g, w, nk, buf);
     // A draw's 64-bit word picks both its bucket (the exploration's
     // uniform key) and its target in the cluster's cumulative weights. The
     // draws go in batches through three stages, each prefetching what the
@@ -427,10 +467,7 @@ struct Sampler {
     for (int64_t t0 = 0; t0 < d; t0 += kBatch) {
       const int n = (int)std::min<int64_t>(kBatch, d - t0);
       for (int b = 0; b < n; ++b) {
-        const double u = rng.uniform();
-        int64_t v = buf.guide[(int64_t)(u * K)];
-        const double x = u * total;
-        while (v < last && buf.cum[v] <= x) ++v;
+        const int64_t v = pick(rng.uniform(), cl, buf);
         const uint64_t word = rng.next();
         j[b] = (int64_t)mulhi(word, (uint64_t)nk);
         cum[b] = nullptr;
@@ -449,6 +486,99 @@ struct Sampler {
         if (cum[b] != nullptr)
           while ((uint64_t)cum[b][j[b]] <= target[b]) ++j[b];
         buf.list[t0 + b] = (int32_t)j[b];
+      }
+    }
+  }
+
+  // The draws of a chunk of rows, resolved table by table. A row's draws
+  // read k key tables of n_k keys at random (12 B a key: 196 KB a table
+  // at n_k = 16384, 25 MB a head), so one at a time they wait on the
+  // memory. The chunk first draws every row's clusters and words, in each
+  // row's stream order; a counting sort groups the draws by (sequence,
+  // head, cluster); each group then resolves its keys against one table,
+  // which stays in the core's cache while the group reads it; the keys go
+  // back to their rows' slots. A draw's key is a function of its word and
+  // its table alone, so the graph is the one draw() gives, row by row.
+  void draw_chunk(int64_t r0, int64_t r1, ChunkBuffers& cb, RowBuffers& buf) const {
+    const int64_t n = r1 - r0;
+    cb.first.assign(n + 1, 0);
+    cb.state.resize(n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t g = P.seq[r % P.Nq];
+      const bool grouped = degree[r] > 0 && P.ptr_k[g + 1] - P.ptr_k[g] >= kGroupedKeys;
+      cb.first[r - r0 + 1] = cb.first[r - r0] + (grouped ? degree[r] : 0);
+    }
+    const int64_t T = cb.first[n];
+    cb.runs.clear();
+    if (T == 0) return;
+    cb.code.resize(T);
+    cb.word.resize(T);
+    int32_t* code = cb.code.data();
+    uint64_t* word = cb.word.data();
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t0 = cb.first[r - r0], t1 = cb.first[r - r0 + 1];
+      if (t1 == t0) continue;
+      const int64_t h = r / P.Nq, i = r % P.Nq, g = P.seq[i];
+      const int64_t nk = P.ptr_k[g + 1] - P.ptr_k[g], table = g * P.H + h;
+      if (cb.runs.empty() || cb.runs.back() != table) cb.runs.push_back(table);
+      const int64_t base = ((int64_t)cb.runs.size() - 1) * P.k;
+      Rng rng(seed, r, sbm_pyg::kStreamDraws);
+      const Clusters cl = clusters(h, g, P.w_row(h, i), nk, buf);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t v = pick(rng.uniform(), cl, buf);
+        const uint64_t x = rng.next();
+        if (v == P.k) {  // exploration: the key now, marked by its complement
+          code[t] = ~(int32_t)mulhi(x, (uint64_t)nk);
+        } else {
+          code[t] = (int32_t)(base + v);
+          word[t] = x;
+        }
+      }
+      cb.state[r - r0] = rng.state;
+    }
+    // Counting sort of the draws by group.
+    const int64_t groups = (int64_t)cb.runs.size() * P.k;
+    cb.offset.assign(groups + 1, 0);
+    for (int64_t t = 0; t < T; ++t)
+      if (code[t] >= 0) ++cb.offset[code[t] + 1];
+    for (int64_t b = 0; b < groups; ++b) cb.offset[b + 1] += cb.offset[b];
+    cb.pos.assign(cb.offset.begin(), cb.offset.end() - 1);
+    cb.group_word.resize(cb.offset[groups]);
+    cb.group_slot.resize(cb.offset[groups]);
+    for (int64_t t = 0; t < T; ++t) {
+      if (code[t] < 0) {
+        code[t] = ~code[t];
+        continue;
+      }
+      const int64_t at = cb.pos[code[t]]++;
+      cb.group_word[at] = word[t];
+      cb.group_slot[at] = (int32_t)t;
+    }
+    // Each group's keys, in batches whose reads are prefetched together.
+    for (int64_t b = 0; b < groups; ++b) {
+      const int64_t x0 = cb.offset[b], x1 = cb.offset[b + 1];
+      if (x1 == x0) continue;
+      const int64_t table = cb.runs[b / P.k], v = b % P.k;
+      const int64_t g = table / P.H, h = table % P.H;
+      const uint64_t nk = (uint64_t)(P.ptr_k[g + 1] - P.ptr_k[g]);
+      const size_t at = (size_t)(P.ptr_k[g] + (h * P.k + v) * P.Nk);
+      const int64_t* cum = tables.cum.data() + at;
+      const int32_t* guide = tables.guide.data() + at;
+      const uint64_t total = (uint64_t)tables.total[table * P.k + v];
+      int64_t j[kBatch];
+      for (int64_t y0 = x0; y0 < x1; y0 += kBatch) {
+        const int m = (int)std::min<int64_t>(kBatch, x1 - y0);
+        const uint64_t* w = cb.group_word.data() + y0;
+        for (int q = 0; q < m; ++q) __builtin_prefetch(guide + mulhi(w[q], nk));
+        for (int q = 0; q < m; ++q) {
+          j[q] = guide[mulhi(w[q], nk)];
+          __builtin_prefetch(cum + j[q]);
+        }
+        for (int q = 0; q < m; ++q) {
+          const uint64_t target = mulhi(w[q], total);
+          while ((uint64_t)cum[j[q]] <= target) ++j[q];
+          code[cb.group_slot[y0 + q]] = (int32_t)j[q];
+        }
       }
     }
   }
@@ -500,8 +630,11 @@ struct Sampler {
     }
   }
 
-  // Samples row r and appends its sorted distinct global keys to out.
-  void row(int64_t r, RowBuffers& buf, std::vector<int32_t>& out) const {
+  // Samples row r and appends its sorted distinct global keys to out;
+  // drawn, where given, holds its draws as draw_chunk resolved them and
+  // state its stream after them.
+  void row(int64_t r, RowBuffers& buf, std::vector<int32_t>& out,
+           const int32_t* drawn = nullptr, uint64_t state = 0) const {
     const int64_t h = r / P.Nq, i = r % P.Nq, g = P.seq[i];
     const int64_t ks = P.ptr_k[g], nk = P.ptr_k[g + 1] - ks;
     if (nk == 0) return;
@@ -513,7 +646,12 @@ struct Sampler {
     if (d < 0) {
       dense_row(rng, h, w, ks, nk, keys);
     } else if (d > 0) {
-      draw(rng, h, g, w, d, nk, buf);
+      if (drawn != nullptr) {
+        buf.list.assign(drawn, drawn + d);
+        rng.state = state;
+      } else {
+        draw(rng, h, g, w, d, nk, buf);
+      }
       const int64_t words = (nk + 63) >> 6;
       if (d * 16 < words) {  // few draws over many keys: sort them
         keys.assign(buf.list.begin(), buf.list.end());
@@ -585,7 +723,12 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
   // Rows in chunks, scheduled dynamically (rows differ in cost); each chunk
   // appends to its own buffer, so no pre-sized scratch over all draws.
   const int nt = num_threads();
-  const int64_t chunk = std::max<int64_t>(1, R / (64 * (int64_t)nt));
+  int64_t draws = 0;
+  for (int64_t r = 0; r < R; ++r) draws += std::max<int64_t>(degree[r], 0);
+  // Chunks of about kChunkDraws draws, at least 4 a thread and at most 64.
+  const int64_t chunk = std::max<int64_t>(
+      std::max<int64_t>(1, R / (64 * (int64_t)nt)),
+      std::min<int64_t>(R / (4 * (int64_t)nt), R * kChunkDraws / std::max<int64_t>(draws, 1)));
   const int64_t num_chunks = R == 0 ? 0 : (R + chunk - 1) / chunk;
   std::vector<std::vector<int32_t>> parts(num_chunks);
   Tensor counts = at::zeros({R + 1}, degree_t.options());
@@ -593,6 +736,7 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
 #pragma omp parallel num_threads(nt)
   {
     RowBuffers buf;
+    ChunkBuffers cb;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t c = 0; c < num_chunks; ++c) {
       auto& out = parts[c];
@@ -600,14 +744,20 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
       int64_t reserve = 0;
       for (int64_t r = r0; r < r1; ++r) reserve += std::max<int64_t>(degree[r], 0);
       out.reserve(reserve);
+      S.draw_chunk(r0, r1, cb, buf);
       for (int64_t r = r0; r < r1; ++r) {
         const size_t before = out.size();
-        S.row(r, buf, out);
+        const int64_t t = cb.first[r - r0];
+        if (cb.first[r - r0 + 1] > t)
+          S.row(r, buf, out, cb.code.data() + t, cb.state[r - r0]);
+        else
+          S.row(r, buf, out);
         count[r + 1] = (int64_t)(out.size() - before);
       }
       out.shrink_to_fit();
     }
   }
+  tables = KeyTables();  // the tables are not read again: free them now
   Tensor rowptr64 = counts.cumsum(0);
   const int64_t* rp = rowptr64.data_ptr<int64_t>();
   const int64_t E = rp[R];

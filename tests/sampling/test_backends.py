@@ -67,6 +67,32 @@ def test_compiled_graph_does_not_depend_on_the_thread_count():
         assert torch.equal(other.perm, graphs[0].perm)
 
 
+@needs_cpp
+def test_chunked_draws_do_not_depend_on_the_thread_count():
+    # Sequences of 2048 keys or more draw by chunk of rows in the C++
+    # kernel, and a chunk's size follows the thread count: the graph must
+    # not. Ragged queries, so that chunks straddle a sequence's and a
+    # head's first row.
+    g = seeded(3)
+    q = torch.rand(601, 2, 8, generator=g)
+    k = torch.rand(4100, 2, 8, generator=g)
+    block = torch.rand(2, 8, 8, generator=g) * 0.002
+    kwargs = dict(ptr_q=[0, 257, 601], ptr_k=[0, 2050, 4100], mode="exact",
+                  exploration=0.002, backend="cpp")
+    threads = torch.get_num_threads()
+    graphs = []
+    try:
+        for num in (1, 2, 3):
+            torch.set_num_threads(num)
+            graphs.append(sampling.fastrg(q, block, k, generator=seeded(7), **kwargs))
+    finally:
+        torch.set_num_threads(threads)
+    assert graphs[0].num_draws > 20_000
+    for other in graphs[1:]:
+        assert torch.equal(other.edge_index, graphs[0].edge_index)
+        assert torch.equal(other.perm, graphs[0].perm)
+
+
 def test_backend_argument():
     q, b, k = small_sbm()
     with pytest.raises(ValueError, match="backend"):
@@ -126,6 +152,38 @@ def test_triton_rows_past_the_register_sort_give_the_cpp_graph(mode,
     monkeypatch.setattr(fastrg_triton, "SORT_SIZES", (2, 4))
     monkeypatch.setattr(fastrg_triton, "SORT_BLOCK", 4)
     _same_graph(mode, 0.02, torch.float64, 0.5, monkeypatch)
+
+
+@needs_triton
+def test_triton_gives_the_cpp_graph_where_rows_draw_by_chunk(monkeypatch):
+    # The C++ kernel draws the rows of a sequence of 2048 keys or more by
+    # chunk: every draw's cluster and word first, then the draws grouped by
+    # key table and resolved table by table. The Triton kernel draws row by
+    # row. Few queries against many keys (the interpreter runs a program a
+    # row), a short sequence drawn row by row in the same chunks, the
+    # exploration's uniform keys and exact mode's thinning, which continues
+    # each row's stream after its draws: the same graph, edge for edge.
+    monkeypatch.setattr(fastrg_op, "stream_seed", lambda *_: 2**61 + 54321)
+    device = torch.get_default_device()
+    g = torch.Generator("cpu").manual_seed(3)
+    with torch.device("cpu"):
+        q = torch.rand(12, 2, 4, generator=g, dtype=torch.float64)
+        memb_k = torch.rand(2100, 2, 4, generator=g, dtype=torch.float64)
+        block = torch.rand(2, 4, 4, generator=g, dtype=torch.float64) * 0.06
+        kwargs = dict(ptr_q=[0, 2, 2, 12], ptr_k=[0, 5, 5, 2100], mode="exact",
+                      exploration=0.01)
+        ref = sampling.fastrg(q, block, memb_k, backend="cpp", **kwargs)
+    out = sampling.fastrg(q.to(device), block.to(device), memb_k.to(device),
+                          backend="triton", **kwargs)
+    degree = ref.rowptr.diff()
+    assert degree[[2, 3, 4, 5, 14, 15, 16, 17]].min() > 50  # the long rows
+    assert out.num_draws == ref.num_draws
+    if device.type == "cpu":  # the interpreter: numpy's float64, no ties
+        for name in ("edge_index", "head", "rowptr", "perm", "colptr"):
+            assert torch.equal(getattr(out, name), getattr(ref, name)), name
+    else:
+        a, b = _edge_set(ref), _edge_set(out.to("cpu"))
+        assert len(a & b) >= 0.999 * max(len(a), len(b))
 
 
 def _same_graph(mode, exploration, dtype, threshold, monkeypatch):
