@@ -65,7 +65,8 @@ def static_attention(tensors: Tuple[Tensor, ...], ptr_q: PtrLike,
     sampled = fastrg_static(q_memb, block, k_memb, ptr_q, ptr_k,
                             capacity=opts.capacity, seed=seed, mode=opts.mode,
                             exploration=opts.exploration,
-                            self_loops=opts.self_loops, included=included)
+                            self_loops=opts.self_loops, included=included,
+                            backend=opts.sampler_backend)
     raise_on_device(checks + sampled.checks + [(sampled.above_one, ABOVE_ONE)])
     call = Call(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
                 include_edges, opts, requests["training"], requests["need_graph"],

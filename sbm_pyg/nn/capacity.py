@@ -137,6 +137,7 @@ def next_capacity(keeper: AutoCapacity, sbm: Tuple[Tensor, Tensor, Tensor],
         pq, pk, checks = check_sbm(q_memb, block, k_memb, ptr_q, ptr_k, options.self_loops)
         sync(checks)
         return expected_draws(q_memb, block, k_memb, pq, pk, mode=options.mode,
-                              exploration=options.exploration)
+                              exploration=options.exploration,
+                              backend=options.sampler_backend)
 
     return keeper.capacity_for(first)

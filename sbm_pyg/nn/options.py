@@ -111,8 +111,11 @@ class SBMAttentionOptions:
             some). What :func:`torch.compile` with :obj:`fullgraph=True`
             and a captured CUDA graph need; without what reads the device
             or samples otherwise: the dense and tiled regimes, the PyTorch
-            attention backend (:obj:`attention_backend="torch"`), another
-            :obj:`sampler_backend` than :obj:`"auto"`, :obj:`max_edges`,
+            attention backend (:obj:`attention_backend="torch"`), the
+            :obj:`"triton"` sampler (a static call samples a GPU's graph
+            with :func:`~sbm_pyg.sampling.fastrg_static`'s :obj:`"torch"`
+            backend; :obj:`"auto"` takes its :obj:`"cpp"` one on the CPU),
+            :obj:`max_edges`,
             dropout and :obj:`sparse_memberships`, each refused by name.
             (default: :obj:`None`, shapes follow the graph)
 
@@ -170,7 +173,7 @@ class SBMAttentionOptions:
                        max_edges=self.max_edges is not None,
                        dropout=self.dropout > 0,
                        sparse_memberships=self.sparse_memberships,
-                       sampler_backend=self.sampler_backend != "auto")
+                       sampler_backend=self.sampler_backend == "triton")
         for name, bad in refused.items():
             if bad:
                 raise ValueError(

@@ -40,15 +40,20 @@ from typing import List, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
+from sbm_pyg.ops.backend_info import WITH_EXTENSION
 from sbm_pyg.ops.csr import full_precision
 from sbm_pyg.ops.graph import INDEX_DTYPE, CSRGraph, check_index_range
+from sbm_pyg.sampling import static_fastrg_op
 from sbm_pyg.sampling.checks import MODES
 from sbm_pyg.sampling.fastrg_torch import Cdf, Cells, forced_keys, per_cell
 from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import Check, check_memory
 
 __all__ = ["StaticGraph", "fastrg_static", "counter_uniform", "valid_graph",
-           "round_capacity", "expected_draws"]
+           "round_capacity", "expected_draws", "STATIC_BACKENDS"]
+
+#: The backends of :func:`fastrg_static`.
+STATIC_BACKENDS = ("auto", "cpp", "torch")
 
 _M32 = 0xFFFFFFFF
 # The row streams of one call: the arrivals' gaps, the draws' queries and
@@ -117,7 +122,8 @@ def fastrg_static(q_memb: Tensor, block: Tensor, k_memb: Tensor,  # noqa: PLR091
                   ptr_q: Tensor, ptr_k: Tensor, *, capacity: int, seed: Tensor,
                   mode: str = "poisson", exploration: float = 0.0,
                   self_loops: bool = False,
-                  included: Optional[Sequence[Tensor]] = None) -> StaticGraph:
+                  included: Optional[Sequence[Tensor]] = None,
+                  backend: str = "auto") -> StaticGraph:
     r"""Samples :func:`~sbm_pyg.sampling.fastrg`'s graph of every sequence
     and head into buffers of :obj:`capacity` draws (see the module). The
     arguments are :func:`~sbm_pyg.sampling.fastrg`'s, checked shapes and
@@ -126,6 +132,15 @@ def fastrg_static(q_memb: Tensor, block: Tensor, k_memb: Tensor,  # noqa: PLR091
     :obj:`include_edges` (:func:`~sbm_pyg.sampling.checks.included_pairs`)
     and :obj:`seed` a 0-dim int64 tensor :math:`\geq 0` on the memberships'
     device.
+
+    :obj:`backend` :obj:`"cpp"` (CPU) samples with the default route's row
+    sampler (:mod:`~sbm_pyg.sampling.static_fastrg_op`: the graph of
+    :func:`~sbm_pyg.sampling.fastrg` for the same stream seed while the
+    draws fit, each row's draws, or a densely sampled row's keys, counted
+    against the capacity), :obj:`"torch"` with the arrivals above, any
+    device; :obj:`"auto"` takes :obj:`"cpp"` where the memberships are on
+    the CPU and the extension is built, else :obj:`"torch"` (on a GPU the
+    only one a captured graph replays).
 
     Example:
         >>> q = torch.rand(50, 2, 4)
@@ -140,6 +155,7 @@ def fastrg_static(q_memb: Tensor, block: Tensor, k_memb: Tensor,  # noqa: PLR091
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    backend = static_backend(backend, q_memb.device)
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
     if not (isinstance(seed, Tensor) and seed.dim() == 0
@@ -154,8 +170,18 @@ def fastrg_static(q_memb: Tensor, block: Tensor, k_memb: Tensor,  # noqa: PLR091
              + (H * Nq if self_loops else 0))
     check_index_range(slots, H * Nq, H * Nk)
     if not torch.compiler.is_compiling():
-        check_memory(slots * BYTES_PER_SLOT, q_memb.device,
+        need = slots * BYTES_PER_SLOT
+        if backend == "cpp":
+            need = (slots * static_fastrg_op.BYTES_PER_SLOT
+                    + static_fastrg_op.table_bytes(H, q_memb.size(2), Nk))
+        check_memory(need, q_memb.device,
                      f"fastrg_static's buffers of {slots} slots (capacity={capacity})")
+    if backend == "cpp":
+        csr, expected, overflow, above_one, checks = static_fastrg_op.capped_rows(
+            q_memb, block, k_memb, ptr_q, ptr_k, capacity, seed, mode,
+            exploration, self_loops, included)
+        return _static_graph(csr, ptr_q, ptr_k, Nq, Nk, H, expected, overflow,
+                             above_one, checks)
     with full_precision(q_memb.device):
         keys, expected, overflow, above_one, checks = _draw_keys(
             q_memb.detach(), block.detach(), k_memb.detach(), ptr_q, ptr_k,
@@ -163,7 +189,27 @@ def fastrg_static(q_memb: Tensor, block: Tensor, k_memb: Tensor,  # noqa: PLR091
     forced = forced_keys(included, self_loops, H, Nq, Nk, keys.device)
     if forced:
         keys = _distinct(torch.cat([keys, *forced]), H * Nq * Nk)
-    csr = _csr(keys, H, Nq, Nk)
+    return _static_graph(_csr(keys, H, Nq, Nk), ptr_q, ptr_k, Nq, Nk, H,
+                         expected, overflow, above_one, checks)
+
+
+def static_backend(backend: str, device: torch.device) -> str:
+    r"""The backend :func:`fastrg_static` runs for :obj:`backend` on
+    :obj:`device`: :obj:`"cpp"` or :obj:`"torch"`."""
+    if backend not in STATIC_BACKENDS:
+        raise ValueError(f"backend must be one of {STATIC_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "cpp" if device.type == "cpu" and WITH_EXTENSION else "torch"
+    if backend == "cpp" and (device.type != "cpu" or not WITH_EXTENSION):
+        raise ValueError(f"backend='cpp' samples CPU tensors with the compiled "
+                         f"extension (built: {WITH_EXTENSION}); the memberships "
+                         f"are on {device}")
+    return backend
+
+
+def _static_graph(csr: CSRGraph, ptr_q: Tensor, ptr_k: Tensor, Nq: int, Nk: int,
+                  H: int, expected: Tensor, overflow: Tensor, above_one: Tensor,
+                  checks: List[Check]) -> StaticGraph:
     # Each sequence's rows of each head cut the row pointer.
     rows = (torch.arange(H, device=ptr_q.device)[None, :] * Nq
             + ptr_q[:, None])  # [G + 1, H]
@@ -218,20 +264,25 @@ def _rates(cells: Cells) -> Tensor:
 
 def expected_draws(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
                    ptr_k: Tensor, *, mode: str = "poisson",
-                   exploration: float = 0.0) -> Tensor:
+                   exploration: float = 0.0, backend: str = "auto") -> Tensor:
     r"""The Poisson mean of :func:`fastrg_static`'s draws for these
-    arguments (0-dim float64 on their device, nothing read): what
-    :func:`round_capacity` sizes a capacity from before a first call.
+    arguments (0-dim float64 on their device, nothing read) and
+    :obj:`backend` (:func:`fastrg_static`'s; :obj:`"cpp"` counts a densely
+    sampled row at its keys): what :func:`round_capacity` sizes a capacity
+    from before a first call.
 
     Example:
         >>> q = torch.full((10, 1, 2), 0.5)
-        >>> b = torch.full((1, 2, 2), 0.5)
+        >>> b = torch.full((1, 2, 2), 0.0625)
         >>> ptr = torch.tensor([0, 10])
-        >>> float(expected_draws(q, b, q, ptr, ptr))  # sum of p_ij = 0.5
-        50.0
+        >>> float(expected_draws(q, b, q, ptr, ptr))  # 100 pairs of p_ij = 0.0625
+        6.25
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if static_backend(backend, q_memb.device) == "cpp":
+        return static_fastrg_op.capped_expected_draws(
+            q_memb, block, k_memb, ptr_q, ptr_k, mode, exploration)
     with full_precision(q_memb.device):
         return _rates(Cells(q_memb.detach(), block.detach(), k_memb.detach(),
                             ptr_q, ptr_k, mode, exploration)).sum()

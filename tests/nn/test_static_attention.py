@@ -43,8 +43,12 @@ def layer(capacity=8192, **kwargs):
                    **kwargs).train()
 
 
-def test_a_training_step_reads_nothing_and_keeps_its_operators_and_shapes():
-    conv = layer()
+# The static sampler's backends: "auto" is the C++ row sampler on the CPU
+# (its operator reads host memory only, inside its kernel), "torch" the
+# arrivals a GPU captures.
+@pytest.mark.parametrize("sampler_backend", ["auto", "torch"])
+def test_a_training_step_reads_nothing_and_keeps_its_operators_and_shapes(sampler_backend):
+    conv = layer(sampler_backend=sampler_backend)
     x = torch.randn(96, 16)
     batch = torch.repeat_interleave(torch.arange(3), torch.tensor([30, 26, 40]))
 
@@ -67,8 +71,9 @@ def test_a_training_step_reads_nothing_and_keeps_its_operators_and_shapes():
     assert count_reads(lambda: plain(x, batch, batch_size=3).sum().backward())
 
 
-def test_torch_compile_traces_one_graph_and_matches_eager():
-    conv = layer(eval_seed=5)
+@pytest.mark.parametrize("sampler_backend", ["auto", "torch"])
+def test_torch_compile_traces_one_graph_and_matches_eager(sampler_backend):
+    conv = layer(eval_seed=5, sampler_backend=sampler_backend)
     x = torch.randn(64, 16)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -138,7 +143,7 @@ def test_a_failed_check_raises_on_the_device():
 @pytest.mark.parametrize("change", [
     dict(attention_backend="dense"), dict(attention_backend="tiles"),
     dict(attention_backend="torch"), dict(max_edges=10), dict(dropout=0.1),
-    dict(sparse_memberships=True), dict(sampler_backend="cpp")])
+    dict(sparse_memberships=True), dict(sampler_backend="triton")])
 def test_what_a_static_call_cannot_serve_is_refused_by_name(change):
     name = next(iter(change))
     with pytest.raises(ValueError, match=f"capacity.*{name}"):
