@@ -6,7 +6,8 @@ overflow and expected draws read with a step's record, and the capacity
 grown where they overflowed."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Union
+import contextlib
+from typing import Callable, Dict, Iterator, List, Union
 
 import torch
 from torch import Tensor
@@ -15,7 +16,7 @@ from sbm_pyg.nn.conv import SBMConv
 from sbm_pyg.sampling.static_fastrg import round_capacity
 
 __all__ = ["add_static_arguments", "validate_static", "static_stats", "grow_capacity",
-           "compiled"]
+           "compiled", "unsized", "streams_kept"]
 
 
 def add_static_arguments(add: Callable[..., object]) -> None:
@@ -31,7 +32,9 @@ def add_static_arguments(add: Callable[..., object]) -> None:
     add("--compile", action="store_true",
         help="the model's forward and loss compiled by torch.compile "
              "(fullgraph=True, dynamic=False); needs --capacity and a task "
-             "without padding (repeat, mqar)")
+             "without padding (repeat, mqar); with --capacity auto the layers "
+             "are sized before a compiled step by one eager forward of its "
+             "batch, without gradients")
 
 
 def _capacity(value: str) -> Union[int, str]:
@@ -48,10 +51,6 @@ def validate_static(args) -> None:
     if getattr(args, "compile", False) and (capacity is None or args.task == "listops"):
         raise ValueError("--compile needs --capacity (static shapes) and a task "
                          "without padding (repeat, mqar): a mask is read")
-    if getattr(args, "compile", False) and capacity == "auto":
-        raise ValueError("--compile needs an int --capacity: with 'auto' a layer's "
-                         "first call sizes its buffers by a read, which a compiled "
-                         "step cannot make")
 
 
 def _layers(model: torch.nn.Module) -> List[SBMConv]:
@@ -90,6 +89,29 @@ def grow_capacity(model: torch.nn.Module, record: Dict[str, float]) -> Dict[str,
     for m in layers:
         m.capacity = need
     return dict(capacity=need) if layers else {}
+
+
+def unsized(model: torch.nn.Module) -> bool:
+    r"""Whether a layer of :obj:`capacity="auto"` that samples in a
+    training step (not attending to every pair) has no capacity yet: its
+    first call would size its buffers by a read, which a compiled step
+    cannot make."""
+    model.train()
+    return any(m.capacity == "auto" and not m.attend_all and m.update_capacity() is None
+               for m in _layers(model))
+
+
+@contextlib.contextmanager
+def streams_kept(generator: torch.Generator, device: torch.device) -> Iterator[None]:
+    r"""Runs its block with the random streams restored after it: torch's,
+    :obj:`device`'s (CUDA) and :obj:`generator`'s (a task's batches), so
+    that an eager forward that sizes the layers (:func:`unsized`) draws
+    the next step's batch and leaves the run as it was."""
+    state = generator.get_state()
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    generator.set_state(state)
 
 
 def compiled(net: torch.nn.Module) -> torch.nn.Module:

@@ -31,7 +31,13 @@ from sbm_pyg.experiments.runs import (
     load_checkpoint,
     save_checkpoint,
 )
-from sbm_pyg.experiments.static_steps import compiled, grow_capacity, static_stats
+from sbm_pyg.experiments.static_steps import (
+    compiled,
+    grow_capacity,
+    static_stats,
+    streams_kept,
+    unsized,
+)
 from sbm_pyg.experiments.tasks import ListOpsTask, MQARTask, RepeatTask, make_task, task_forward
 from sbm_pyg.experiments.text import MaskedBytesTask, bits_per_byte
 from sbm_pyg.models import SBMTransformer
@@ -84,6 +90,7 @@ def train(args) -> dict:  # noqa: PLR0915
     # A compiled forward takes no generator: its static layers draw their
     # seeds from torch's, seeded above.
     forward = compiled(net) if getattr(args, "compile", False) else net
+    sized_eagerly = forward is not net and getattr(args, "capacity", None) == "auto"
     metrics_path = args.out / "metrics.jsonl"
     if args.resume and rank == 0:
         for path in (metrics_path, args.out / "diagnostics.jsonl"):
@@ -95,6 +102,11 @@ def train(args) -> dict:  # noqa: PLR0915
         # The density penalty from --lam-start on (e.g. after a dense
         # warm-up, in which it would only pull the SBM sparse).
         lam = args.lam if step >= getattr(args, "lam_start", 0) else 0.0
+        if sized_eagerly and unsized(model):
+            # The step's batch forward eagerly: each automatic layer reads
+            # its first capacity, then the compiled step finds it.
+            with streams_kept(task.generator, device), torch.no_grad():
+                task_forward(model, task, task.batch(), device, None)
         # A gated dense phase's added steps leave the budget as it was: its
         # delay and warm-up count from the selector phase as without them.
         record = train_step(forward, model, optimizer, schedule, task, args,
