@@ -20,6 +20,17 @@ MQAR = ["train", "--task", "mqar", "--seq-len", "32", "--num-kv-pairs", "4",
         "--log-every", "1"]
 
 
+@pytest.fixture
+def aot_eager(monkeypatch):
+    # The train command compiles with aot_eager: the whole trace (dynamo,
+    # autograd's) without inductor's code generation, which takes minutes
+    # on two cores; dynamo's caches and counters fresh.
+    monkeypatch.setattr(train_module, "compiled", lambda net: torch.compile(
+        net, fullgraph=True, dynamic=False, backend="aot_eager"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+
 def records(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -36,13 +47,7 @@ def test_an_overflowing_capacity_is_logged_and_grown(tmp_path):
     assert final["args"]["capacity"] == 64 and 0 < final["density"] < 1
 
 
-def test_compile_trains_as_one_graph(tmp_path, monkeypatch):
-    # aot_eager: the whole trace (dynamo, autograd's) without inductor's
-    # code generation, which takes minutes on two cores.
-    monkeypatch.setattr(train_module, "compiled", lambda net: torch.compile(
-        net, fullgraph=True, dynamic=False, backend="aot_eager"))
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
+def test_compile_trains_as_one_graph(tmp_path, aot_eager):
     out = tmp_path / "run"
     main([*MQAR, "--out", str(out), "--steps", "4", "--capacity", "65536",
           "--compile", "--attention", "sbm"])
@@ -64,13 +69,9 @@ def test_an_automatic_capacity_fits_from_the_second_step_on(tmp_path):
 
 
 def test_compile_with_an_automatic_capacity_sizes_the_layers_before_its_steps(
-        tmp_path, monkeypatch):
+        tmp_path, aot_eager):
     # The first step's batch forward eagerly sizes every layer; the compiled
     # steps then read nothing but the layers' copies and never overflow.
-    monkeypatch.setattr(train_module, "compiled", lambda net: torch.compile(
-        net, fullgraph=True, dynamic=False, backend="aot_eager"))
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
     out = tmp_path / "run"
     main([*MQAR, "--out", str(out), "--steps", "4", "--capacity", "auto",
           "--compile", "--attention", "sbm"])
@@ -107,15 +108,12 @@ def test_compile_refuses_a_padded_task(capsys):
     "cpu", pytest.param("cuda", marks=pytest.mark.skipif(
         not torch.cuda.is_available(), reason="needs CUDA"))])
 @pytest.mark.parametrize("capacity", ["65536", "auto"])
-def test_a_resumed_compiled_run_repeats_the_uninterrupted_one(tmp_path, monkeypatch,
+def test_a_resumed_compiled_run_repeats_the_uninterrupted_one(tmp_path, aot_eager,
                                                               device, capacity):
     # A compiled step takes no generator: its graphs' seeds come from the
     # device's default generator, which the checkpoint must carry. With an
     # automatic capacity the resumed run sizes its layers again, by a
     # forward that leaves every random stream as it was.
-    monkeypatch.setattr(train_module, "compiled", lambda net: torch.compile(
-        net, fullgraph=True, dynamic=False, backend="aot_eager"))
-    torch._dynamo.reset()
     static = [*MQAR, "--capacity", capacity, "--compile", "--attention", "sbm",
               "--device", device, "--checkpoint-every", "2", "--keep-checkpoints", "2"]
     straight = tmp_path / "straight"
