@@ -232,6 +232,11 @@ def _draw_keys(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     cdf_q, cdf_k, inflation = cells.cdf_q, cells.cdf_k, cells.inflation
     rate = _rates(cells)
     shape = rate.shape
+    sentinel = H * Nq * Nk
+    no = torch.zeros((), dtype=torch.bool, device=rate.device)
+    if not Nq or not Nk or not rate.numel():  # no pair: nothing to draw
+        return (torch.full((capacity,), sentinel, device=rate.device), rate.sum().double(),
+                no, no, cells.checks)
     ends = rate.reshape(-1).cumsum(0)  # each cell's stretch ends here
     total = ends[-1]
     slot = torch.arange(capacity, device=rate.device)
@@ -244,9 +249,8 @@ def _draw_keys(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     i = i + per_cell(heads * Nq - cdf_q.base[None, :, :, None], shape, cell)
     j = _search(cdf_k, cell, 3, shape, counter_uniform(seed, _KEY, slot))
     j = j - per_cell(cdf_k.base[None, :, None, :], shape, cell)
-    sentinel = H * Nq * Nk
     keys = _distinct(torch.where(drawn, i * Nk + j, sentinel), sentinel)
-    above_one = torch.zeros((), dtype=torch.bool, device=keys.device)
+    above_one = no
     if inflation is not None:
         assert cells.Y is not None and cells.Z is not None
         keys, above_one = _thin(keys, cells.Y, cells.B, cells.Z, inflation,
@@ -351,8 +355,9 @@ def _csr(keys: Tensor, H: int, Nq: int, Nk: int) -> CSRGraph:
     valid = keys < R * Nk
     starts = torch.arange(R + 1, device=keys.device) * Nk
     rowptr = torch.searchsorted(keys, starts)
-    row = torch.where(valid, keys // Nk, 0)
-    col = torch.where(valid, row // Nq * Nk + keys % Nk, 0)
+    # An empty side has no valid key: the divisors only need to be nonzero.
+    row = torch.where(valid, keys // max(Nk, 1), 0)
+    col = torch.where(valid, row // max(Nq, 1) * Nk + keys % max(Nk, 1), 0)
     order, perm = torch.sort(torch.where(valid, col * R + row, C * R),
                              stable=True)
     colptr = torch.searchsorted(order, torch.arange(C + 1, device=keys.device) * R)

@@ -257,3 +257,22 @@ def test_buffers_beyond_int32_or_the_memory_are_refused_before_allocating(backen
     with pytest.raises(ValueError, match=r"capacity=2000000000.*GiB"):
         fastrg_static(q, b, k, ptr_q, ptr_k, capacity=2 * 10**9, seed=torch.tensor(0),
                       backend=backend)
+
+
+@pytest.mark.parametrize("Nq, Nk, ptr_q, ptr_k", [
+    (0, 5, [0, 0], [0, 5]), (4, 0, [0, 4], [0, 0]), (0, 0, [0], [0]),
+    (4, 5, [0, 0, 4], [0, 5, 5])])
+def test_no_pair_draws_an_empty_padded_graph(Nq, Nk, ptr_q, ptr_k, backend):
+    # An empty query or key side, no sequence, or sequences whose other side
+    # is empty: nothing drawn, every slot padding, pointers all zero.
+    g = seeded(5)
+    q, k = torch.rand(Nq, 2, 3, generator=g), torch.rand(Nk, 2, 3, generator=g)
+    b = torch.rand(2, 3, 3, generator=g)
+    res = fastrg_static(q, b, k, torch.tensor(ptr_q), torch.tensor(ptr_k), capacity=16,
+                        seed=torch.tensor(1), backend=backend)
+    csr = res.graph.csr
+    assert csr.col.numel() == 16 and not bool(res.overflow)
+    assert int(csr.rowptr[-1]) == 0 and int(csr.colptr[-1]) == 0
+    assert csr.rowptr.numel() == 2 * Nq + 1 and csr.colptr.numel() == 2 * Nk + 1
+    assert float(res.expected_draws) == 0.0 and int(res.edges.sum()) == 0
+    assert res.edges.shape == (len(ptr_q) - 1, 2)
