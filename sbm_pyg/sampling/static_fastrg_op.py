@@ -125,10 +125,10 @@ def _above_one(W: Tensor, Z: Tensor, row: Tensor, col: Tensor,
     # 1 (inflation at its cap) can hold one, so only their edges are
     # computed (none at all in the usual case).
     H, Nq, k = W.shape
-    suspect = (inflation >= _MAX_INFLATION)[row.long()]
-    if not bool(suspect.any()):
+    capped = inflation >= _MAX_INFLATION
+    if not bool(capped.any()):  # per row first: an [E] gather cost 23 ms at 5%
         return False
-    at = suspect.nonzero().view(-1)
+    at = capped[row.long()].nonzero().view(-1)
     w = W.reshape(H * Nq, k).index_select(0, row.long()[at])
     z = Z.transpose(0, 1).reshape(-1, k).index_select(0, col.long()[at])
     return bool(((w * z).sum(-1) > 1 + 1e-6).any())
