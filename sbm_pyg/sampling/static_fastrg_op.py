@@ -44,13 +44,17 @@ from sbm_pyg.validation import Check, invalid_values
 
 __all__ = ["capped_rows", "capped_expected_draws", "table_bytes", "BYTES_PER_SLOT"]
 
-#: Peak bytes a slot of the buffers takes: the C++ sampler's 20 a distinct
-#: edge (fastrg_op.PEAK_BYTES) and the padded copies of col, perm, row_t
-#: and row (16).
-BYTES_PER_SLOT = 36
+#: Peak bytes a slot of the buffers takes, the graph included, the key
+#: tables apart (table_bytes): measured (ru_maxrss, 4 M slots 90% drawn,
+#: n = 16384, k = 16; docs/runs/cpu/static-bytes/) 34.8 in poisson mode
+#: and 35.8 in exact mode: the C++ sampler's edges and the padded copies
+#: of col, perm, row_t and row.
+BYTES_PER_SLOT = 40
 # The C++ plan's inflation where a row's bound reaches 1 (kMaxInflation in
 # csrc/sampler/fastrg.cpp): only such rows can hold a pair with p_ij > 1.
 _MAX_INFLATION = 40.0
+# Edges whose p_ij the check above one computes at once: [chunk, k] floats.
+_CHUNK = 1 << 16
 _RATES = "the SBM's edge rates overflow (q_memb, block or k_memb too large)"
 
 LIBRARY.define("fastrg_capped(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q, "
@@ -129,9 +133,12 @@ def _above_one(W: Tensor, Z: Tensor, row: Tensor, col: Tensor,
     if not bool(capped.any()):  # per row first: an [E] gather cost 23 ms at 5%
         return False
     at = capped[row.long()].nonzero().view(-1)
-    w = W.reshape(H * Nq, k).index_select(0, row.long()[at])
-    z = Z.transpose(0, 1).reshape(-1, k).index_select(0, col.long()[at])
-    return bool(((w * z).sum(-1) > 1 + 1e-6).any())
+    W, Z = W.reshape(H * Nq, k), Z.transpose(0, 1).reshape(-1, k)
+    # In chunks of a fixed size: no [E, k] buffer (the PyTorch backend's
+    # thinning does the same).
+    return any(bool((W.index_select(0, row[c].long()).mul_(Z.index_select(0, col[c].long()))
+                     .sum(-1) > 1 + 1e-6).any())
+               for c in at.split(_CHUNK))
 
 
 LIBRARY.impl("fastrg_capped", _capped, "CPU")
