@@ -4,6 +4,7 @@ to the capacity when they do not, dense rows counted at their keys, and one
 graph for torch.compile."""
 import pytest
 import torch
+import torch._dynamo.utils
 
 from sbm_pyg.ops import WITH_EXTENSION
 from sbm_pyg.sampling import expected_draws, fastrg_static, valid_graph
@@ -106,6 +107,7 @@ def test_one_graph_for_torch_compile():
         return res.graph.csr.col, res.edges, res.overflow
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     compiled = torch.compile(edges, fullgraph=True, dynamic=False)
     for s in (1, 2, 3):
         seed = torch.tensor(s)
