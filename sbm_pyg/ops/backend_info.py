@@ -23,7 +23,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 
 __all__ = ["WITH_EXTENSION", "WITH_TRITON", "WITH_TORCH_SCATTER",
-           "extension", "BACKENDS", "ATTENTION_BACKENDS", "DENSE_CROSSOVER",
+           "extension", "BACKENDS", "ATTENTION_BACKENDS", "STATIC_BACKENDS",
+           "DENSE_CROSSOVER",
            "DEVICE_CROSSOVERS", "dense_crossover", "TILES_MIN_EDGES",
            "DEVICE_TILES_MIN_EDGES", "tiles_min_edges",
            "resolve_backend", "backends", "triton_runs", "dense_runs"]
@@ -68,6 +69,9 @@ BACKENDS = ("auto", "cpp", "triton", "torch")
 # which samples its own mask: a layer runs it in place of sampler and
 # sparse attention.
 ATTENTION_BACKENDS = BACKENDS + ("dense",)
+# The static sampler (sampling/static_fastrg.py) has no Triton kernel: a
+# GPU captures its PyTorch one.
+STATIC_BACKENDS = ("auto", "cpp", "torch")
 OPS = ("sampler", "attention")
 # The expected density (edges per query-key pair) from which "auto" runs
 # the dense-regime attention: where an SBMConv forward+backward costs less
@@ -181,7 +185,7 @@ def _warn_no_triton() -> None:
 
 
 def resolve_backend(op: str, backend: Optional[str],
-                    device: Union[torch.device, str]) -> str:
+                    device: Union[torch.device, str], static: bool = False) -> str:
     r"""The kernel that runs :obj:`op` for tensors on :obj:`device`: the one
     place where a backend is chosen, for the sampler and the attention
     alike (as FlexAttention validates its kernel options in one place).
@@ -201,11 +205,18 @@ def resolve_backend(op: str, backend: Optional[str],
       samples the mask itself: the compiled extension's on CPU tensors, the
       Triton one on CUDA.
 
+    With :obj:`static=True` (the sampler only) the choice is the static
+    sampler's (:func:`~sbm_pyg.sampling.fastrg_static`, one of
+    :data:`STATIC_BACKENDS`): :obj:`"auto"` takes :obj:`"cpp"` on the CPU
+    where the extension is built, else :obj:`"torch"` (on a GPU the one a
+    captured graph replays); it has no :obj:`"triton"`.
+
     Args:
         op (str): :obj:`"sampler"` or :obj:`"attention"`.
         backend (str, optional): one of :data:`BACKENDS` (for the
             attention :data:`ATTENTION_BACKENDS`) or :obj:`None`.
         device (torch.device or str): where the tensors are.
+        static (bool): the static sampler's backend. (default: :obj:`False`)
 
     Returns:
         :obj:`"cpp"`, :obj:`"triton"`, :obj:`"torch"` or :obj:`"dense"`.
@@ -220,7 +231,10 @@ def resolve_backend(op: str, backend: Optional[str],
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    choices = ATTENTION_BACKENDS if op == "attention" else BACKENDS
+    if static and op != "sampler":
+        raise ValueError(f"static=True chooses the sampler's backend, not the {op}'s")
+    choices = (ATTENTION_BACKENDS if op == "attention"
+               else STATIC_BACKENDS if static else BACKENDS)
     if backend is not None and backend not in choices:
         raise ValueError(f"{op} backend must be one of {choices}, got "
                          f"{backend!r}")
@@ -228,6 +242,8 @@ def resolve_backend(op: str, backend: Optional[str],
     if backend is None or backend == "auto":
         if device.type == "cpu" and WITH_EXTENSION:
             return "cpp"
+        if static:
+            return "torch"
         if device.type == "cuda" and WITH_TRITON:
             return "triton"
         if device.type == "cuda":

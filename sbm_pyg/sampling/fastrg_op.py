@@ -67,7 +67,7 @@ from sbm_pyg.sampling.checks import check_draws
 from sbm_pyg.sampling.edges import SampledEdges, keys_to_csr, sorted_unique
 from sbm_pyg.validation import Check, invalid_values
 
-__all__ = ["Plan", "plan", "draw", "stream_seed", "included_csr",
+__all__ = ["Plan", "plan_operands", "plan", "draw", "stream_seed", "included_csr",
            "DENSE_ROW_THRESHOLD"]
 
 # A row is sampled densely (one Bernoulli per key) when its expected number
@@ -166,6 +166,19 @@ class Plan(NamedTuple):
 _OVERFLOW = "the SBM's edge rates overflow (q_memb, block or k_memb too large)"
 
 
+def plan_operands(q_memb: Tensor, block: Tensor, k_memb: Tensor
+                  ) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""The plan's operands, detached and contiguous in float32 (float64
+    for float64 memberships): the query memberships :obj:`Y`
+    :obj:`[N_q, H, k]`, the key memberships :obj:`Z` :obj:`[N_k, H, k]`
+    and :obj:`W = Y B` heads first, :obj:`[H, N_q, k]`."""
+    dtype = torch.float64 if q_memb.dtype == torch.float64 else torch.float32
+    Y = q_memb.detach().to(dtype).contiguous()
+    Z = k_memb.detach().to(dtype).contiguous()
+    W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
+    return Y, Z, W
+
+
 def plan(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
          ptr_k: Tensor, checks: List[Check], mode: str, exploration: float,
          self_loops: bool, included: Optional[Sequence[Tensor]],
@@ -185,10 +198,7 @@ def plan(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     plan_op = ops.fastrg_plan
     if backend == "triton" and q_memb.device.type == "cpu":
         plan_op = ops.triton_fastrg_plan
-    dtype = torch.float64 if q_memb.dtype == torch.float64 else torch.float32
-    Y = q_memb.detach().to(dtype).contiguous()
-    Z = k_memb.detach().to(dtype).contiguous()
-    W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
+    Y, Z, W = plan_operands(q_memb, block, k_memb)
     if seed is None:
         seed = stream_seed(generator, q_memb.device)
     degree, inflation, mass, stats = plan_op(Y, W, Z, ptr_q, ptr_k,

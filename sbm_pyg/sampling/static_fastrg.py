@@ -40,7 +40,7 @@ from typing import List, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
-from sbm_pyg.ops.backend_info import WITH_EXTENSION
+from sbm_pyg.ops.backend_info import resolve_backend
 from sbm_pyg.ops.csr import full_precision
 from sbm_pyg.ops.graph import INDEX_DTYPE, CSRGraph, check_index_range
 from sbm_pyg.sampling import static_fastrg_op
@@ -50,10 +50,7 @@ from sbm_pyg.sampling.graph import SampledGraph
 from sbm_pyg.validation import Check, check_memory
 
 __all__ = ["StaticGraph", "fastrg_static", "counter_uniform", "valid_graph",
-           "round_capacity", "expected_draws", "STATIC_BACKENDS"]
-
-#: The backends of :func:`fastrg_static`.
-STATIC_BACKENDS = ("auto", "cpp", "torch")
+           "round_capacity", "expected_draws"]
 
 _M32 = 0xFFFFFFFF
 # The row streams of one call: the arrivals' gaps, the draws' queries and
@@ -62,9 +59,9 @@ _GAP, _QUERY, _KEY, _KEEP = range(4)
 # Distinct edges whose p_ij exact mode computes at once: [chunk, k] floats.
 _CHUNK = 1 << 16
 #: Peak bytes a slot of the buffers takes while a graph is drawn, the
-#: graph included: measured (ru_maxrss, 4 M slots, k = 16) 93 in poisson
-#: mode and 169 in exact mode, whose thinning's chunks add a fixed
-#: [chunk, k] on top.
+#: graph included: measured (ru_maxrss, 4 M slots, k = 16;
+#: docs/runs/cpu/static-bytes) 91.8 in poisson mode and 166.0 in exact
+#: mode, whose thinning's chunks add a fixed [chunk, k] on top.
 BYTES_PER_SLOT = 192
 
 
@@ -140,7 +137,8 @@ def fastrg_static(q_memb: Tensor, block: Tensor, k_memb: Tensor,  # noqa: PLR091
     against the capacity), :obj:`"torch"` with the arrivals above, any
     device; :obj:`"auto"` takes :obj:`"cpp"` where the memberships are on
     the CPU and the extension is built, else :obj:`"torch"` (on a GPU the
-    only one a captured graph replays).
+    only one a captured graph replays; :func:`~sbm_pyg.ops.resolve_backend`
+    with :obj:`static=True`).
 
     Example:
         >>> q = torch.rand(50, 2, 4)
@@ -155,7 +153,7 @@ def fastrg_static(q_memb: Tensor, block: Tensor, k_memb: Tensor,  # noqa: PLR091
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    backend = static_backend(backend, q_memb.device)
+    backend = resolve_backend("sampler", backend, q_memb.device, static=True)
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
     if not (isinstance(seed, Tensor) and seed.dim() == 0
@@ -191,20 +189,6 @@ def fastrg_static(q_memb: Tensor, block: Tensor, k_memb: Tensor,  # noqa: PLR091
         keys = _distinct(torch.cat([keys, *forced]), H * Nq * Nk)
     return _static_graph(_csr(keys, H, Nq, Nk), ptr_q, ptr_k, Nq, Nk, H,
                          expected, overflow, above_one, checks)
-
-
-def static_backend(backend: str, device: torch.device) -> str:
-    r"""The backend :func:`fastrg_static` runs for :obj:`backend` on
-    :obj:`device`: :obj:`"cpp"` or :obj:`"torch"`."""
-    if backend not in STATIC_BACKENDS:
-        raise ValueError(f"backend must be one of {STATIC_BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        return "cpp" if device.type == "cpu" and WITH_EXTENSION else "torch"
-    if backend == "cpp" and (device.type != "cpu" or not WITH_EXTENSION):
-        raise ValueError(f"backend='cpp' samples CPU tensors with the compiled "
-                         f"extension (built: {WITH_EXTENSION}); the memberships "
-                         f"are on {device}")
-    return backend
 
 
 def _static_graph(csr: CSRGraph, ptr_q: Tensor, ptr_k: Tensor, Nq: int, Nk: int,
@@ -284,7 +268,7 @@ def expected_draws(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if static_backend(backend, q_memb.device) == "cpp":
+    if resolve_backend("sampler", backend, q_memb.device, static=True) == "cpp":
         return static_fastrg_op.capped_expected_draws(
             q_memb, block, k_memb, ptr_q, ptr_k, mode, exploration)
     with full_precision(q_memb.device):

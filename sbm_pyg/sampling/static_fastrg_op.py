@@ -39,6 +39,7 @@ from sbm_pyg.sampling.fastrg_op import (
     BYTES_PER_TABLE_ENTRY,
     DENSE_ROW_THRESHOLD,
     included_csr,
+    plan_operands,
 )
 from sbm_pyg.validation import Check, invalid_values
 
@@ -153,9 +154,8 @@ def capped_rows(q_memb: Tensor, block: Tensor, k_memb: Tensor, ptr_q: Tensor,
     :func:`~sbm_pyg.sampling.fastrg_static`): the padded CSR, the expected
     draws, the overflow and above-one flags (0-dim, on the device) and the
     deferred checks of the inputs."""
-    dtype = torch.float64 if q_memb.dtype == torch.float64 else torch.float32
     with full_precision(q_memb.device):
-        Y, Z, W = _operands(q_memb, block, k_memb, dtype)
+        Y, Z, W = plan_operands(q_memb, block, k_memb)
         inc_i, inc_j = included if included is not None else (
             ptr_q.new_empty(0), ptr_q.new_empty(0))
         rowptr, col, perm, colptr, row_t, row, stats = \
@@ -176,22 +176,12 @@ def capped_expected_draws(q_memb: Tensor, block: Tensor, k_memb: Tensor,
                           exploration: float) -> Tensor:
     r"""The expected draws of :func:`capped_rows` for these arguments (the
     C++ plan's: dense rows at their keys), 0-dim float64."""
-    dtype = torch.float64 if q_memb.dtype == torch.float64 else torch.float32
     with full_precision(q_memb.device):
-        Y, Z, W = _operands(q_memb, block, k_memb, dtype)
+        Y, Z, W = plan_operands(q_memb, block, k_memb)
         stats = torch.ops.sbm_pyg.fastrg_plan(
             Y, W, Z, ptr_q, ptr_k, float(exploration), mode == "exact", 0,
             DENSE_ROW_THRESHOLD)[3]
     return stats[1]
-
-
-def _operands(q_memb: Tensor, block: Tensor, k_memb: Tensor,
-              dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
-    # As fastrg_op.plan prepares them: Y, Z and W = Y B, contiguous.
-    Y = q_memb.detach().to(dtype).contiguous()
-    Z = k_memb.detach().to(dtype).contiguous()
-    W = torch.bmm(Y.transpose(0, 1), block.detach().to(dtype)).contiguous()
-    return Y, Z, W
 
 
 def table_bytes(num_heads: int, num_clusters: int, num_keys: int) -> int:

@@ -121,3 +121,23 @@ def test_tiles_min_edges_is_the_devices_own_where_measured(monkeypatch):
     assert backend_info.tiles_min_edges("cpu") == (backend_info.TILES_MIN_EDGES, "cpu")
     monkeypatch.setattr(backend_info, "DEVICE_TILES_MIN_EDGES", {"GPU X": 2e6, "GPU Y": 5e6})
     assert backend_info.tiles_min_edges("cuda:0") == (2e6, "GPU X")
+
+
+def test_the_static_sampler_has_no_triton_and_auto_never_takes_it(monkeypatch):
+    resolve = backend_info.resolve_backend
+    monkeypatch.setattr(backend_info, "WITH_TRITON", True)
+    monkeypatch.setattr(backend_info, "WITH_EXTENSION", True)
+    assert resolve("sampler", "auto", "cpu", static=True) == "cpp"
+    assert resolve("sampler", "auto", "cuda", static=True) == "torch"
+    assert resolve("sampler", "auto", "cuda") == "triton"  # the default route's
+    assert resolve("sampler", "torch", "cpu", static=True) == "torch"
+    with pytest.raises(ValueError, match="sampler backend 'cpp' runs on the CPU"):
+        resolve("sampler", "cpp", "cuda", static=True)
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'cpp', 'torch'\)"):
+        resolve("sampler", "triton", "cuda", static=True)
+    with pytest.raises(ValueError, match="static=True chooses the sampler's"):
+        resolve("attention", "auto", "cpu", static=True)
+    monkeypatch.setattr(backend_info, "WITH_EXTENSION", False)
+    assert resolve("sampler", "auto", "cpu", static=True) == "torch"
+    with pytest.raises(ValueError, match="not built"):
+        resolve("sampler", "cpp", "cpu", static=True)

@@ -118,6 +118,6 @@ def test_one_graph_for_torch_compile():
 
 def test_cpu_only():
     q, b, k, ptr = sbm()
-    with pytest.raises(ValueError, match="backend='cpp'"):
+    with pytest.raises(ValueError, match="sampler backend 'cpp' runs on the CPU"):
         fastrg_static(q.to("meta"), b.to("meta"), k.to("meta"), ptr, ptr,
                       capacity=10, seed=torch.tensor(0), backend="cpp")
