@@ -95,9 +95,8 @@ def unsized(model: torch.nn.Module) -> bool:
     r"""Whether a layer of :obj:`capacity="auto"` that samples in a
     training step (not attending to every pair) has no capacity yet: its
     first call would size its buffers by a read, which a compiled step
-    cannot make."""
-    model.train()
-    return any(m.capacity == "auto" and not m.attend_all and m.update_capacity() is None
+    cannot make. Reads and changes nothing."""
+    return any(m.capacity == "auto" and not m.attend_all and m.kept_capacity() is None
                for m in _layers(model))
 
 

@@ -105,6 +105,7 @@ def train(args) -> dict:  # noqa: PLR0915
         if sized_eagerly and unsized(model):
             # The step's batch forward eagerly: each automatic layer reads
             # its first capacity, then the compiled step finds it.
+            model.train()  # an evaluation may have left it in eval mode
             with streams_kept(task.generator, device), torch.no_grad():
                 task_forward(model, task, task.batch(), device, None)
         # A gated dense phase's added steps leave the budget as it was: its

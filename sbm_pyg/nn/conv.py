@@ -332,6 +332,16 @@ class SBMConv(MessagePassing):
             keeper.refresh()
         return self._keepers[self.training].capacity
 
+    def kept_capacity(self, training: bool = True) -> Optional[int]:
+        r"""With :obj:`capacity="auto"`: the capacity kept for training
+        calls (or, :obj:`training=False`, evaluation calls) as last
+        refreshed, :obj:`None` before a first such call; reads and changes
+        nothing (:meth:`update_capacity` refreshes it)."""
+        if self.capacity != "auto":
+            raise ValueError(f"kept_capacity needs capacity='auto', got "
+                             f"{self.capacity!r}")
+        return self._keepers[training].capacity
+
     def register_graph_hook(self, hook: Callable[[SBMConv, SampledGraph], None]
                             ) -> RemovableHandle:
         r"""Calls :obj:`hook(module, graph)` with every graph this layer

@@ -8,6 +8,8 @@ import torch
 import torch._dynamo.utils
 
 from sbm_pyg.__main__ import main
+from sbm_pyg.experiments.static_steps import unsized
+from sbm_pyg.nn import SBMConv
 
 # The module (the package's name "train" is the function).
 train_module = importlib.import_module("sbm_pyg.experiments.train")
@@ -82,6 +84,20 @@ def test_compile_with_an_automatic_capacity_sizes_the_layers_before_its_steps(
     # grow it once), never a break.
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert 1 <= graphs <= len({r["capacity"] for r in steps}) + 1
+
+
+def test_unsized_asks_each_layers_training_capacity_and_changes_nothing():
+    sized, auto = (SBMConv(16, 8, heads=2, num_clusters=4, capacity=c) for c in (64, "auto"))
+    model = torch.nn.ModuleList([sized, auto]).eval()
+    assert unsized(model) and not model.training
+    with torch.no_grad():
+        auto(torch.randn(20, 16))  # an evaluation call sizes evaluation only
+    assert unsized(model) and not model.training
+    auto.attend_all = True  # every pair: nothing sampled, nothing to size
+    assert not unsized(model)
+    auto.attend_all = False
+    auto.train()(torch.randn(20, 16))
+    assert not unsized(model)
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -69,6 +69,25 @@ def test_training_and_evaluation_keep_their_own_capacities():
     assert conv.update_capacity() == round_capacity(train_draws)
 
 
+def test_kept_capacity_reads_and_changes_nothing():
+    conv = auto_layer(exploration=0.2)
+    assert conv.kept_capacity() is None and conv.kept_capacity(training=False) is None
+    x = torch.randn(64, 16, generator=seeded(1))
+    conv(x)
+    first = conv.kept_capacity()
+    assert first == round_capacity(float(conv.expected_draws))
+    assert conv.kept_capacity(training=False) is None
+    # Three times the rows: the copy of this call's draws stays unread.
+    conv(torch.randn(192, 16, generator=seeded(2)))
+    assert count_reads(conv.kept_capacity) == {}
+    assert conv.kept_capacity() == first and conv._keepers[True].overflows == 0
+    with pytest.warns(RuntimeWarning, match="overflowed"):
+        assert conv.update_capacity() > first  # update_capacity reads it
+    assert conv.kept_capacity() == conv.update_capacity()
+    with pytest.raises(ValueError, match="kept_capacity needs capacity='auto'"):
+        SBMConv(16, 8, capacity=64).kept_capacity()
+
+
 def test_the_capacity_grows_at_once_and_shrinks_only_when_halved():
     keeper = AutoCapacity()
     assert keeper.refresh() is None
