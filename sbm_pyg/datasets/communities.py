@@ -7,7 +7,10 @@ The task is CLUSTER's (`"Benchmarking Graph Neural Networks"
 community carry their community as a one-hot feature (the seeds), every
 other node a zero vector, so the features alone give nothing away; a node's
 community must be found from the seeds it can reach. The other nodes are
-split at random into training, validation and test nodes.
+split at random into training, validation and test nodes. Optionally every
+node also gets noisy features of its community's random centre (the
+setting of feature-similar nodes far apart in the graph, which a global
+attention can join and a local layer cannot).
 """
 from __future__ import annotations
 
@@ -87,16 +90,26 @@ def cluster_graph(n: int, communities: int = 6,
 
 
 def community_task(graph: Data, seeds: int = 1, split: Tuple[float, float] = (0.5, 0.25),
-                   generator: Optional[torch.Generator] = None) -> Data:
+                   generator: Optional[torch.Generator] = None, features: int = 0,
+                   noise: float = 1.0) -> Data:
     r"""CLUSTER's task on :obj:`graph` (its :obj:`y` the communities):
     :obj:`seeds` random nodes of each community get their community as a
     one-hot feature, the others zeros; the rest of the nodes are split at
     random into training, validation and test nodes by the shares
     :obj:`split` (training, validation; test the remainder).
 
+    With :obj:`features` :math:`D > 0`, every node also gets :math:`D`
+    noisy features of its community: :math:`\mu_{y_i} + \sigma
+    \varepsilon_i`, each community's centre :math:`\mu_c` and each node's
+    :math:`\varepsilon_i` standard normal in :math:`\mathbb{R}^D`,
+    :math:`\sigma` = :obj:`noise`. A node's own features then tell its
+    community only weakly where :math:`\sigma` is large; nodes of one
+    community, linked or not, share a centre, which a global attention can
+    find (and the seeds and splits are those without them).
+
     Shapes:
-        **output:** :obj:`x` :math:`(n, C + 1)` (the last column marks the
-        seeds), :obj:`train_mask`, :obj:`val_mask`, :obj:`test_mask`
+        **output:** :obj:`x` :math:`(n, C + 1 + D)` (column :math:`C` marks
+        the seeds), :obj:`train_mask`, :obj:`val_mask`, :obj:`test_mask`
         :math:`(n)`, none of them on a seed.
     """
     y = graph.y
@@ -107,6 +120,10 @@ def community_task(graph: Data, seeds: int = 1, split: Tuple[float, float] = (0.
     if int(sizes.min()) <= seeds:
         raise ValueError(f"seeds must be fewer than the smallest community's "
                          f"{int(sizes.min())} nodes, got {seeds}")
+    if not isinstance(features, int) or isinstance(features, bool) or features < 0:
+        raise ValueError(f"features must be an int >= 0, got {features!r}")
+    if not noise > 0:
+        raise ValueError(f"noise must be > 0, got {noise!r}")
     train, val = split
     if not (train > 0 and val >= 0 and train + val < 1):
         raise ValueError(f"split must be (train, val) shares > 0 and >= 0 summing "
@@ -126,5 +143,8 @@ def community_task(graph: Data, seeds: int = 1, split: Tuple[float, float] = (0.
     masks = []
     for part in (rest[:cut[0]], rest[cut[0]:cut[1]], rest[cut[1]:]):
         masks.append(torch.zeros(n, dtype=torch.bool).index_fill_(0, part, True))
+    if features:  # drawn last: the seeds and splits stay those without them
+        centre = torch.randn(classes, features, generator=generator)
+        x = torch.cat([x, centre[y] + noise * torch.randn(n, features, generator=generator)], 1)
     return Data(x=x, edge_index=graph.edge_index, y=y, train_mask=masks[0],
                 val_mask=masks[1], test_mask=masks[2], seed_mask=seed, num_nodes=n)

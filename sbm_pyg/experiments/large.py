@@ -6,7 +6,8 @@ and :class:`~torch_geometric.nn.models.Polynormer`: accuracy, time per epoch
 and peak memory, full-batch or on random node batches (as SGFormer trains
 on large graphs), ``python -m sbm_pyg large``.
 
-Every model reads the same one-hot seed features and the same edges; the
+Every model reads the same one-hot seed features (with ``--features``, also
+noisy features of each node's community) and the same edges; the
 GPS models share everything but the global attention (GatedGCN local
 layers, no positional encoding: eigenvectors of a :math:`10^5`-node graph
 are a cost of their own).
@@ -52,6 +53,11 @@ def add_large_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-community", type=int, default=1000, help="lfr: the largest community")
     add("--seeds", type=int, default=3,
         help="nodes of each community whose community is a feature")
+    add("--features", type=int, default=0,
+        help="noisy features of each node's community: its community's random "
+             "centre in this many dimensions plus noise (0: none)")
+    add("--feature-noise", type=float, default=1.0,
+        help="the features' noise, in units of a centre's spread")
     add("--model", choices=LARGE_MODELS, default="gps-sbm")
     add("--channels", type=int, default=64)
     add("--layers", type=int, default=3, help="GPS layers; SGFormer's and "
@@ -87,6 +93,8 @@ def validate_large(args) -> None:
             or not args.degree > 0:
         raise ValueError("--batch-nodes must be >= 0, --lr and --degree > 0, "
                          "--dropout in [0, 1)")
+    if args.features < 0 or not args.feature_noise > 0:
+        raise ValueError("--features must be >= 0 and --feature-noise > 0")
     if args.out.is_dir() and any(args.out.iterdir()):
         raise ValueError(f"--out {args.out} is not empty")
 
@@ -101,7 +109,8 @@ def large_graph(args, generator: torch.Generator) -> Data:
                           generator=generator)
     else:
         graph = cluster_graph(args.nodes, generator=generator)
-    return community_task(graph, seeds=args.seeds, generator=generator)
+    return community_task(graph, seeds=args.seeds, generator=generator,
+                          features=args.features, noise=args.feature_noise)
 
 
 def build_large_model(name: str, in_channels: int, num_classes: int, channels: int,

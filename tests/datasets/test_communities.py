@@ -47,3 +47,30 @@ def test_bad_sizes_are_named():
         cluster_graph(100, communities=1)
     with pytest.raises(ValueError, match="degrees must be two numbers"):
         cluster_graph(100, degrees=(0.0, 0.0))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_community_features_share_a_centre_per_community(seed):
+    g = cluster_graph(30_000, generator=seeded(seed))
+    plain = community_task(g, seeds=3, generator=seeded(seed + 10))
+    data = community_task(g, seeds=3, generator=seeded(seed + 10), features=16, noise=2.0)
+    classes = int(g.y.max()) + 1
+    # The seeds, the one-hot columns and the splits are those without them.
+    assert data.x.shape == (30_000, classes + 1 + 16)
+    assert torch.equal(data.x[:, :classes + 1], plain.x)
+    for name in ("train_mask", "val_mask", "test_mask", "seed_mask"):
+        assert torch.equal(data[name], plain[name])
+    f = data.x[:, classes + 1:].double()
+    counts = torch.bincount(g.y, minlength=classes).double()
+    centre = torch.zeros(classes, 16, dtype=torch.float64).index_add_(0, g.y, f) / counts[:, None]
+    within = f - centre[g.y]
+    # Each community has >= 500 nodes here: its mean's s.d. is at most
+    # 2 / sqrt(500) < 0.09 a coordinate, so the centres' spread (s.d. 1) and
+    # the noise (s.d. 2) are read within 10% over 16 or more coordinates.
+    assert float(counts.min()) >= 500
+    assert float(within.std()) == pytest.approx(2.0, rel=0.02)
+    assert float(centre.std()) == pytest.approx(1.0, rel=0.25)  # 6 x 16 centres
+    with pytest.raises(ValueError, match="features must be an int >= 0"):
+        community_task(g, features=-1)
+    with pytest.raises(ValueError, match="noise must be > 0"):
+        community_task(g, features=4, noise=0.0)

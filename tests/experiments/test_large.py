@@ -104,6 +104,14 @@ def test_the_task_hides_the_answer(tmp_path, graph):
     assert bool((masks.sum(0) == 1).all())
 
 
+def test_community_features_reach_every_model(tmp_path):
+    data = large_graph(_args(tmp_path, "--features", "8", "--feature-noise", "3"), seeded(0))
+    classes = int(data.y.max()) + 1
+    assert data.x.shape == (300, classes + 1 + 8)
+    final = train_large(_args(tmp_path, "--features", "8", "--model", "gps-sbm"))
+    assert 0.0 <= final["accuracy"] <= 1.0 and final["args"]["features"] == 8
+
+
 def test_node_batches_partition_the_nodes():
     parts = list(node_batches(10, 4, seeded(0)))
     assert [p.numel() for p in parts] == [4, 4, 2]
@@ -116,6 +124,8 @@ def test_node_batches_partition_the_nodes():
     (["--epochs", "0"], "--epochs must be >= 1"),
     (["--lr", "0"], "--lr and --degree > 0"),
     (["--num-clusters", "0"], "--num-clusters must be >= 1"),
+    (["--features", "-1"], "--features must be >= 0 and --feature-noise > 0"),
+    (["--feature-noise", "0"], "--features must be >= 0 and --feature-noise > 0"),
 ])
 def test_bad_options_exit_2(tmp_path, argv, message, capsys):
     with pytest.raises(SystemExit) as e:
