@@ -3,14 +3,30 @@ tokens, a mask and labels, where the model's token head runs, and the loss
 over the asked tokens."""
 from __future__ import annotations
 
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple, Union
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Batch", "FreshBatches", "AskedTokens"]
+__all__ = ["Batch", "FreshBatches", "AskedTokens", "HELD_OUT_SEEDS", "held_out_generator"]
 
 Batch = Tuple[Tensor, Tensor, Tensor]  # tokens [B, N], mask [B, N], labels
+
+#: The seeds of the held-out splits' generators: far from the training
+#: streams' (seed * 1000 + rank), so that no rank trains on them.
+HELD_OUT_SEEDS = {"val": 2**62 + 1, "test": 2**62 + 2}
+
+
+def held_out_generator(split: str, device: Union[torch.device, str] = "cpu"
+                       ) -> torch.Generator:
+    """A fresh generator of the held-out :obj:`split` on :obj:`device`: an
+    evaluation that draws its batches (and its graphs) from it draws the
+    same ones at every call, and nothing from the training stream, so that
+    how often a run evaluates does not change how it trains."""
+    if split not in HELD_OUT_SEEDS:
+        raise ValueError(f"split must be one of {tuple(HELD_OUT_SEEDS)}, got {split!r}")
+    return torch.Generator(device).manual_seed(HELD_OUT_SEEDS[split])
 
 
 class FreshBatches:
@@ -26,12 +42,15 @@ class FreshBatches:
         everywhere."""
         return None
 
-    def batch(self, split: str = "train") -> Batch:
+    def batch(self, split: str = "train",
+              generator: Optional[torch.Generator] = None) -> Batch:
         raise NotImplementedError
 
     def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
-        """:obj:`count` fresh batches."""
-        return (self.batch(split) for _ in range(count))
+        """:obj:`count` batches of the held-out :obj:`split`, the same on
+        every call (:func:`held_out_generator`)."""
+        generator = held_out_generator(split)
+        return (self.batch(split, generator) for _ in range(count))
 
 
 class AskedTokens(FreshBatches):

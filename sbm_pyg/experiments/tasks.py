@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sbm_pyg.experiments.batches import AskedTokens, Batch, FreshBatches
+from sbm_pyg.experiments.batches import AskedTokens, Batch, FreshBatches, held_out_generator
 
 __all__ = ["repeat_batch", "repeat_accuracy_bound", "mqar_batch",
            "OPERATORS", "VOCAB", "generate_expression", "evaluate_expression",
@@ -279,10 +279,12 @@ class RepeatTask(FreshBatches):
                  generator: torch.Generator):
         self.seq_len, self.batch_size, self.generator = seq_len, batch_size, generator
 
-    def batch(self, split: str = "train") -> Batch:
-        """A fresh batch (every split is drawn alike): tokens, mask (all
-        real) and a label per token."""
-        tokens, labels = repeat_batch(self.batch_size, self.seq_len, self.generator)
+    def batch(self, split: str = "train",
+              generator: Optional[torch.Generator] = None) -> Batch:
+        """A fresh batch (every split is drawn alike, from :obj:`generator`
+        or the task's): tokens, mask (all real) and a label per token."""
+        tokens, labels = repeat_batch(self.batch_size, self.seq_len,
+                                      self.generator if generator is None else generator)
         return tokens, torch.ones_like(tokens, dtype=torch.bool), labels
 
     @staticmethod
@@ -308,19 +310,23 @@ class ListOpsTask:
                  generator: torch.Generator):
         self.data, self.batch_size, self.generator = data, batch_size, generator
 
-    def batch(self, split: str = "train") -> Batch:
-        """Random examples of :obj:`split`, padded to the longest: tokens,
-        mask and a label per sequence."""
+    def batch(self, split: str = "train",
+              generator: Optional[torch.Generator] = None) -> Batch:
+        """Random examples of :obj:`split` (drawn by :obj:`generator` or
+        the task's), padded to the longest: tokens, mask and a label per
+        sequence."""
         tokens, lengths, labels = self.data.splits[split]
         # Each rank draws its own examples.
         idx = torch.randint(0, tokens.size(0), (self.batch_size,),
-                            generator=self.generator)
+                            generator=self.generator if generator is None else generator)
         return self._padded(tokens[idx], lengths[idx], labels[idx])
 
     def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
-        """:obj:`count` random batches, or the whole test split in order."""
+        """:obj:`count` random batches, the same on every call
+        (:func:`held_out_generator`), or the whole test split in order."""
         if split != "test":
-            return (self.batch(split) for _ in range(count))
+            generator = held_out_generator(split)
+            return (self.batch(split, generator) for _ in range(count))
         tokens, lengths, labels = self.data.splits["test"]
         return (self._padded(tokens[start:start + self.batch_size],
                              lengths[start:start + self.batch_size],
@@ -352,12 +358,14 @@ class MQARTask(AskedTokens):
         self.seq_len, self.num_pairs, self.vocab_size = seq_len, num_pairs, vocab_size
         self.batch_size, self.generator = batch_size, generator
 
-    def batch(self, split: str = "train") -> Batch:
-        """A fresh batch (every split is drawn alike): tokens, mask (all
-        real) and a target per token (:obj:`-100` where nothing is asked)."""
+    def batch(self, split: str = "train",
+              generator: Optional[torch.Generator] = None) -> Batch:
+        """A fresh batch (every split is drawn alike, from :obj:`generator`
+        or the task's): tokens, mask (all real) and a target per token
+        (:obj:`-100` where nothing is asked)."""
         tokens, targets = mqar_batch(self.batch_size, self.seq_len,
                                      self.num_pairs, self.vocab_size,
-                                     self.generator)
+                                     self.generator if generator is None else generator)
         return tokens, torch.ones_like(tokens, dtype=torch.bool), targets
 
 

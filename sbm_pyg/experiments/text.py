@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 import torch
 from torch import Tensor
@@ -126,10 +126,7 @@ class MaskedBytesTask(AskedTokens):
         tokens = window.scatter(1, where, MASK)
         return tokens, torch.ones_like(tokens, dtype=torch.bool), labels
 
-    def eval_batches(self, split: str, count: int) -> Iterator[Batch]:
-        """:obj:`count` batches of :obj:`split`, the same on every call."""
-        generator = torch.Generator().manual_seed(SPLITS.index(split) + 1)
-        return (self.batch(split, generator) for _ in range(count))
+
 
 
 def add_text_arguments(add: Callable[..., object]) -> None:

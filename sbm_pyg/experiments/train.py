@@ -14,6 +14,7 @@ from typing import Dict, Optional, Set, Tuple, Union
 import torch
 from torch import Tensor
 
+from sbm_pyg.experiments.batches import held_out_generator
 from sbm_pyg.experiments.budget_arguments import BUDGET_LAM
 from sbm_pyg.experiments.diagnose import repeat_diagnostics
 from sbm_pyg.experiments.optim import (
@@ -57,7 +58,8 @@ def train(args) -> dict:  # noqa: PLR0915
     writes OUT/metrics.jsonl, OUT/checkpoint.pt and OUT/final.json)."""
     rank, world, device = _distributed(args.device)
     torch.manual_seed(args.seed + rank)
-    # One generator drives the data and the sampled graphs of this rank.
+    # One generator drives the training data and sampled graphs of this rank;
+    # evaluations draw from their own (held_out_generator).
     generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
     graph_generator = generator if device.type == "cpu" else \
         torch.Generator(device).manual_seed(args.seed * 1000 + rank)
@@ -117,7 +119,8 @@ def train(args) -> dict:  # noqa: PLR0915
         step += 1
         record.update(grow_capacity(model, record))
         switch = recipe.after_step(step, lambda: evaluate_model(
-            model, task, device, graph_generator, "val", 1), record["accuracy"])
+            model, task, device, held_out_generator("val", graph_generator.device), "val", 1),
+            record["accuracy"])
         if switch is not None and rank == 0:
             _log(metrics_path, switch)
         if rank == 0:
@@ -132,7 +135,8 @@ def train(args) -> dict:  # noqa: PLR0915
                                      density=f"{record['density']:.3f}")
             if args.eval_every and step % args.eval_every == 0:
                 _log(metrics_path, dict(step=step, **evaluate_model(
-                    model, task, device, graph_generator, "val", args.eval_batches)))
+                    model, task, device, held_out_generator("val", graph_generator.device),
+                    "val", args.eval_batches)))
             if args.diagnose_every and step % args.diagnose_every == 0:
                 # Its own seeded batch and graphs: the run's RNG streams are
                 # untouched, so the run trains as it would without it.
@@ -146,7 +150,8 @@ def train(args) -> dict:  # noqa: PLR0915
                             budget=None if budget is None else budget.state_dict())
     if progress is not None:
         progress.close()
-    final = dict(evaluate_model(model, task, device, graph_generator, "test",
+    final = dict(evaluate_model(model, task, device,
+                                held_out_generator("test", graph_generator.device), "test",
                                 args.eval_batches),
                  steps=step, seconds=time.perf_counter() - start_time,
                  world_size=world, args=jsonable(args))
@@ -252,7 +257,9 @@ def evaluate_model(model: SBMTransformer, task: Task, device: torch.device,
     of at most :data:`RECALL_MAX_LEN` tokens, the selector's recall
     (:class:`~sbm_pyg.experiments.recall.RecallMeter`) on :obj:`split`
     (eval mode: no exploration, no dropout): :obj:`num_batches` batches, or
-    the whole ListOps test split."""
+    the whole ListOps test split; :obj:`generator` samples the graphs (the
+    training loop passes :func:`~sbm_pyg.experiments.batches.held_out_generator`'s,
+    so that evaluating leaves its streams as they were)."""
     model.eval()
     correct = count = 0
     loss_sum, densities = 0.0, []

@@ -148,6 +148,28 @@ def test_baselines_train(tmp_path, attention):
     assert state and all(int(s["step"]) == 2 for s in state.values())
 
 
+@pytest.mark.parametrize("task", [["--task", "repeat", *TINY],
+                                  ["--task", "mqar", "--seq-len", "32", "--num-kv-pairs", "4",
+                                   "--vocab-size", "40", "--channels", "16",
+                                   "--num-clusters", "8", "--batch-size", "4",
+                                   "--log-every", "1", "--no-progress", "--eval-batches", "2"]])
+def test_evaluating_does_not_change_how_a_run_trains(tmp_path, task):
+    # The validations draw their own batches and graphs (the SBM samples in
+    # evaluation): the run trains on the same batches and graphs whether it
+    # evaluates at every step or never, and is tested on the same set.
+    outs = []
+    for name, every in (("often", "1"), ("never", "0")):
+        outs.append(tmp_path / name)
+        main(["train", "--out", str(outs[-1]), *task, "--steps", "5", "--eval-every", every])
+    often, never = (metrics(out) for out in outs)
+    train = [[r["loss"] for r in m if r["split"] == "train"] for m in (often, never)]
+    assert len(train[0]) == 5 and train[0] == train[1]
+    vals = [r for r in often if r["split"] == "val"]
+    assert len(vals) == 5 and not any(r["split"] == "val" for r in never)
+    finals = [json.loads((out / "final.json").read_text()) for out in outs]
+    assert finals[0]["loss"] == finals[1]["loss"]
+
+
 @pytest.mark.parametrize("attention", ["sbm", "bigbird", "full"])
 def test_mqar_task(tmp_path, attention):
     out = tmp_path / attention

@@ -4,11 +4,15 @@ import random
 import pytest
 import torch
 
+from sbm_pyg.experiments.batches import held_out_generator
 from sbm_pyg.experiments.tasks import (
     MQAR_POWER,
     OPERATORS,
     VOCAB,
     ListOps,
+    ListOpsTask,
+    MQARTask,
+    RepeatTask,
     evaluate_expression,
     generate_expression,
     mqar_batch,
@@ -255,3 +259,19 @@ def test_mqar_loss_from_the_asked_positions_only():
     got = MQARTask.loss_and_correct(out, batch[1], batch[2])
     torch.testing.assert_close(got[0], want[0])
     assert int(got[1]) == int(want[1]) and got[2] == want[2] == 12
+
+
+def test_held_out_batches_are_the_same_at_every_call_and_leave_training_alone(tmp_path):
+    data = ListOps(tmp_path, sizes=(60, 20, 20), min_length=10, max_length=40, seed=3)
+    tasks = [RepeatTask(8, 4, seeded(0)), MQARTask(32, 4, 40, 4, seeded(0)),
+             ListOpsTask(data, 4, seeded(0))]
+    for task in tasks:
+        state = task.generator.get_state()
+        first, again = (list(task.eval_batches("val", 2)) for _ in range(2))
+        assert all(torch.equal(a, b) for x, y in zip(first, again) for a, b in zip(x, y))
+        # Two batches of one call differ; the training stream is untouched.
+        assert not torch.equal(first[0][0], first[1][0])
+        assert torch.equal(task.generator.get_state(), state)
+        assert not torch.equal(task.batch()[0], first[0][0])
+    with pytest.raises(ValueError, match="split must be one of"):
+        held_out_generator("train")
