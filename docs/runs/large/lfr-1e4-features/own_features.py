@@ -1,7 +1,8 @@
 """What a node's own community features tell, on the graphs of the runs in
 this folder: the test nodes' accuracy when each is given the community
-whose true centre is nearest its features (an oracle that knows the
-centres; the task's models must learn them). ``python
+whose centre (its members' mean features, over every node of the graph:
+an oracle's knowledge, which the task's models must learn) is nearest
+its features. ``python
 docs/runs/large/lfr-1e4-features/own_features.py`` → ``own_features.json``."""
 import argparse
 import json
