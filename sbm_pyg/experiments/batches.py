@@ -16,17 +16,21 @@ Batch = Tuple[Tensor, Tensor, Tensor]  # tokens [B, N], mask [B, N], labels
 #: The seeds of the held-out splits' generators: far from the training
 #: streams' (seed * 1000 + rank), so that no rank trains on them.
 HELD_OUT_SEEDS = {"val": 2**62 + 1, "test": 2**62 + 2}
+# The graphs' streams of a split: apart from its batches' (which start
+# from the same numbers otherwise).
+_GRAPHS = 16
 
 
-def held_out_generator(split: str, device: Union[torch.device, str] = "cpu"
-                       ) -> torch.Generator:
-    """A fresh generator of the held-out :obj:`split` on :obj:`device`: an
-    evaluation that draws its batches (and its graphs) from it draws the
-    same ones at every call, and nothing from the training stream, so that
-    how often a run evaluates does not change how it trains."""
+def held_out_generator(split: str, device: Union[torch.device, str] = "cpu",
+                       graphs: bool = False) -> torch.Generator:
+    """A fresh generator of the held-out :obj:`split`'s batches (or, with
+    :obj:`graphs`, of the graphs a model samples for them) on
+    :obj:`device`: an evaluation that draws from it draws the same at
+    every call, and nothing from the training stream, so that how often a
+    run evaluates does not change how it trains."""
     if split not in HELD_OUT_SEEDS:
         raise ValueError(f"split must be one of {tuple(HELD_OUT_SEEDS)}, got {split!r}")
-    return torch.Generator(device).manual_seed(HELD_OUT_SEEDS[split])
+    return torch.Generator(device).manual_seed(HELD_OUT_SEEDS[split] + (_GRAPHS if graphs else 0))
 
 
 class FreshBatches:

@@ -127,8 +127,6 @@ class MaskedBytesTask(AskedTokens):
         return tokens, torch.ones_like(tokens, dtype=torch.bool), labels
 
 
-
-
 def add_text_arguments(add: Callable[..., object]) -> None:
     """The masked-byte task's options, added with :obj:`add` (a parser's
     :obj:`add_argument`)."""

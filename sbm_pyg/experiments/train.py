@@ -119,7 +119,7 @@ def train(args) -> dict:  # noqa: PLR0915
         step += 1
         record.update(grow_capacity(model, record))
         switch = recipe.after_step(step, lambda: evaluate_model(
-            model, task, device, held_out_generator("val", graph_generator.device), "val", 1),
+            model, task, device, held_out_generator("val", device, graphs=True), "val", 1),
             record["accuracy"])
         if switch is not None and rank == 0:
             _log(metrics_path, switch)
@@ -135,7 +135,7 @@ def train(args) -> dict:  # noqa: PLR0915
                                      density=f"{record['density']:.3f}")
             if args.eval_every and step % args.eval_every == 0:
                 _log(metrics_path, dict(step=step, **evaluate_model(
-                    model, task, device, held_out_generator("val", graph_generator.device),
+                    model, task, device, held_out_generator("val", device, graphs=True),
                     "val", args.eval_batches)))
             if args.diagnose_every and step % args.diagnose_every == 0:
                 # Its own seeded batch and graphs: the run's RNG streams are
@@ -151,7 +151,7 @@ def train(args) -> dict:  # noqa: PLR0915
     if progress is not None:
         progress.close()
     final = dict(evaluate_model(model, task, device,
-                                held_out_generator("test", graph_generator.device), "test",
+                                held_out_generator("test", device, graphs=True), "test",
                                 args.eval_batches),
                  steps=step, seconds=time.perf_counter() - start_time,
                  world_size=world, args=jsonable(args))

@@ -273,5 +273,8 @@ def test_held_out_batches_are_the_same_at_every_call_and_leave_training_alone(tm
         assert not torch.equal(first[0][0], first[1][0])
         assert torch.equal(task.generator.get_state(), state)
         assert not torch.equal(task.batch()[0], first[0][0])
+    # A split's graphs start from other numbers than its batches.
+    draws = [torch.rand(4, generator=held_out_generator("val", graphs=g)) for g in (False, True)]
+    assert not torch.equal(*draws)
     with pytest.raises(ValueError, match="split must be one of"):
         held_out_generator("train")
