@@ -47,9 +47,11 @@ __all__ = ["capped_rows", "capped_expected_draws", "table_bytes", "BYTES_PER_SLO
 
 #: Peak bytes a slot of the buffers takes, the graph included, the key
 #: tables apart (table_bytes): measured (ru_maxrss, 4 M slots 90% drawn,
-#: n = 16384, k = 16; docs/runs/cpu/static-bytes/) 34.8 in poisson mode
-#: and 35.8 in exact mode: the C++ sampler's edges and the padded copies
-#: of col, perm, row_t and row.
+#: n = 16384, k = 16; docs/runs/cpu/static-bytes/) 28.1 in poisson mode
+#: and 24.8 in exact mode: col, perm, row_t and row written into the
+#: padded buffers (16 B) and the sampler's per-chunk keys and radix
+#: buffers. The guard keeps the 40 it took when the CSR was copied into
+#: padded buffers (34.8 and 35.8 then).
 BYTES_PER_SLOT = 40
 # The C++ plan's inflation where a row's bound reaches 1 (kMaxInflation in
 # csrc/sampler/fastrg.cpp): only such rows can hold a pair with p_ij > 1.
