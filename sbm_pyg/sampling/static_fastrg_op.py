@@ -6,9 +6,10 @@ kernels) into buffers of a size fixed before the call: the operator
 One opaque operator runs the plan and the sample of the default route, the
 sample writing its CSR straight into buffers of the static length, so that
 a compiled graph sees static shapes (its fake kernel's) while the kernel
-inside reads what it needs from host memory. The law, the row streams and the graph for a seed are the
-default route's (:func:`~sbm_pyg.sampling.fastrg`'s with the same stream
-seed) whenever the draws fit. Each row costs its draws, or its sequence's
+inside reads what it needs from host memory. The law, the row streams and
+the graph for a seed are the default route's
+(:func:`~sbm_pyg.sampling.fastrg`'s with the same stream seed) whenever
+the draws fit. Each row costs its draws, or its sequence's
 keys where it is sampled densely; the rows are taken in order (heads, then
 queries) while their costs' running sum fits the :obj:`capacity`, and the
 rows past it draw nothing: the overflow flag then says so, as
