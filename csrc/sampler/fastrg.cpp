@@ -698,11 +698,11 @@ struct Sampler {
 };
 
 template <typename scalar_t>
-sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
-                                const Tensor& degree_t,
-                                const Tensor& inflation_t, bool self_loops,
-                                const Tensor& inc_ptr, const Tensor& inc_col,
-                                uint64_t seed) {
+sbm_pyg::SixTensors sample_impl(const Problem<scalar_t>& P,
+                               const Tensor& degree_t,
+                               const Tensor& inflation_t, bool self_loops,
+                               const Tensor& inc_ptr, const Tensor& inc_col,
+                               uint64_t seed, int64_t slots) {
   const int64_t R = P.H * P.Nq;
   const int64_t* degree = degree_t.data_ptr<int64_t>();
   bool any_draws = false;
@@ -763,13 +763,23 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
   const int64_t E = rp[R];
   // The graph is int32 CSR (4 bytes per edge and index): the Python side
   // refuses sizes past its range before sampling, this guards the raw op.
-  TORCH_CHECK(E < (int64_t(1) << 31) && P.H * P.Nk < (int64_t(1) << 31) &&
+  // A padded call writes buffers of slots entries (the static route's
+  // capacity-sized buffers: no copy to pad them afterwards); its caller has
+  // emptied the rows that would not fit.
+  const int64_t L = slots > 0 ? slots : E;  // the buffers' length
+  TORCH_CHECK(E <= L, "fastrg_sample: ", E, " edges do not fit into ", L,
+              " slots");
+  TORCH_CHECK(L < (int64_t(1) << 31) && P.H * P.Nk < (int64_t(1) << 31) &&
                   R < (int64_t(1) << 31),
               "fastrg: at most 2^31 - 1 edges, rows and columns");
   auto opts = degree_t.options().dtype(at::kInt);
   Tensor rowptr = rowptr64.to(at::kInt);
-  Tensor col_t = at::empty({E}, opts);
+  Tensor col_t = at::empty({L}, opts);
   int32_t* col = col_t.data_ptr<int32_t>();  // head * Nk + key
+  // The row of each edge, written beside col in a padded call only (the
+  // default route gathers it when it needs it).
+  Tensor row_e = at::empty({slots > 0 ? L : 0}, opts);
+  int32_t* re = slots > 0 ? row_e.data_ptr<int32_t>() : nullptr;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t c = 0; c < num_chunks; ++c) {
     const int64_t r0 = c * chunk, r1 = std::min(R, r0 + chunk);
@@ -777,6 +787,8 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
     for (int64_t r = r0; r < r1; ++r) {
       const int32_t offset = (int32_t)(r / P.Nq * P.Nk);
       for (int64_t e = rp[r]; e < rp[r + 1]; ++e) col[e] = offset + *src++;
+      if (re != nullptr)
+        for (int64_t e = rp[r]; e < rp[r + 1]; ++e) re[e] = (int32_t)r;
     }
     std::vector<int32_t>().swap(parts[c]);  // free as we go
   }
@@ -791,8 +803,8 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
   // positions: the attention's column pass reads them, and gathering them
   // afterwards (row[perm]) costs a random read per edge (126 ms at
   // n = 16384, 5%, against about a fifth of that here).
-  Tensor perm = at::empty({E}, opts);
-  Tensor row_t = at::empty({E}, opts);
+  Tensor perm = at::empty({L}, opts);
+  Tensor row_t = at::empty({L}, opts);
   Tensor colptr = at::empty({P.H * P.Nk + 1}, opts);
   int32_t* pm = perm.data_ptr<int32_t>();
   int32_t* rt = row_t.data_ptr<int32_t>();
@@ -855,7 +867,15 @@ sbm_pyg::FiveTensors sample_impl(const Problem<scalar_t>& P,
       }
     }
   }
-  return {rowptr, col_t, perm, colptr, row_t};
+  // The padding: column and row 0, perm the identity (the static route's
+  // convention).
+  for (int64_t e = E; e < L; ++e) {
+    col[e] = 0;
+    rt[e] = 0;
+    pm[e] = (int32_t)e;
+    re[e] = 0;
+  }
+  return {rowptr, col_t, perm, colptr, row_t, row_e};
 }
 
 void check_inputs(const Tensor& W, const Tensor& Z, const Tensor& mass,
@@ -907,18 +927,18 @@ FourTensors fastrg_plan(Tensor Y, Tensor W, Tensor Z, Tensor ptr_q,
   return {degree, inflation, mass, stats};
 }
 
-FiveTensors fastrg_sample(Tensor W, Tensor Z, Tensor mass,
-                                  Tensor ptr_q, Tensor ptr_k, double delta,
-                                  bool exact, int64_t seed, Tensor degree,
-                                  Tensor inflation, bool self_loops,
-                                  Tensor inc_ptr, Tensor inc_col,
-                                  int64_t /*capacity*/) {
+SixTensors fastrg_sample(Tensor W, Tensor Z, Tensor mass, Tensor ptr_q,
+                         Tensor ptr_k, double delta, bool exact, int64_t seed,
+                         Tensor degree, Tensor inflation, bool self_loops,
+                         Tensor inc_ptr, Tensor inc_col, int64_t /*capacity*/,
+                         int64_t slots) {
   check_inputs(W, Z, mass, ptr_q, ptr_k);
-  sbm_pyg::FiveTensors out;
+  TORCH_CHECK(slots >= 0, "fastrg_sample: slots must be >= 0");
+  sbm_pyg::SixTensors out;
   AT_DISPATCH_FLOATING_TYPES(W.scalar_type(), "fastrg_sample", [&] {
     Problem<scalar_t> P(W, Z, mass, ptr_q, ptr_k, delta, exact);
     out = sample_impl(P, degree, inflation, self_loops, inc_ptr, inc_col,
-                      (uint64_t)seed);
+                      (uint64_t)seed, slots);
   });
   return out;
 }

@@ -34,14 +34,20 @@ one more value, the graph's edge count, to allocate it):
   distinct edges expected, rows with an overflowing rate, invalid entries
   of :obj:`Y` and of :obj:`Z`).
 * ``fastrg_sample(W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree,
-  inflation, self_loops, inc_ptr, inc_col, capacity)`` :math:`\to`
-  :obj:`(rowptr, col, perm, colptr, row_t)`, the int32 CSR of
-  :class:`~sbm_pyg.ops.graph.CSRGraph` and its rows in column order
-  (:meth:`~sbm_pyg.ops.graph.CSRGraph.row_t`, written by the column sort);
-  :obj:`capacity` is the CUDA kernel's draw buffer
+  inflation, self_loops, inc_ptr, inc_col, capacity, slots=0)``
+  :math:`\to` :obj:`(rowptr, col, perm, colptr, row_t, row)`, the int32
+  CSR of :class:`~sbm_pyg.ops.graph.CSRGraph`, its rows in column order
+  (:meth:`~sbm_pyg.ops.graph.CSRGraph.row_t`, written by the column sort)
+  and, for :obj:`slots > 0`, the row of each edge; :obj:`capacity` is the
+  CUDA kernel's draw buffer
   (:func:`~sbm_pyg.sampling.fastrg_triton.buffer_slots` summed, read at
   the memory guard's sync), which the CPU kernel, merging each row in
-  buffers of its own, does not read.
+  buffers of its own, does not read. :obj:`slots > 0` (at least the edge
+  count) writes :obj:`col`, :obj:`perm`, :obj:`row_t` and :obj:`row` into
+  buffers of that length, padded as
+  :func:`~sbm_pyg.sampling.fastrg_static` pads (column and row 0,
+  :obj:`perm` the identity): the static route's buffers, with no copy;
+  :obj:`0` sizes them by the edge count and leaves :obj:`row` empty.
 
 Here :obj:`W = Y B` is :obj:`[H, N_q, k]`, :obj:`Y` :obj:`[N_q, H, k]` and
 :obj:`Z` :obj:`[N_k, H, k]` (float32 or float64), :obj:`R = H N_q`, and
@@ -94,8 +100,9 @@ _SCHEMAS = {
     "_sample": ("(Tensor W, Tensor Z, Tensor mass, Tensor ptr_q, "
                 "Tensor ptr_k, float delta, bool exact, int seed, "
                 "Tensor degree, Tensor inflation, bool self_loops, "
-                "Tensor inc_ptr, Tensor inc_col, int capacity) -> "
-                "(Tensor, Tensor, Tensor, Tensor, Tensor)"),
+                "Tensor inc_ptr, Tensor inc_col, int capacity, "
+                "int slots=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+                "Tensor)"),
 }
 
 
@@ -243,7 +250,7 @@ def draw(plan: Plan, values: Sequence[float]) -> SampledEdges:
                 + H * k * Nk * BYTES_PER_TABLE_ENTRY,
                 max_edges, plan.W.device, plan.ptr_q.numel() - 1, H, Nq, Nk)
     check_index_range(int(num_edges), H * Nq, H * Nk)
-    rowptr, col, perm, colptr, row_t = draw_op(
+    rowptr, col, perm, colptr, row_t, _ = draw_op(
         plan.W, plan.Z, plan.mass, plan.ptr_q, plan.ptr_k, exploration, exact,
         plan.seed, plan.degree, plan.inflation, self_loops, plan.inc_ptr,
         plan.inc_col, int(capacity))
@@ -261,13 +268,13 @@ def _fake_plan(Y, W, Z, ptr_q, ptr_k, delta, exact, seed, threshold):
 
 
 def _fake_sample(W, Z, mass, ptr_q, ptr_k, delta, exact, seed, degree,
-                 inflation, self_loops, inc_ptr, inc_col, capacity):
+                 inflation, self_loops, inc_ptr, inc_col, capacity, slots=0):
     H, Nq, _ = W.shape
-    E = torch.library.get_ctx().new_dynamic_size()
+    S = slots if slots > 0 else torch.library.get_ctx().new_dynamic_size()
     index = dict(dtype=INDEX_DTYPE)
-    return (W.new_empty(H * Nq + 1, **index), W.new_empty(E, **index),
-            W.new_empty(E, **index), W.new_empty(H * Z.size(0) + 1, **index),
-            W.new_empty(E, **index))
+    return (W.new_empty(H * Nq + 1, **index), W.new_empty(S, **index),
+            W.new_empty(S, **index), W.new_empty(H * Z.size(0) + 1, **index),
+            W.new_empty(S, **index), W.new_empty(S if slots > 0 else 0, **index))
 
 
 # The CPU kernels come from the extension (TORCH_LIBRARY_IMPL in

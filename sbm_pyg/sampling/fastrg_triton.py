@@ -173,14 +173,16 @@ def buffer_slots(degree: Tensor, ptr_q: Tensor, ptr_k: Tensor, H: int,
 def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
            delta: float, exact: bool, seed: int, degree: Tensor,
            inflation: Tensor, self_loops: bool, inc_ptr: Tensor,
-           inc_col: Tensor, capacity: int
-           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+           inc_col: Tensor, capacity: int, slots: int = 0
+           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     r"""The CUDA kernel of ``sbm_pyg::fastrg_sample``
     (:mod:`~sbm_pyg.sampling.fastrg_op` gives the contract): the graph's
-    int32 CSR :obj:`(rowptr, col, perm, colptr)` and its rows in column
-    order :obj:`row_t` (gathered through :obj:`perm`). :obj:`capacity` is the
-    draw buffer's length, :func:`buffer_slots` summed; the one host sync
-    reads the graph's edge count."""
+    int32 CSR :obj:`(rowptr, col, perm, colptr)`, its rows in column
+    order :obj:`row_t` (gathered through :obj:`perm`) and, for
+    :obj:`slots > 0`, the row of each edge, padded to :obj:`slots` (copied
+    into the padded buffers: the static route takes the C++ kernel).
+    :obj:`capacity` is the draw buffer's length, :func:`buffer_slots`
+    summed; the one host sync reads the graph's edge count."""
     H, Nq, k = W.shape
     Nk, device = Z.size(0), W.device
     R = H * Nq
@@ -188,11 +190,11 @@ def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
     if not inc_ptr.numel():
         inc_ptr = torch.zeros(Nq + 1, dtype=torch.long, device=device)
         inc_col = inc_ptr[:1]
-    slots = buffer_slots(degree, ptr_q, ptr_k, H, inc_ptr, self_loops)
-    offset = torch.cumsum(slots, 0) - slots
+    row_slots = buffer_slots(degree, ptr_q, ptr_k, H, inc_ptr, self_loops)
+    offset = torch.cumsum(row_slots, 0) - row_slots
     # A capacity short of the slots would write past the buffer: checked on
     # the device (an asynchronous assert on CUDA, no host sync).
-    torch._assert_async(slots.sum() <= capacity,
+    torch._assert_async(row_slots.sum() <= capacity,
                         "fastrg_sample: capacity is below the draw buffer's slots")
     buf = torch.zeros(capacity, dtype=torch.int32, device=device)
     count = torch.zeros(R, dtype=torch.long, device=device)
@@ -232,7 +234,19 @@ def sample(W: Tensor, Z: Tensor, mass: Tensor, ptr_q: Tensor, ptr_k: Tensor,
     del buf
     perm, colptr = column_order(col, H * Nk)
     rowptr = rowptr.to(torch.int32)
-    return rowptr, col, perm, colptr, CSRGraph(rowptr, col, colptr, perm).row_t()
+    graph = CSRGraph(rowptr, col, colptr, perm)
+    row_t, row = graph.row_t(), col.new_empty(0)
+    if slots > 0:
+        if E > slots:
+            raise ValueError(f"fastrg_sample: {E} edges do not fit into "
+                             f"{slots} slots")
+        row = torch.zeros(slots, dtype=torch.int32, device=device)
+        row[:E] = graph.row()
+        zeros = col.new_zeros(slots - E)
+        col, row_t = torch.cat([col, zeros]), torch.cat([row_t, zeros])
+        perm = torch.cat([perm, torch.arange(E, slots, dtype=perm.dtype,
+                                             device=device)])
+    return rowptr, col, perm, colptr, row_t, row
 
 
 def key_tables(Z: Tensor, max_z: Tensor, ptr_k: Tensor, H: int, k: int

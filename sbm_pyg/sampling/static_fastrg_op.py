@@ -3,12 +3,13 @@ kernels) into buffers of a size fixed before the call: the operator
 ``sbm_pyg::fastrg_capped``, the :obj:`"cpp"` backend of
 :func:`~sbm_pyg.sampling.fastrg_static`.
 
-One opaque operator runs the plan and the sample of the default route and
-pads their CSR to the buffer's length, so that a compiled graph sees static
-shapes (its fake kernel's) while the kernel inside reads what it needs from
-host memory. The law, the row streams and the graph for a seed are the
-default route's (:func:`~sbm_pyg.sampling.fastrg`'s with the same stream
-seed) whenever the draws fit. Each row costs its draws, or its sequence's
+One opaque operator runs the plan and the sample of the default route, the
+sample writing its CSR straight into buffers of the static length, so that
+a compiled graph sees static shapes (its fake kernel's) while the kernel
+inside reads what it needs from host memory. The law, the row streams and
+the graph for a seed are the default route's
+(:func:`~sbm_pyg.sampling.fastrg`'s with the same stream seed) whenever
+the draws fit. Each row costs its draws, or its sequence's
 keys where it is sampled densely; the rows are taken in order (heads, then
 queries) while their costs' running sum fits the :obj:`capacity`, and the
 rows past it draw nothing: the overflow flag then says so, as
@@ -32,7 +33,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from sbm_pyg.ops.csr import full_precision, row_index
+from sbm_pyg.ops.csr import full_precision
 from sbm_pyg.ops.graph import INDEX_DTYPE, CSRGraph
 from sbm_pyg.ops.library import LIBRARY
 from sbm_pyg.sampling.fastrg_op import (
@@ -47,9 +48,11 @@ __all__ = ["capped_rows", "capped_expected_draws", "table_bytes", "BYTES_PER_SLO
 
 #: Peak bytes a slot of the buffers takes, the graph included, the key
 #: tables apart (table_bytes): measured (ru_maxrss, 4 M slots 90% drawn,
-#: n = 16384, k = 16; docs/runs/cpu/static-bytes/) 34.8 in poisson mode
-#: and 35.8 in exact mode: the C++ sampler's edges and the padded copies
-#: of col, perm, row_t and row.
+#: n = 16384, k = 16; docs/runs/cpu/static-bytes/) 28.1 in poisson mode
+#: and 24.8 in exact mode: col, perm, row_t and row written into the
+#: padded buffers (16 B) and the sampler's per-chunk keys and radix
+#: buffers. The guard keeps the 40 it took when the CSR was copied into
+#: padded buffers (34.8 and 35.8 then).
 BYTES_PER_SLOT = 40
 # The C++ plan's inflation where a row's bound reaches 1 (kMaxInflation in
 # csrc/sampler/fastrg.cpp): only such rows can hold a pair with p_ij > 1.
@@ -104,24 +107,20 @@ def _capped(Y: Tensor, W: Tensor, Z: Tensor, ptr_q: Tensor, ptr_k: Tensor,
     inc_ptr = inc_col = ptr_q.new_empty(0)
     if inc_i.numel():
         inc_ptr, inc_col = included_csr(inc_i, inc_j, Nq, Nk)
-    rowptr, col, perm, colptr, row_t = ops.fastrg_sample(
+    # The kernel writes straight into the padded buffers (copying them
+    # there cost 4.7 ms at n = 4096, 5%).
+    S = _slots(capacity, H, Nq, inc_i.numel(), self_loops)
+    rowptr, col, perm, colptr, row_t, row = ops.fastrg_sample(
         W, Z, mass, ptr_q, ptr_k, delta, exact, stream, degree, inflation,
-        self_loops, inc_ptr, inc_col, capacity)
-    E = col.numel()
-    row = row_index(rowptr, E)
+        self_loops, inc_ptr, inc_col, capacity, S)
     above_one = False
     if exact:
-        above_one = _above_one(W, Z, row, col, inflation)
-    S = _slots(capacity, H, Nq, inc_i.numel(), self_loops)
-    pad = S - E
-    zeros = col.new_zeros(pad)
+        E = int(rowptr[-1])
+        above_one = _above_one(W, Z, row[:E], col[:E], inflation)
     out_stats = torch.stack([stats[1], stats.new_tensor(float(overflow)),
                              stats.new_tensor(float(above_one)), stats[3],
                              stats[4], stats[5]])
-    return (rowptr, torch.cat([col, zeros]),
-            torch.cat([perm, torch.arange(E, S, dtype=perm.dtype)]), colptr,
-            torch.cat([row_t, zeros]), torch.cat([row.to(INDEX_DTYPE), zeros]),
-            out_stats)
+    return rowptr, col, perm, colptr, row_t, row, out_stats
 
 
 def _above_one(W: Tensor, Z: Tensor, row: Tensor, col: Tensor,

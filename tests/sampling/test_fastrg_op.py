@@ -127,6 +127,61 @@ def test_triton_kernels_give_the_cpp_outputs(mode, exploration):
         assert torch.equal(a, b)
 
 
+def _sample_ops():
+    ops = torch.ops.sbm_pyg
+    out = [pytest.param(ops.fastrg_sample, marks=needs_cpp, id="cpp")]
+    if WITH_TRITON and triton_runs(torch.device("cpu")):
+        out.append(pytest.param(ops.triton_fastrg_sample, id="triton"))
+    return out
+
+
+@pytest.mark.parametrize("op", _sample_ops())
+@pytest.mark.parametrize("mode", ["poisson", "exact"])
+def test_sample_into_padded_buffers(op, mode):
+    # slots > 0: the same graph written into buffers of that length, padded
+    # with column and row 0 and perm the identity, and the row of each edge;
+    # fewer slots than edges refused.
+    args = op_inputs(mode, exploration=0.01)
+    plan = torch.ops.sbm_pyg.fastrg_plan(*args)
+    inputs = sample_inputs(args, plan)
+    rowptr, col, perm, colptr, row_t, row = op(*inputs)
+    assert row.numel() == 0
+    E = col.numel()
+    assert E > 20
+    slots = E + 9
+    out = op(*inputs, slots)
+    assert all(t.dtype == torch.int32 for t in out)
+    assert torch.equal(out[0], rowptr) and torch.equal(out[3], colptr)
+    for padded, exact in zip((out[1], out[2], out[4]), (col, perm, row_t)):
+        assert padded.shape == (slots,)
+        assert torch.equal(padded[:E], exact)
+    assert torch.equal(out[1][E:], torch.zeros(9, dtype=torch.int32))
+    assert torch.equal(out[4][E:], torch.zeros(9, dtype=torch.int32))
+    assert torch.equal(out[2][E:], torch.arange(E, slots, dtype=torch.int32))
+    counts = rowptr.diff().long()
+    expect = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    assert torch.equal(out[5][:E].long(), expect)
+    assert torch.equal(out[5][E:], torch.zeros(9, dtype=torch.int32))
+    assert torch.equal(op(*inputs, E)[1], col)  # exactly full
+    with pytest.raises(RuntimeError if op is torch.ops.sbm_pyg.fastrg_sample
+                       else ValueError, match="do not fit"):
+        op(*inputs, E - 1)
+
+
+@needs_cpp
+def test_padded_sample_fake_is_static():
+    # The fake kernel of a padded call has the slots' static length.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args = op_inputs("poisson")
+    inputs = sample_inputs(args, torch.ops.sbm_pyg.fastrg_plan(*args))
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
+                for t in inputs]
+        out = torch.ops.sbm_pyg.fastrg_sample(*fake, 77)
+    assert [tuple(t.shape) for t in out] == [
+        (61,), (77,), (77,), (61,), (77,), (77,)]
+
+
 @needs_triton
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="reads the kernels' interpreted form")
