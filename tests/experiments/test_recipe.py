@@ -330,13 +330,15 @@ def test_sparse_presets(tmp_path, preset, task, seq_len):
     assert (args.distill_recall, args.budget_per_head, args.budget_lam, args.sink) == \
         ((1.0, True, 1.0, True) if mqar else (0.0, False, 1.0, True))
     assert (args.distill_start, args.selector_steps, args.steps) == {
-        "repeat-sparse": (0, 1200, 4000), "mqar-sparse": (500, 2500, 4500),
+        "repeat-sparse": (0, 1200, 6000), "mqar-sparse": (500, 2500, 4500),
         "mqar-sparse-easy": (500, 1500, 2100)}[preset]
     assert args.teacher_accuracy == 0.99
     # Repeat's switch waits for the selector's graphs to serve the model;
-    # its gate for the teacher leaves the selector 400 steps at least.
+    # its teacher may take until step 4000, with the gradient clipped (a
+    # plateau near 90% on some seeds).
     assert args.switch_within == (None if mqar else 0.01)
-    assert args.dense_max_steps == (None if mqar else 1600)
+    assert args.dense_max_steps == (None if mqar else 4000)
+    assert args.clip_grad_norm == (0.0 if mqar else 1.0)
     # MQAR at Zoology's setting unless the easy variant is asked for.
     if mqar:
         assert (args.num_pairs, args.vocab_size, args.small_vocab) == (
