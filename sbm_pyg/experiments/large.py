@@ -2,7 +2,9 @@ r"""One harness for global attention on one large graph: community
 classification (:func:`~sbm_pyg.datasets.communities.community_task`) on an
 LFR graph or CLUSTER's recipe at scale, by the GNN alone, GPS with SBM,
 Performer or BigBird attention, and PyG's :class:`~torch_geometric.nn.models.SGFormer`
-and :class:`~torch_geometric.nn.models.Polynormer`: accuracy, time per epoch
+(also with its global attention weighted out: its GNN alone, the control
+that says what the global attention adds) and
+:class:`~torch_geometric.nn.models.Polynormer`: accuracy, time per epoch
 and peak memory, full-batch or on random node batches (as SGFormer trains
 on large graphs), ``python -m sbm_pyg large``.
 
@@ -35,7 +37,8 @@ __all__ = ["LARGE_MODELS", "GRAPHS", "add_large_arguments", "validate_large",
            "large_graph", "build_large_model", "batch_statistics", "node_batches",
            "train_large"]
 
-LARGE_MODELS = ("gnn", "gps-sbm", "gps-performer", "gps-bigbird", "sgformer", "polynormer")
+LARGE_MODELS = ("gnn", "gps-sbm", "gps-performer", "gps-bigbird", "sgformer", "sgformer-gnn",
+                "polynormer")
 GRAPHS = ("lfr", "cluster")
 _GPS = {"gnn": "none", "gps-sbm": "sbm", "gps-performer": "performer",
         "gps-bigbird": "bigbird"}
@@ -161,17 +164,21 @@ def _large_model(name: str, in_channels: int, num_classes: int, channels: int,
                                  num_layers=layers, heads=heads, attention=_GPS[name],
                                  dropout=dropout, attn_dropout=0.0, pe_channels=0,
                                  **extra)
-    if name in ("sgformer", "polynormer"):
+    if name in ("sgformer", "sgformer-gnn", "polynormer"):
         # PyG ships them from 2.6 on; the package asks only for 2.5.
         try:
             from torch_geometric.nn.models import Polynormer, SGFormer
         except ImportError as e:
             raise ImportError(f"model {name!r} needs torch_geometric >= 2.6 (its "
                               f"SGFormer and Polynormer)") from e
-    if name == "sgformer":
+    if name in ("sgformer", "sgformer-gnn"):
+        # "sgformer-gnn": SGFormer's own control, its global attention's
+        # output weighted 0 (graph_weight 1): its GNN branch alone, so that
+        # the two differ by the global attention only.
         return SGFormer(in_channels, channels, num_classes, trans_num_layers=1,
                         trans_num_heads=heads, trans_dropout=dropout,
-                        gnn_num_layers=layers, gnn_dropout=dropout)
+                        gnn_num_layers=layers, gnn_dropout=dropout,
+                        graph_weight=1.0 if name == "sgformer-gnn" else 0.5)
     if name == "polynormer":
         # One head: PyG 2.8.1's global layers take hidden_channels inputs
         # while its local layers give heads * hidden_channels.

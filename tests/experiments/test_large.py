@@ -64,6 +64,22 @@ def test_evaluation_normalises_as_training_does(model):
     assert any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
 
 
+def test_sgformer_gnn_is_sgformer_without_its_global_attention():
+    # The control differs from SGFormer by the global attention's weight
+    # only: its output ignores the global module, SGFormer's does not.
+    x = torch.randn(200, 5, generator=seeded(3))
+    edge_index = torch.randint(0, 200, (2, 600), generator=seeded(4))
+    batch = torch.zeros(200, dtype=torch.long)
+    for name, moves in (("sgformer", True), ("sgformer-gnn", False)):
+        net = build_large_model(name, 5, 3, 16, 2, 2, 0.0).eval()
+        before = net(x, edge_index, batch)
+        with torch.no_grad():
+            for p in net.trans_conv.parameters():
+                p.add_(torch.randn(p.shape, generator=seeded(5)))
+        after = net(x, edge_index, batch)
+        assert (not torch.allclose(before, after)) == moves, name
+
+
 def test_the_sparse_attentions_start_at_the_degree_asked():
     # --degree 32 on 400 nodes: the SBM heads start, and BigBird's pattern
     # attends, at 8% of the pairs.
