@@ -192,8 +192,10 @@ def sbm_attention(query: Tensor, key: Tensor, value: Tensor,  # noqa: PLR0913
         raise TypeError(f"options must be an SBMAttentionOptions or None, got "
                         f"{type(options).__name__}")
     given = check_sbm_shapes(sbm, query.size(0), key.size(0), query.size(1))
-    # With sparse memberships, over the clusters some token uses.
-    q_memb, block, k_memb = sbm = compact_clusters(given) if opts.sparse_memberships else given
+    # With sparse memberships, over the clusters some token uses; a static
+    # call keeps all k (the width kept would be read), the same law.
+    compact = opts.sparse_memberships and opts.capacity is None
+    q_memb, block, k_memb = sbm = compact_clusters(given) if compact else given
     device = query.device
     check_generator(generator, device)
     check_sink(sink, query.size(1))

@@ -12,6 +12,9 @@ from sbm_pyg.validation import require_tensor
 
 __all__ = ["SBMMultiheadAttention"]
 
+_EMPTY = ("mask leaves a sequence without a real token (mask: True = real "
+          "token; key_padding_mask: True = padding)")
+
 
 class SBMMultiheadAttention(torch.nn.Module):
     r"""Multi-head SBM attention on a padded batch :obj:`[B, N, C]`.
@@ -23,7 +26,11 @@ class SBMMultiheadAttention(torch.nn.Module):
     where each head samples its attention graph from its SBM (see
     :class:`SBMConv`). Padded positions neither send nor receive edges: the
     real tokens are gathered into a ragged batch, attended with
-    :class:`SBMConv`, and scattered back; padded outputs are zero.
+    :class:`SBMConv`, and scattered back; padded outputs are zero. With a
+    :obj:`capacity` (static shapes) nothing is gathered by the mask: each
+    row's real tokens move to its front (a stable sort), and its padded
+    queries and padded keys form two sequences without a pair, so that a
+    new mask keeps every shape and reads nothing.
 
     Args:
         channels (int): embedding size :math:`C`.
@@ -38,7 +45,7 @@ class SBMMultiheadAttention(torch.nn.Module):
         **kwargs: :obj:`exploration`, :obj:`self_loops`, :obj:`mode`,
             :obj:`max_edges`, :obj:`ste`, :obj:`distill`, :obj:`sbm_init`,
             :obj:`init_density`, :obj:`sbm_parametrization`,
-            :obj:`eval_seed` of :class:`SBMConv`.
+            :obj:`eval_seed`, :obj:`capacity` of :class:`SBMConv`.
 
     Shapes:
         - **input:** x :math:`(B, N, C)`, mask :math:`(B, N)` (bool, True =
@@ -117,6 +124,9 @@ class SBMMultiheadAttention(torch.nn.Module):
             TypeError: a mask passed by position.
             ValueError: both masks given, a mask of another shape or dtype,
                 or a sequence left without a real token.
+            RuntimeError: with a :obj:`capacity`, a sequence left without a
+                real token (raised on the device, as a static call's checks
+                are).
         """
         if args:
             raise TypeError(
@@ -145,6 +155,8 @@ class SBMMultiheadAttention(torch.nn.Module):
         if mask.dtype != torch.bool or mask.shape != (B, N):
             raise ValueError(f"mask must be a bool tensor of shape [{B}, {N}], "
                              f"got {mask.dtype} {tuple(mask.shape)}")
+        if self.conv.capacity is not None:
+            return self._static(x, mask, generator)
         lengths = mask.sum(dim=1)
         if N > 0 and bool((lengths == 0).any()):  # (one sync)
             raise ValueError(
@@ -155,6 +167,38 @@ class SBMMultiheadAttention(torch.nn.Module):
         out = self.out(self.conv(x[mask], ptr=ptr, generator=generator))
         # out's dtype, not x's: they differ under autocast.
         return out.new_zeros(B, N, C).masked_scatter(mask[..., None], out)
+
+    def _static(self, x: Tensor, mask: Tensor,
+                generator: Optional[torch.Generator]) -> Tensor:
+        # Static shapes (the layer's capacity): no boolean index and no
+        # read. Each row's real tokens move to its front (a stable sort of
+        # the mask), and the row becomes three sequences: its real tokens
+        # attending each other, its padded queries with no key and its
+        # padded keys with no query. The padding then draws no pair, so the
+        # graph, the densities and the penalty are the real tokens' alone.
+        B, N, C = x.shape
+        if self.conv.self_loops:
+            # A padded query's self-loop would reach into the padded keys'
+            # sequence.
+            raise ValueError("a mask with a capacity (static shapes) puts the "
+                             "padded queries and keys in sequences of their own, "
+                             "which self_loops=True cannot serve: leave "
+                             "self_loops at False, or capacity at None")
+        lengths = mask.sum(dim=1)
+        if N > 0:
+            torch._assert_async((lengths > 0).all(), _EMPTY)
+        order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)
+        start = torch.arange(B, device=x.device) * N
+        real_end = start + lengths
+        last = start.new_full((1,), B * N)
+        ptr_q = torch.cat([torch.stack([start, real_end, start + N], 1).flatten(), last])
+        ptr_k = torch.cat([torch.stack([start, real_end, real_end], 1).flatten(), last])
+        gather = order[..., None].expand(B, N, C)
+        out = self.conv(x.gather(1, gather).reshape(B * N, C), ptr=(ptr_k, ptr_q),
+                        generator=generator)
+        out = self.out(out).view(B, N, C)
+        # Back to the tokens' places; out's dtype, not x's (autocast).
+        return out.scatter(1, gather, out).masked_fill(~mask[..., None], 0)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.channels}, "

@@ -115,8 +115,10 @@ class SBMAttentionOptions:
             :obj:`"triton"` sampler (a static call samples a GPU's graph
             with :func:`~sbm_pyg.sampling.fastrg_static`'s :obj:`"torch"`
             backend; :obj:`"auto"` takes its :obj:`"cpp"` one on the CPU),
-            :obj:`max_edges`,
-            dropout and :obj:`sparse_memberships`, each refused by name.
+            :obj:`max_edges` and dropout, each refused by name. With
+            :obj:`sparse_memberships` a static call keeps all :math:`k`
+            clusters (the width kept would be read): the same law and
+            outputs, the products over every cluster.
             (default: :obj:`None`, shapes follow the graph)
 
     Example:
@@ -172,7 +174,6 @@ class SBMAttentionOptions:
         refused = dict(attention_backend=self.attention_backend in ("dense", "tiles", "torch"),
                        max_edges=self.max_edges is not None,
                        dropout=self.dropout > 0,
-                       sparse_memberships=self.sparse_memberships,
                        sampler_backend=self.sampler_backend == "triton")
         for name, bad in refused.items():
             if bad:

@@ -37,9 +37,9 @@ class _Trace(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def layer(capacity=8192, **kwargs):
+def layer(capacity=8192, num_clusters=4, **kwargs):
     torch.manual_seed(0)
-    return SBMConv(16, 8, heads=2, num_clusters=4, capacity=capacity,
+    return SBMConv(16, 8, heads=2, num_clusters=num_clusters, capacity=capacity,
                    **kwargs).train()
 
 
@@ -143,7 +143,7 @@ def test_a_failed_check_raises_on_the_device():
 @pytest.mark.parametrize("change", [
     dict(attention_backend="dense"), dict(attention_backend="tiles"),
     dict(attention_backend="torch"), dict(max_edges=10), dict(dropout=0.1),
-    dict(sparse_memberships=True), dict(sampler_backend="triton")])
+    dict(sampler_backend="triton")])
 def test_what_a_static_call_cannot_serve_is_refused_by_name(change):
     name = next(iter(change))
     with pytest.raises(ValueError, match=f"capacity.*{name}"):
@@ -263,3 +263,109 @@ def test_inductor_computes_what_eager_does():
     conv.eval()
     with torch.no_grad():
         assert torch.equal(compiled(x), conv(x))
+
+
+def _masked(capacity, **kwargs):
+    torch.manual_seed(0)
+    return SBMMultiheadAttention(16, heads=2, head_channels=8, num_clusters=4,
+                                 capacity=capacity, **kwargs).train()
+
+
+def test_a_masked_static_call_attends_the_real_tokens_alone():
+    # Every pair sampled (exact mode, exploration 1): the static call's
+    # graph is each row's real tokens, all of them, so it computes what the
+    # default route computes on the real tokens gathered; the padding,
+    # wherever it sits in a row, neither sends nor receives.
+    x = torch.randn(3, 12, 16, generator=seeded(3), requires_grad=True)
+    mask = torch.rand(3, 12, generator=seeded(4)) < 0.6
+    mask[:, 5] = True  # no row without a real token
+    outs, grads = [], []
+    for capacity in (4096, None):
+        attn = _masked(capacity, mode="exact", exploration=1.0)
+        out = attn(x, mask=mask)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), x)[0])
+        assert torch.allclose(attn.conv.sampled_density, torch.ones(2))
+    torch.testing.assert_close(outs[0], outs[1])
+    torch.testing.assert_close(grads[0], grads[1])
+    assert outs[0][~mask].eq(0).all() and grads[0][~mask].eq(0).all()
+
+
+def test_a_masked_static_call_reads_nothing_and_keeps_its_shapes():
+    attn = _masked(4096)
+    x = torch.randn(2, 20, 16)
+    masks = [torch.arange(20)[None] < torch.tensor([[20], [7]]),
+             torch.arange(20)[None] < torch.tensor([[3], [15]]),
+             torch.rand(2, 20, generator=seeded(5)) < 0.5]
+    attn(x, mask=masks[0]).sum().backward()  # the gradients made: then added to
+    traces = []
+    for mask in masks:
+        with _Trace() as trace:
+            attn(x, mask=mask).sum().backward()
+        traces.append(trace.ops)
+        assert count_reads(lambda m=mask: attn(x, mask=m).sum().backward()) == {}
+        assert not bool(attn.conv.overflow)
+    assert traces[1] == traces[0] and traces[2] == traces[0]
+    # The densities are the real tokens': the padding's sequences hold no pair.
+    attn.conv.eval()
+    lengths = torch.tensor([[20], [7]])
+    with torch.no_grad():
+        attn(x, mask=torch.arange(20)[None] < lengths, generator=seeded(6))
+    expected = attn.conv.expected_density
+    attn.conv.capacity = None
+    with torch.no_grad():
+        attn(x, mask=torch.arange(20)[None] < lengths, generator=seeded(6))
+    torch.testing.assert_close(expected, attn.conv.expected_density)
+
+
+def test_a_masked_static_call_compiles_as_one_graph():
+    attn = _masked(4096)
+    x = torch.randn(2, 20, 16)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(attn, fullgraph=True, dynamic=False, backend="aot_eager")
+    for length in (20, 9, 14, 1):  # a new mask, the same graph
+        mask = torch.arange(20)[None] < torch.tensor([[20], [length]])
+        compiled(x, key_padding_mask=~mask).square().mean().backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["recompiles"]
+
+
+def test_a_masked_static_call_refuses_a_row_without_a_real_token():
+    attn = _masked(4096)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1] = False
+    with pytest.raises(RuntimeError, match="without a real token"):
+        attn(torch.randn(2, 6, 16), mask=mask)
+
+
+def test_a_masked_static_call_refuses_self_loops_by_name():
+    attn = _masked(4096, self_loops=True)
+    x = torch.randn(2, 6, 16)
+    attn(x)  # without a mask, one sequence a row: served
+    with pytest.raises(ValueError, match="self_loops"):
+        attn(x, mask=torch.ones(2, 6, dtype=torch.bool))
+
+
+def test_a_static_call_serves_the_sharp_form_at_full_width():
+    # The sharp form's memberships are zero off each token's top clusters;
+    # a static call keeps all k (no read of the width kept), which changes
+    # no probability: with every pair sampled (exact mode, exploration 1)
+    # it computes the default route's output and gradients, and a training
+    # step reads nothing.
+    x = torch.randn(40, 16, generator=seeded(3))
+    batch = torch.repeat_interleave(torch.arange(2), torch.tensor([15, 25]))
+    outs, grads = [], []
+    for capacity in (8192, None):
+        conv = layer(capacity=capacity, num_clusters=8, sbm_parametrization="sharp",
+                     mode="exact", exploration=1.0)
+        out = conv(x, batch, batch_size=2)
+        outs.append(out)
+        loss = out.square().sum() + conv.expected_density.sum()
+        grads.append(torch.autograd.grad(loss, list(conv.parameters())))
+    torch.testing.assert_close(outs[0], outs[1])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+    conv = layer(num_clusters=8, sbm_parametrization="sharp")
+    conv(x, batch, batch_size=2).sum().backward()
+    assert count_reads(lambda: conv(x, batch, batch_size=2).sum().backward()) == {}
