@@ -3,7 +3,8 @@ classification (:func:`~sbm_pyg.datasets.communities.community_task`) on an
 LFR graph or CLUSTER's recipe at scale, by the GNN alone, GPS with SBM,
 Performer or BigBird attention, and PyG's :class:`~torch_geometric.nn.models.SGFormer`
 (also with its global attention weighted out: its GNN alone, the control
-that says what the global attention adds) and
+that says what the global attention adds; and with SBM attention in place
+of its linear one) and
 :class:`~torch_geometric.nn.models.Polynormer`: accuracy, time per epoch
 and peak memory, full-batch or on random node batches (as SGFormer trains
 on large graphs), ``python -m sbm_pyg large``.
@@ -32,13 +33,14 @@ from sbm_pyg.datasets.communities import cluster_graph, community_task
 from sbm_pyg.datasets.lfr import lfr_graph
 from sbm_pyg.experiments.runs import PeakMemory, jsonable
 from sbm_pyg.models import GPSNodeClassifier
+from sbm_pyg.nn import SBMMultiheadAttention
 
 __all__ = ["LARGE_MODELS", "GRAPHS", "add_large_arguments", "validate_large",
            "large_graph", "build_large_model", "batch_statistics", "node_batches",
            "train_large"]
 
 LARGE_MODELS = ("gnn", "gps-sbm", "gps-performer", "gps-bigbird", "sgformer", "sgformer-gnn",
-                "polynormer")
+                "sgformer-sbm", "polynormer")
 GRAPHS = ("lfr", "cluster")
 _GPS = {"gnn": "none", "gps-sbm": "sbm", "gps-performer": "performer",
         "gps-bigbird": "bigbird"}
@@ -67,12 +69,12 @@ def add_large_arguments(parser: argparse.ArgumentParser) -> None:
         "Polynormer's local layers (their global: one and two)")
     add("--heads", type=int, default=2)
     add("--degree", type=float, default=32.0,
-        help="gps-sbm: the SBM heads' starting expected degree (init_density "
-             "= degree / nodes of the graph or batch); gps-bigbird: its "
-             "pattern's degree")
+        help="gps-sbm, sgformer-sbm: the SBM heads' starting expected degree "
+             "(init_density = degree / nodes of the graph or batch); gps-bigbird: "
+             "its pattern's degree")
     add("--num-clusters", type=int, default=128,
-        help="gps-sbm: the SBM's clusters per head (its memberships hold this "
-             "many numbers per node and head)")
+        help="gps-sbm, sgformer-sbm: the SBM's clusters per head (its "
+             "memberships hold this many numbers per node and head)")
     add("--epochs", type=int, default=100)
     add("--batch-nodes", type=int, default=0,
         help="random node batches of this size (their induced subgraphs; 0: "
@@ -122,7 +124,8 @@ def build_large_model(name: str, in_channels: int, num_classes: int, channels: i
                       num_clusters: int = 128) -> torch.nn.Module:
     r"""The model :obj:`name` (one of :data:`LARGE_MODELS`) for
     :obj:`in_channels` features and :obj:`num_classes` classes; for
-    :obj:`"gps-sbm"` the heads start at :obj:`init_density` with
+    :obj:`"gps-sbm"` and :obj:`"sgformer-sbm"` the heads start at
+    :obj:`init_density` with
     :obj:`num_clusters` clusters each, and
     :obj:`"gps-bigbird"` attends that density of the pairs. Its batch norms
     normalise by the batch's statistics in evaluation too
@@ -164,21 +167,29 @@ def _large_model(name: str, in_channels: int, num_classes: int, channels: int,
                                  num_layers=layers, heads=heads, attention=_GPS[name],
                                  dropout=dropout, attn_dropout=0.0, pe_channels=0,
                                  **extra)
-    if name in ("sgformer", "sgformer-gnn", "polynormer"):
+    if name in ("sgformer", "sgformer-gnn", "sgformer-sbm", "polynormer"):
         # PyG ships them from 2.6 on; the package asks only for 2.5.
         try:
             from torch_geometric.nn.models import Polynormer, SGFormer
         except ImportError as e:
             raise ImportError(f"model {name!r} needs torch_geometric >= 2.6 (its "
                               f"SGFormer and Polynormer)") from e
-    if name in ("sgformer", "sgformer-gnn"):
+    if name.startswith("sgformer"):
         # "sgformer-gnn": SGFormer's own control, its global attention's
         # output weighted 0 (graph_weight 1): its GNN branch alone, so that
-        # the two differ by the global attention only.
-        return SGFormer(in_channels, channels, num_classes, trans_num_layers=1,
-                        trans_num_heads=heads, trans_dropout=dropout,
-                        gnn_num_layers=layers, gnn_dropout=dropout,
-                        graph_weight=1.0 if name == "sgformer-gnn" else 0.5)
+        # the two differ by the global attention only. "sgformer-sbm": its
+        # global attention SBM attention, everything else SGFormer's.
+        model = SGFormer(in_channels, channels, num_classes, trans_num_layers=1,
+                         trans_num_heads=heads, trans_dropout=dropout,
+                         gnn_num_layers=layers, gnn_dropout=dropout,
+                         graph_weight=1.0 if name == "sgformer-gnn" else 0.5)
+        if name == "sgformer-sbm":
+            attns = model.trans_conv.attns
+            for i in range(len(attns)):
+                attns[i] = _MaskByKeyword(SBMMultiheadAttention(
+                    channels, heads, head_channels=channels // heads,
+                    num_clusters=num_clusters, init_density=init_density, eval_seed=0))
+        return model
     if name == "polynormer":
         # One head: PyG 2.8.1's global layers take hidden_channels inputs
         # while its local layers give heads * hidden_channels.
@@ -186,6 +197,17 @@ def _large_model(name: str, in_channels: int, num_classes: int, channels: int,
                           global_layers=2, heads=1, in_dropout=dropout,
                           dropout=dropout, global_dropout=dropout)
     raise ValueError(f"model must be one of {LARGE_MODELS}, got {name!r}")
+
+
+class _MaskByKeyword(torch.nn.Module):
+    # SGFormer's global module calls attn(x, mask) on its dense batch;
+    # SBMMultiheadAttention takes its mask by keyword.
+    def __init__(self, attn: SBMMultiheadAttention) -> None:
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return self.attn(x, mask=mask)
 
 
 def node_batches(n: int, size: int, generator: torch.Generator) -> Iterator[Tensor]:

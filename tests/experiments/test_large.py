@@ -16,6 +16,7 @@ from sbm_pyg.experiments.large import (
     train_large,
     validate_large,
 )
+from sbm_pyg.nn import SBMMultiheadAttention
 from tests.helpers import seeded
 
 
@@ -78,6 +79,23 @@ def test_sgformer_gnn_is_sgformer_without_its_global_attention():
                 p.add_(torch.randn(p.shape, generator=seeded(5)))
         after = net(x, edge_index, batch)
         assert (not torch.allclose(before, after)) == moves, name
+
+
+def test_sgformer_sbm_is_sgformer_with_sbm_global_attention():
+    sbm = build_large_model("sgformer-sbm", 5, 3, 16, 2, 2, 0.0, init_density=0.08)
+    plain = build_large_model("sgformer", 5, 3, 16, 2, 2, 0.0)
+    attns = [m for m in sbm.modules() if isinstance(m, SBMMultiheadAttention)]
+    assert len(attns) == len(plain.trans_conv.attns) == 1
+    # Everything but the global attention is SGFormer's.
+    assert ({n for n, _ in sbm.named_parameters() if ".attns." not in n}
+            == {n for n, _ in plain.named_parameters() if ".attns." not in n})
+    x = torch.randn(400, 5, generator=seeded(3))
+    edge_index = torch.randint(0, 400, (2, 800), generator=seeded(4))
+    sbm(x, edge_index, torch.zeros(400, dtype=torch.long))
+    # The heads start at the density asked, and sample it with its
+    # exploration of a tenth (0.088; a binomial s.d. of 0.0007 at 400^2 pairs).
+    assert torch.allclose(attns[0].expected_density, torch.tensor(0.08), rtol=0.1)
+    assert 0.08 <= float(attns[0].sampled_density.mean()) <= 0.10
 
 
 def test_the_sparse_attentions_start_at_the_degree_asked():
