@@ -33,7 +33,7 @@ from sbm_pyg.datasets.communities import cluster_graph, community_task
 from sbm_pyg.datasets.lfr import lfr_graph
 from sbm_pyg.experiments.runs import PeakMemory, jsonable
 from sbm_pyg.models import GPSNodeClassifier
-from sbm_pyg.nn import SBMMultiheadAttention
+from sbm_pyg.nn import SBMConv, SBMMultiheadAttention
 
 __all__ = ["LARGE_MODELS", "GRAPHS", "add_large_arguments", "validate_large",
            "large_graph", "build_large_model", "batch_statistics", "node_batches",
@@ -260,6 +260,7 @@ def train_large(args, log: Optional[Callable[[dict], None]] = None) -> dict:
                               init_density=min(args.degree / nodes_seen, 0.5),
                               num_clusters=args.num_clusters)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sbm_convs = [m for m in model.modules() if isinstance(m, SBMConv)]
     args.out.mkdir(parents=True, exist_ok=True)
     metrics = args.out / "metrics.jsonl"
     peak = PeakMemory(torch.device("cpu"))
@@ -284,6 +285,9 @@ def train_large(args, log: Optional[Callable[[dict], None]] = None) -> dict:
         seconds += time.perf_counter() - start
         record = dict(epoch=epoch, loss=sum(losses) / max(len(losses), 1),
                       seconds=seconds)
+        if sbm_convs:  # the SBM heads' sampled density in the epoch's last step
+            record["density"] = sum(float(m.sampled_density.mean())
+                                    for m in sbm_convs) / len(sbm_convs)
         if epoch % args.eval_every == 0 or epoch == args.epochs:
             record.update(_evaluate(model, data, args, generator))
             if record["val"] > best["val"]:
@@ -294,6 +298,7 @@ def train_large(args, log: Optional[Callable[[dict], None]] = None) -> dict:
             log(record)
     final = dict(accuracy=best["test"], val_accuracy=best["val"], best_epoch=best["epoch"],
                  seconds_per_epoch=seconds / args.epochs, peak_memory_bytes=peak.read(),
+                 density=record.get("density"),
                  classes=num_classes, edges=data.num_edges,
                  parameters=sum(p.numel() for p in model.parameters()), args=jsonable(args))
     (args.out / "final.json").write_text(json.dumps(final, indent=1) + "\n")

@@ -42,6 +42,11 @@ def test_every_model_trains_and_reports(tmp_path, model, batch_nodes):
     records = [json.loads(line) for line in (args.out / "metrics.jsonl").open()]
     assert [r["epoch"] for r in records] == [1, 2, 3]
     assert all("val" in r and "test" in r for r in records)
+    # The SBM models log their heads' sampled density, the others none.
+    sbm = model.endswith("sbm")
+    assert all(("density" in r) == sbm for r in records)
+    assert (final["density"] is None) != sbm
+    assert not sbm or final["density"] == records[-1]["density"] and 0 < final["density"] <= 1
     assert json.loads((args.out / "final.json").read_text())["accuracy"] == final["accuracy"]
     # The test accuracy reported is the one at the best validation.
     best = max(records, key=lambda r: (r["val"], -r["epoch"]))
