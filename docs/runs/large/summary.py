@@ -1,6 +1,7 @@
 """The large-graph comparison's tables: each model's test accuracy (mean and
 sample standard deviation over the seeds run), seconds per epoch and peak
-memory, from the runs' final.json under each docs/runs/large/lfr-* folder.
+memory, from the runs' final.json in each folder under docs/runs/large/lfr-*
+that holds runs (lfr-1e4-features/mu0.7-noise3 too).
 
     python docs/runs/large/summary.py
 
@@ -12,19 +13,23 @@ import statistics
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODELS = ("gnn", "gps-sbm", "gps-performer", "gps-bigbird", "sgformer", "polynormer")
+MODELS = ("gnn", "gps-sbm", "gps-performer", "gps-bigbird", "sgformer", "sgformer-gnn",
+          "sgformer-sbm", "polynormer")
 
 
 def main() -> None:
-    for folder in sorted(HERE.glob("lfr-*")):
-        print(f"\n{folder.name}\n")
+    folders = {run.parent.parent for run in HERE.glob("lfr-*/**/final.json")}
+    for folder in sorted(folders):
+        print(f"\n{folder.relative_to(HERE)}\n")
         summarise(folder)
 
 
 def summarise(folder: Path) -> None:
     table = {}
     for model in MODELS:
-        runs = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{model}-s*/final.json"))]
+        # "-s<seed>": sgformer's runs, not sgformer-sbm's.
+        runs = [json.loads(p.read_text())
+                for p in sorted(folder.glob(f"{model}-s[0-9]*/final.json"))]
         if not runs:
             continue
         accuracy = [100 * r["accuracy"] for r in runs]
@@ -34,7 +39,9 @@ def summarise(folder: Path) -> None:
             accuracy_std=statistics.stdev(accuracy) if len(runs) > 1 else None,
             seconds_per_epoch=[r["seconds_per_epoch"] for r in runs],
             peak_gib=[r["peak_memory_bytes"] / 2**30 for r in runs],
-            best_epoch=[r["best_epoch"] for r in runs])
+            best_epoch=[r["best_epoch"] for r in runs],
+            # The SBM heads' sampled density at the end (runs that log it).
+            density=[r.get("density") for r in runs])
     (folder / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
     print("| model | seeds | test accuracy (%) | s / epoch | peak (GiB) |")
     print("|---|---|---|---|---|")
