@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ from sbm_pyg.datasets.communities import cluster_graph, community_task
 from sbm_pyg.datasets.lfr import lfr_graph
 from sbm_pyg.experiments.runs import PeakMemory, jsonable
 from sbm_pyg.models import GPSNodeClassifier
-from sbm_pyg.nn import SBMConv, SBMMultiheadAttention
+from sbm_pyg.nn import DensityBudget, SBMConv, SBMMultiheadAttention
 
 __all__ = ["LARGE_MODELS", "GRAPHS", "add_large_arguments", "validate_large",
            "large_graph", "build_large_model", "batch_statistics", "node_batches",
@@ -75,6 +76,14 @@ def add_large_arguments(parser: argparse.ArgumentParser) -> None:
     add("--num-clusters", type=int, default=128,
         help="gps-sbm, sgformer-sbm: the SBM's clusters per head (its "
              "memberships hold this many numbers per node and head)")
+    add("--target-density", type=float, default=None,
+        help="gps-sbm, sgformer-sbm: hold every SBM head's expected density at "
+             "this budget (sbm_pyg.nn.DensityBudget, per head, with its floor; "
+             "default: no budget, the density goes where training takes it)")
+    add("--budget-ki", type=float, default=0.3,
+        help="the budget's integral gain per step: a full-batch run takes one "
+             "step an epoch, too few for DensityBudget's default 0.02 to move "
+             "lambda (at 0.3 the multiplier can grow e^0.3 a step)")
     add("--epochs", type=int, default=100)
     add("--batch-nodes", type=int, default=0,
         help="random node batches of this size (their induced subgraphs; 0: "
@@ -100,6 +109,15 @@ def validate_large(args) -> None:
                          "--dropout in [0, 1)")
     if args.features < 0 or not args.feature_noise > 0:
         raise ValueError("--features must be >= 0 and --feature-noise > 0")
+    if args.target_density is not None:
+        if args.model not in ("gps-sbm", "sgformer-sbm"):
+            raise ValueError(f"--target-density holds SBM heads: --model gps-sbm or "
+                             f"sgformer-sbm, got {args.model}")
+        if not 0 < args.target_density <= 1:  # NaN fails too
+            raise ValueError(f"--target-density must lie in (0, 1], got "
+                             f"{args.target_density}")
+    if not 0 < args.budget_ki < math.inf:  # NaN fails too
+        raise ValueError(f"--budget-ki must be a finite number > 0, got {args.budget_ki}")
     if args.out.is_dir() and any(args.out.iterdir()):
         raise ValueError(f"--out {args.out} is not empty")
 
@@ -261,6 +279,11 @@ def train_large(args, log: Optional[Callable[[dict], None]] = None) -> dict:
                               num_clusters=args.num_clusters)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sbm_convs = [m for m in model.modules() if isinstance(m, SBMConv)]
+    budget = None
+    if args.target_density is not None:
+        # Per head, so that no head takes the edges another needs; no warm-up:
+        # the heads start at --degree, near the budget.
+        budget = DensityBudget(model, args.target_density, per_head=True, ki=args.budget_ki)
     args.out.mkdir(parents=True, exist_ok=True)
     metrics = args.out / "metrics.jsonl"
     peak = PeakMemory(torch.device("cpu"))
@@ -279,15 +302,22 @@ def train_large(args, log: Optional[Callable[[dict], None]] = None) -> dict:
             out = _logits(model, data, nodes, generator)
             loss = F.cross_entropy(out[mask], data.y[nodes][mask])
             optimizer.zero_grad()
-            loss.backward()
+            (loss if budget is None else loss + budget.penalty()).backward()
             optimizer.step()
+            if budget is not None:
+                budget.step()
             losses.append(float(loss.detach()))
         seconds += time.perf_counter() - start
-        record = dict(epoch=epoch, loss=sum(losses) / max(len(losses), 1),
-                      seconds=seconds)
+        record: Dict[str, Any] = dict(epoch=epoch, loss=sum(losses) / max(len(losses), 1),
+                                      seconds=seconds)
         if sbm_convs:  # the SBM heads' sampled density in the epoch's last step
-            record["density"] = sum(float(m.sampled_density.mean())
-                                    for m in sbm_convs) / len(sbm_convs)
+            heads = torch.stack([m.sampled_density for m in sbm_convs  # type: ignore[misc]
+                                 ]).detach()
+            record["density"] = float(heads.mean())
+            # Each head's, [layers, heads]: what a per-head budget holds.
+            record["head_density"] = heads.tolist()
+        if budget is not None:  # the multipliers, the ceiling's and the floor's
+            record["lam"], record["lam_floor"] = budget.lams.tolist()
         if epoch % args.eval_every == 0 or epoch == args.epochs:
             record.update(_evaluate(model, data, args, generator))
             if record["val"] > best["val"]:
@@ -298,7 +328,7 @@ def train_large(args, log: Optional[Callable[[dict], None]] = None) -> dict:
             log(record)
     final = dict(accuracy=best["test"], val_accuracy=best["val"], best_epoch=best["epoch"],
                  seconds_per_epoch=seconds / args.epochs, peak_memory_bytes=peak.read(),
-                 density=record.get("density"),
+                 density=record.get("density"), head_density=record.get("head_density"),
                  classes=num_classes, edges=data.num_edges,
                  parameters=sum(p.numel() for p in model.parameters()), args=jsonable(args))
     (args.out / "final.json").write_text(json.dumps(final, indent=1) + "\n")

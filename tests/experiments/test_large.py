@@ -17,7 +17,7 @@ from sbm_pyg.experiments.large import (
     validate_large,
 )
 from sbm_pyg.nn import SBMMultiheadAttention
-from tests.helpers import seeded
+from tests.helpers import SEED_OFFSET, seeded
 
 
 def _args(tmp_path, *argv):
@@ -51,6 +51,39 @@ def test_every_model_trains_and_reports(tmp_path, model, batch_nodes):
     # The test accuracy reported is the one at the best validation.
     best = max(records, key=lambda r: (r["val"], -r["epoch"]))
     assert (final["accuracy"], final["best_epoch"]) == (best["test"], best["epoch"])
+
+
+@pytest.mark.parametrize("model", ["gps-sbm", "sgformer-sbm"])
+def test_a_density_budget_holds_every_head(tmp_path, model):
+    # The heads start at the budget (--degree 32 of 300 nodes): held there per
+    # head, where without a budget SGFormer's heads drift up to 1.9x it.
+    target = 32 / 300
+    args = _args(tmp_path, "--model", model, "--epochs", "20", "--eval-every", "5",
+                 "--lr", "1e-2", "--target-density", str(target),
+                 "--seed", str(SEED_OFFSET))
+    validate_large(args)
+    final = train_large(args)
+    records = [json.loads(line) for line in (args.out / "metrics.jsonl").open()]
+    assert all(len(r["lam"]) == len(r["lam_floor"]) == 1 and len(r["lam"][0]) == 2
+               for r in records)
+    heads = torch.tensor(final["head_density"])
+    assert heads.shape == (1, 2) and final["head_density"] == records[-1]["head_density"]
+    # The sampled density: the expected one held at the budget, plus the
+    # exploration of a tenth of the start.
+    assert ((heads > 0.9 * target) & (heads < 1.35 * target)).all(), heads / target
+
+
+def test_the_budget_gain_reaches_the_controller(tmp_path):
+    # A budget far below the start: the density overshoots it on the way
+    # down (Adam's momentum) and the floor's multiplier climbs, by up to
+    # e^ki a step. At ki 0.3 it passes 10 lambda_0 within 20 steps, which
+    # DensityBudget's default 0.02 (at most e^1.4 in 20 steps) cannot.
+    args = _args(tmp_path, "--model", "sgformer-sbm", "--epochs", "20", "--eval-every", "5",
+                 "--lr", "1e-2", "--target-density", "0.03", "--budget-ki", "0.3",
+                 "--seed", str(SEED_OFFSET))
+    train_large(args)
+    records = [json.loads(line) for line in (args.out / "metrics.jsonl").open()]
+    assert max(max(r["lam_floor"][0]) for r in records) > 10 * 1e-3
 
 
 @pytest.mark.parametrize("model", ["gnn", "gps-performer", "sgformer"])
@@ -165,6 +198,10 @@ def test_node_batches_partition_the_nodes():
     (["--num-clusters", "0"], "--num-clusters must be >= 1"),
     (["--features", "-1"], "--features must be >= 0 and --feature-noise > 0"),
     (["--feature-noise", "0"], "--features must be >= 0 and --feature-noise > 0"),
+    (["--model", "gnn", "--target-density", "0.1"], "--target-density holds SBM heads"),
+    (["--target-density", "0"], "--target-density must lie in (0, 1]"),
+    (["--target-density", "nan"], "--target-density must lie in (0, 1]"),
+    (["--budget-ki", "0"], "--budget-ki must be a finite number > 0"),
 ])
 def test_bad_options_exit_2(tmp_path, argv, message, capsys):
     with pytest.raises(SystemExit) as e:
