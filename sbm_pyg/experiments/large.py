@@ -80,10 +80,12 @@ def add_large_arguments(parser: argparse.ArgumentParser) -> None:
         help="gps-sbm, sgformer-sbm: hold every SBM head's expected density at "
              "this budget (sbm_pyg.nn.DensityBudget, per head, with its floor; "
              "default: no budget, the density goes where training takes it)")
-    add("--budget-ki", type=float, default=0.3,
-        help="the budget's integral gain per step: a full-batch run takes one "
-             "step an epoch, too few for DensityBudget's default 0.02 to move "
-             "lambda (at 0.3 the multiplier can grow e^0.3 a step)")
+    add("--budget-ki", type=float, default=0.05,
+        help="the budget's integral gain per step (DensityBudget's ki)")
+    add("--budget-lam", type=float, default=1.0,
+        help="the budget's starting (and least) multipliers lambda_0: a full-batch "
+             "run takes one step an epoch, too few for DensityBudget's default 1e-3 "
+             "to grow to where it acts (the heads then swing about the budget)")
     add("--epochs", type=int, default=100)
     add("--batch-nodes", type=int, default=0,
         help="random node batches of this size (their induced subgraphs; 0: "
@@ -116,8 +118,10 @@ def validate_large(args) -> None:
         if not 0 < args.target_density <= 1:  # NaN fails too
             raise ValueError(f"--target-density must lie in (0, 1], got "
                              f"{args.target_density}")
-    if not 0 < args.budget_ki < math.inf:  # NaN fails too
-        raise ValueError(f"--budget-ki must be a finite number > 0, got {args.budget_ki}")
+    for name in ("budget_ki", "budget_lam"):
+        if not 0 < getattr(args, name) < math.inf:  # NaN fails too
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0, "
+                             f"got {getattr(args, name)}")
     if args.out.is_dir() and any(args.out.iterdir()):
         raise ValueError(f"--out {args.out} is not empty")
 
@@ -283,7 +287,8 @@ def train_large(args, log: Optional[Callable[[dict], None]] = None) -> dict:
     if args.target_density is not None:
         # Per head, so that no head takes the edges another needs; no warm-up:
         # the heads start at --degree, near the budget.
-        budget = DensityBudget(model, args.target_density, per_head=True, ki=args.budget_ki)
+        budget = DensityBudget(model, args.target_density, per_head=True,
+                               ki=args.budget_ki, lam=args.budget_lam)
     args.out.mkdir(parents=True, exist_ok=True)
     metrics = args.out / "metrics.jsonl"
     peak = PeakMemory(torch.device("cpu"))

@@ -74,12 +74,14 @@ def test_a_density_budget_holds_every_head(tmp_path, model):
 
 
 def test_the_budget_gain_reaches_the_controller(tmp_path):
-    # A budget far below the start: the density overshoots it on the way
-    # down (Adam's momentum) and the floor's multiplier climbs, by up to
-    # e^ki a step. At ki 0.3 it passes 10 lambda_0 within 20 steps, which
-    # DensityBudget's default 0.02 (at most e^1.4 in 20 steps) cannot.
+    # A budget far below the start, from lambda_0 1e-3: the density
+    # overshoots it on the way down (Adam's momentum) and the floor's
+    # multiplier climbs, by up to e^ki a step. At ki 0.3 it passes 10
+    # lambda_0 within 20 steps, which DensityBudget's default 0.02 (at most
+    # e^1.4 in 20 steps) cannot.
     args = _args(tmp_path, "--model", "sgformer-sbm", "--epochs", "20", "--eval-every", "5",
                  "--lr", "1e-2", "--target-density", "0.03", "--budget-ki", "0.3",
+                 "--budget-lam", "1e-3",
                  "--seed", str(SEED_OFFSET))
     train_large(args)
     records = [json.loads(line) for line in (args.out / "metrics.jsonl").open()]
@@ -202,6 +204,7 @@ def test_node_batches_partition_the_nodes():
     (["--target-density", "0"], "--target-density must lie in (0, 1]"),
     (["--target-density", "nan"], "--target-density must lie in (0, 1]"),
     (["--budget-ki", "0"], "--budget-ki must be a finite number > 0"),
+    (["--budget-lam", "inf"], "--budget-lam must be a finite number > 0"),
 ])
 def test_bad_options_exit_2(tmp_path, argv, message, capsys):
     with pytest.raises(SystemExit) as e:
