@@ -42,6 +42,9 @@ def summarise(folder: Path) -> None:
             best_epoch=[r["best_epoch"] for r in runs],
             # The SBM heads' sampled density at the end (runs that log it).
             density=[r.get("density") for r in runs])
+    if not table:  # runs of other names (e.g. budget-gains/): nothing to sum
+        print("(no MODEL-sSEED runs)")
+        return
     (folder / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
     print("| model | seeds | test accuracy (%) | s / epoch | peak (GiB) |")
     print("|---|---|---|---|---|")
