@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable
+from typing import Callable, Optional
 
-__all__ = ["BUDGET_LAM", "add_budget_arguments", "validate_budget"]
+__all__ = ["BUDGET_LAM", "add_budget_arguments", "check_budget_numbers", "validate_budget"]
 
 #: The budget's default starting (and least) multiplier
 #: :math:`\lambda_0` (``--budget-lam``).
@@ -39,6 +39,19 @@ def add_budget_arguments(add: Callable[..., object]) -> None:
              "the floor that keeps it from falling below")
 
 
+def check_budget_numbers(target: Optional[float], **positive: float) -> None:
+    r"""Checks a budget's numbers, naming the option (a
+    :class:`ValueError`): :obj:`target` (``--target-density``, unless
+    :obj:`None`) in (0, 1], and each of :obj:`positive` (by its
+    :obj:`argparse` name, e.g. :obj:`budget_lam`) a finite number > 0."""
+    if target is not None and not 0 < target <= 1:  # NaN fails too
+        raise ValueError(f"--target-density must lie in (0, 1], got {target}")
+    for name, value in positive.items():
+        if not 0 < value < math.inf:  # NaN fails too
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite "
+                             f"number > 0, got {value}")
+
+
 def validate_budget(args: argparse.Namespace) -> None:
     r"""Checks the budget's options, naming the argument (a
     :class:`ValueError`)."""
@@ -51,14 +64,11 @@ def validate_budget(args: argparse.Namespace) -> None:
         raise ValueError("--budget-warmup, --budget-delay, --budget-ceiling, "
                          "--budget-lam and --budget-per-head need --target-density")
     if target is not None:
-        if not 0 < target <= 1:  # NaN fails too
-            raise ValueError(f"--target-density must lie in (0, 1], got {target}")
+        check_budget_numbers(target, budget_lam=getattr(args, "budget_lam", BUDGET_LAM))
         if getattr(args, "budget_warmup", None) is not None and args.budget_warmup < 0:
             raise ValueError("--budget-warmup must be >= 0")
         if getattr(args, "budget_delay", 0) < 0:
             raise ValueError("--budget-delay must be >= 0")
-        if not 0 < getattr(args, "budget_lam", BUDGET_LAM) < math.inf:  # NaN fails too
-            raise ValueError("--budget-lam must be a finite number > 0")
         if args.attention != "sbm" or args.lam != 0:
             raise ValueError("--target-density needs --attention sbm and sets "
                              "lambda itself: leave --lam at 0")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional
@@ -32,6 +31,7 @@ from torch_geometric.utils import subgraph
 
 from sbm_pyg.datasets.communities import cluster_graph, community_task
 from sbm_pyg.datasets.lfr import lfr_graph
+from sbm_pyg.experiments.budget_arguments import check_budget_numbers
 from sbm_pyg.experiments.runs import PeakMemory, jsonable
 from sbm_pyg.models import GPSNodeClassifier
 from sbm_pyg.nn import DensityBudget, SBMConv, SBMMultiheadAttention
@@ -115,13 +115,8 @@ def validate_large(args) -> None:
         if args.model not in ("gps-sbm", "sgformer-sbm"):
             raise ValueError(f"--target-density holds SBM heads: --model gps-sbm or "
                              f"sgformer-sbm, got {args.model}")
-        if not 0 < args.target_density <= 1:  # NaN fails too
-            raise ValueError(f"--target-density must lie in (0, 1], got "
-                             f"{args.target_density}")
-    for name in ("budget_ki", "budget_lam"):
-        if not 0 < getattr(args, name) < math.inf:  # NaN fails too
-            raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0, "
-                             f"got {getattr(args, name)}")
+    check_budget_numbers(args.target_density, budget_ki=args.budget_ki,
+                         budget_lam=args.budget_lam)
     if args.out.is_dir() and any(args.out.iterdir()):
         raise ValueError(f"--out {args.out} is not empty")
 
