@@ -13,7 +13,10 @@ is :func:`~sbm_pyg.sampling.round_capacity` of the expected draws (their
 mean plus 8 standard deviations plus 64, in steps of a quarter power of
 two). It grows at once and shrinks only when the need has halved, so that
 a slowly moving density changes the buffers' shapes (and a compiled
-graph's) rarely.
+graph's) rarely. With a :obj:`max_edges`, the capacity is at most it,
+and expected draws above it raise a :class:`ValueError` naming it (read
+with the copy: one call late), as the default route raises on draws above
+it.
 
 An overflow is never silent: the call's :obj:`overflow` flag is on the
 device at once, and the copy's read warns (:class:`RuntimeWarning`),
@@ -23,6 +26,7 @@ copied yet, reads once (:func:`~sbm_pyg.sampling.expected_draws`).
 """
 from __future__ import annotations
 
+import math
 import warnings
 from collections import deque
 from typing import Callable, Deque, Optional, Tuple
@@ -56,6 +60,9 @@ class AutoCapacity:
         self.capacity: Optional[int] = None
         #: The overflows read so far.
         self.overflows = 0
+        #: The most draws a capacity may hold (a layer's :obj:`max_edges`;
+        #: :obj:`None`: no bound).
+        self.limit: Optional[int] = None
         # The copies not read yet, oldest first: none is dropped unread, so
         # that no overflow goes unseen.
         self._copies: Deque[Tuple[Tensor, Optional[torch.Event]]] = deque()
@@ -101,16 +108,26 @@ class AutoCapacity:
         return self.capacity
 
     def _resize(self, expected: float, overflow: bool) -> None:
+        limit = math.inf if self.limit is None else self.limit
+        if expected > limit:
+            raise ValueError(
+                f"max_edges={self.limit}: a call's expected draws ({expected:.0f}) "
+                f"exceed it, and capacity='auto' sizes the buffers by them: raise "
+                f"max_edges or hold the density down (DensityBudget, the density "
+                f"penalty)")
         need = round_capacity(expected)
         old = self.capacity
         if overflow and old is not None:
             self.overflows += 1
             need = max(need, 2 * old)
+        need = int(min(need, limit))
+        if overflow and old is not None:
             warnings.warn(
                 f"a static call's draws overflowed its capacity ({old}): its "
-                f"graph lacked some; the next call's capacity is {need}",
+                f"graph lacked some; the next call's capacity is {need}"
+                + (" (max_edges)" if need == limit else ""),
                 RuntimeWarning, stacklevel=4)
-        if old is None or need > old or 2 * need <= old:
+        if old is None or need > old or 2 * need <= old or old > limit:
             self.capacity = need
 
 
@@ -123,6 +140,7 @@ def next_capacity(keeper: AutoCapacity, sbm: Tuple[Tensor, Tensor, Tensor],
     capacity is a constant of the graph (a new one retraces it), and the
     keeper is updated between calls by
     :meth:`~sbm_pyg.nn.SBMConv.update_capacity`."""
+    keeper.limit = options.max_edges
     if torch.compiler.is_compiling():
         if keeper.capacity is None:
             raise ValueError("capacity='auto' sizes its first call's buffers by "

@@ -115,7 +115,8 @@ class SBMConv(MessagePassing):
             e^{-(p_{ij} + \delta)} \leq 0.63` here), see
             :func:`~sbm_pyg.sampling.fastrg`. (default: :obj:`"exact"`)
         max_edges (int, optional): raise instead of sampling more edges
-            than this in one forward.
+            than this in one forward (with a :obj:`capacity`, the most it
+            may be; :obj:`"auto"` raises on expected draws above it).
         ste (str): the straight-through estimator, :obj:`"paper"` or
             :obj:`"published"`. (default: :obj:`"paper"`)
         distill (float): the strength :math:`\beta \geq 0` of the

@@ -115,7 +115,9 @@ class SBMAttentionOptions:
             :obj:`"triton"` sampler (a static call samples a GPU's graph
             with :func:`~sbm_pyg.sampling.fastrg_static`'s :obj:`"torch"`
             backend; :obj:`"auto"` takes its :obj:`"cpp"` one on the CPU),
-            :obj:`max_edges` and dropout, each refused by name. With
+            and dropout, each refused by name; :obj:`max_edges` bounds the
+            capacity (refused above it: the draws past the capacity
+            overflow, where the default route would raise). With
             :obj:`sparse_memberships` a static call keeps all :math:`k`
             clusters (the width kept would be read): the same law and
             outputs, the products over every cluster.
@@ -171,8 +173,11 @@ class SBMAttentionOptions:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1 or None (a layer's also "
                              f"'auto'), got {capacity!r}")
+        if self.max_edges is not None and capacity > self.max_edges:
+            raise ValueError(f"capacity ({capacity}) exceeds max_edges "
+                             f"({self.max_edges}): a static call's buffers hold "
+                             f"capacity draws, so max_edges bounds it")
         refused = dict(attention_backend=self.attention_backend in ("dense", "tiles", "torch"),
-                       max_edges=self.max_edges is not None,
                        dropout=self.dropout > 0,
                        sampler_backend=self.sampler_backend == "triton")
         for name, bad in refused.items():

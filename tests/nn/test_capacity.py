@@ -167,3 +167,33 @@ def test_bad_auto_uses_are_refused_by_name():
         SBMConv(16, 8, capacity="auto", dropout=0.1)
     with pytest.raises(ValueError, match="update_capacity needs capacity='auto'"):
         SBMConv(16, 8, capacity=256).update_capacity()
+
+
+def test_max_edges_bounds_the_kept_capacity_and_expected_draws_above_it_raise():
+    keeper = AutoCapacity()
+    keeper.limit = 1000
+    assert round_capacity(900.0) > 1000
+    assert keeper.capacity_for(lambda: torch.tensor(900.0)) == 1000
+    keeper.record(torch.tensor(950.0), torch.tensor(True))  # overflowed at the bound
+    with pytest.warns(RuntimeWarning, match=r"capacity is 1000 \(max_edges\)"):
+        assert keeper.refresh() == 1000
+    keeper.record(torch.tensor(1001.0), torch.tensor(False))
+    with pytest.raises(ValueError, match="max_edges=1000: a call's expected draws"):
+        keeper.refresh()
+    keeper.limit = 300  # lowered below the kept capacity: it follows
+    keeper.record(torch.tensor(100.0), torch.tensor(False))
+    assert keeper.refresh() == round_capacity(100.0) <= 300
+
+
+def test_a_layer_with_max_edges_runs_static_within_it_and_names_it_above():
+    x = torch.randn(40, 16, generator=seeded(1))
+    free = auto_layer()
+    out = free(x, generator=seeded(2))
+    need = free.update_capacity()
+    bounded = auto_layer(max_edges=need)  # the same parameters (seeded)
+    assert torch.equal(bounded(x, generator=seeded(2)), out)
+    assert bounded.last_backends["sampler"] == "static"
+    assert bounded.update_capacity() == need
+    expected = float(free.expected_draws)
+    with pytest.raises(ValueError, match="max_edges=.*expected draws"):
+        auto_layer(max_edges=int(expected) - 1)(x)

@@ -142,12 +142,25 @@ def test_a_failed_check_raises_on_the_device():
 
 @pytest.mark.parametrize("change", [
     dict(attention_backend="dense"), dict(attention_backend="tiles"),
-    dict(attention_backend="torch"), dict(max_edges=10), dict(dropout=0.1),
+    dict(attention_backend="torch"), dict(dropout=0.1),
     dict(sampler_backend="triton")])
 def test_what_a_static_call_cannot_serve_is_refused_by_name(change):
     name = next(iter(change))
     with pytest.raises(ValueError, match=f"capacity.*{name}"):
         replace(SBMAttentionOptions(capacity=64), **change)
+
+
+def test_max_edges_bounds_a_static_call_s_capacity():
+    assert SBMAttentionOptions(capacity=64, max_edges=64).capacity == 64
+    with pytest.raises(ValueError, match=r"capacity \(65\) exceeds max_edges \(64\)"):
+        SBMAttentionOptions(capacity=65, max_edges=64)
+    # Within it, the call is the one without it.
+    memb = torch.rand(30, 2, 3, generator=seeded(1)).softmax(-1)
+    block = torch.rand(2, 3, 3, generator=seeded(2)) / 3
+    x = torch.randn(30, 2, 4, generator=seeded(3))
+    runs = [sbm_attention(x, x, x, (memb, block, memb), options=SBMAttentionOptions(
+        capacity=2048, max_edges=limit), seed=torch.tensor(5)) for limit in (None, 2048)]
+    assert torch.equal(runs[0].out, runs[1].out) and not bool(runs[1].overflow)
 
 
 @pytest.mark.parametrize("capacity", [0, -1, 2.5, True])
