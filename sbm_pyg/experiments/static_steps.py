@@ -31,8 +31,9 @@ def add_static_arguments(add: Callable[..., object]) -> None:
              "own from its earlier steps (sbm_pyg.nn.capacity)")
     add("--compile", action="store_true",
         help="the model's forward and loss compiled by torch.compile "
-             "(fullgraph=True, dynamic=False); needs --capacity and a task "
-             "without padding (repeat, mqar); with --capacity auto the layers "
+             "(fullgraph=True, dynamic=False); needs --attention sbm, whose "
+             "layers it gives static shapes (--capacity, 'auto' by default), "
+             "and a task without padding (repeat, mqar); with --capacity auto the layers "
              "are sized before a compiled step by one eager forward of its "
              "batch, without gradients")
 
@@ -45,11 +46,19 @@ def _capacity(value: str) -> Union[int, str]:
 def validate_static(args) -> None:
     r"""Raises a :class:`ValueError` naming a bad static-step option."""
     capacity = getattr(args, "capacity", None)
+    compiling = getattr(args, "compile", False)
+    if compiling and capacity is None and args.attention == "sbm":
+        # Compiled SBM layers need static shapes: sized by the layers.
+        args.capacity = capacity = "auto"
     if capacity is not None and ((capacity != "auto" and capacity < 1)
                                  or args.attention != "sbm"):
         raise ValueError("--capacity must be >= 1 or 'auto' and needs --attention sbm")
-    if getattr(args, "compile", False) and (capacity is None or args.task == "listops"):
-        raise ValueError("--compile needs --capacity (static shapes) and a task "
+    if capacity is not None and getattr(args, "attn_dropout", 0.0) > 0:
+        raise ValueError("--capacity (static shapes) takes no --attn-dropout: the "
+                         "static call's kernel has none yet")
+    if compiling and (capacity is None or args.task == "listops"):
+        raise ValueError("--compile needs --attention sbm (its layers at static "
+                         "shapes, --capacity, 'auto' by default) and a task "
                          "without padding (repeat, mqar): a mask is read")
 
 

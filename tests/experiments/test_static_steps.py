@@ -74,9 +74,10 @@ def test_compile_with_an_automatic_capacity_sizes_the_layers_before_its_steps(
         tmp_path, aot_eager):
     # The first step's batch forward eagerly sizes every layer; the compiled
     # steps then read nothing but the layers' copies and never overflow.
+    # --compile alone takes --capacity auto.
     out = tmp_path / "run"
-    main([*MQAR, "--out", str(out), "--steps", "4", "--capacity", "auto",
-          "--compile", "--attention", "sbm"])
+    main([*MQAR, "--out", str(out), "--steps", "4", "--compile", "--attention", "sbm"])
+    assert json.loads((out / "final.json").read_text())["args"]["capacity"] == "auto"
     steps = [r for r in records(out) if r.get("split") == "train"]
     assert len(steps) == 4 and all(r["overflow"] == 0 for r in steps)
     assert all(r["capacity"] >= r["expected_draws"] + 64 for r in steps)
@@ -104,7 +105,11 @@ def test_unsized_asks_each_layers_training_capacity_and_changes_nothing():
     (["--capacity", "0"], "--capacity must be >= 1 or 'auto' and needs --attention sbm"),
     (["--capacity", "64", "--attention", "full"],
      "--capacity must be >= 1 or 'auto' and needs --attention sbm"),
-    (["--compile"], "--compile needs --capacity"),
+    (["--compile", "--attention", "full"], "--compile needs --attention sbm"),
+    (["--capacity", "64", "--attn-dropout", "0.1"],
+     "--capacity (static shapes) takes no --attn-dropout"),
+    (["--compile", "--attn-dropout", "0.1"],
+     "--capacity (static shapes) takes no --attn-dropout"),
 ])
 def test_bad_static_arguments_exit_2(extra, message, capsys):
     with pytest.raises(SystemExit) as e:
