@@ -104,8 +104,10 @@ if triton is not None:
     # The sizes vary with every batch: not specialised on, so that one
     # compiled kernel serves them all.
     SIZES = ["Nq", "Nk", "G"]
-    # The dropout's seed and threshold change from call to call.
-    DROPOUT = ["DSeed", "DThr"]
+    # The dropout's threshold changes from call to call. Its seed is read
+    # from the device (DSeed points to it, read only under DROP), so that a
+    # captured graph can draw a new one each replay.
+    DROPOUT = ["DThr"]
 
     @triton.jit(do_not_specialize=SIZES)
     def mask_kernel(QB, KM, PtrQ, PtrK, Base, TileSeq, TileRow, Mask, Seed,
@@ -149,7 +151,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def forward_kernel(Q, K, V, Mask, PtrQ, PtrK, Base, TileSeq, TileRow,
-                        Scale, Out, Lse, Count, Nq, Nk, G, DSeed: tl.int64,
+                        Scale, Out, Lse, Count, Nq, Nk, G, DSeed,
                         DThr: tl.int64, D: tl.constexpr,
                         DV: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -165,6 +167,9 @@ if triton is not None:
             dv = tl.arange(0, BLOCK_DV)
             q = _load(Q, r, live_q, d, D)
             scale = tl.load(Scale)
+            dseed = 0
+            if DROP:  # once a tile, not once a key block
+                dseed = tl.load(DSeed)
             row_byte = tl.load(Base + g) + (h * nq + il) * ((nk + 7) // 8)
             m = tl.full([BLOCK_M], float("-inf"), q.dtype)
             norm = tl.zeros([BLOCK_M], q.dtype)
@@ -187,7 +192,7 @@ if triton is not None:
                 v = _load(V, cols, live_k, dv, DV)
                 w = p
                 if DROP:  # the output takes the kept weights, the norm all
-                    w = tl.where(_kept(DSeed, DThr, r, cols),
+                    w = tl.where(_kept(dseed, DThr, r, cols),
                                  p * _keep_scale(DThr).to(p.dtype), 0.0)
                 acc = acc * rescale[:, None] + _mm(w, v, DOT)
                 norm = norm * rescale + tl.sum(p, 1)
@@ -236,7 +241,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def backward_query_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
                                PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
-                               GradQ, GradQB, Nq, Nk, G, DSeed: tl.int64,
+                               GradQ, GradQB, Nq, Nk, G, DSeed,
                                DThr: tl.int64, D: tl.constexpr,
                                DV: tl.constexpr, KC: tl.constexpr,
                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -255,6 +260,9 @@ if triton is not None:
             q, do, lse, delta = _query_rows(Q, GradOut, Lse, Delta, r, live_q, d,
                                               dv, D, DV)
             scale = tl.load(Scale)
+            dseed = 0
+            if DROP:  # once a tile, not once a key block
+                dseed = tl.load(DSeed)
             row_byte = tl.load(Base + g) + (h * nq + il) * ((nk + 7) // 8)
             dq = tl.zeros([BLOCK_M, BLOCK_D], q.dtype)
             dqb = tl.zeros([BLOCK_M, BLOCK_KC], q.dtype)
@@ -265,7 +273,7 @@ if triton is not None:
                 on = _bits(Mask, row_byte, j, live_q[:, None] & live_k[None, :])
                 k = _load(K, cols, live_k, d, D)
                 a, ds, gr = _grad_tile(q, k, _load(V, cols, live_k, dv, DV),
-                                       do, lse, delta, on, scale, DSeed, DThr,
+                                       do, lse, delta, on, scale, dseed, DThr,
                                        r, cols, STE, DROP, DOT)
                 dq += _mm(ds, k, DOT)
                 if STE != 0:
@@ -279,7 +287,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def backward_key_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
                              PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
-                             GradK, GradV, GradKM, Nq, Nk, G, DSeed: tl.int64,
+                             GradK, GradV, GradKM, Nq, Nk, G, DSeed,
                              DThr: tl.int64, D: tl.constexpr,
                              DV: tl.constexpr, KC: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -299,6 +307,9 @@ if triton is not None:
             k = _load(K, cols, live_k, d, D)
             v = _load(V, cols, live_k, dv, DV)
             scale = tl.load(Scale)
+            dseed = 0
+            if DROP:  # once a tile, not once a key block
+                dseed = tl.load(DSeed)
             rb = (nk + 7) // 8
             base = tl.load(Base + g) + h * nq * rb
             dk = tl.zeros([BLOCK_N, BLOCK_D], k.dtype)
@@ -313,7 +324,7 @@ if triton is not None:
                 on = _bits(Mask, base + il * rb, j,
                            live_q[:, None] & live_k[None, :])
                 a, ds, gr = _grad_tile(q, k, v, do, lse, delta, on, scale,
-                                       DSeed, DThr, r, cols, STE, DROP, DOT)
+                                       dseed, DThr, r, cols, STE, DROP, DOT)
                 dvv += _mm(tl.trans(a), do, DOT)
                 dk += _mm(tl.trans(ds), q, DOT)
                 if STE != 0:
