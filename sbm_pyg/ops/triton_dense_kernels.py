@@ -216,7 +216,7 @@ if triton is not None:
                 tl.load(Delta + r, mask=live, other=0.0))
 
     @triton.jit
-    def _grad_tile(q, k, v, do, lse, delta, on, scale, seed, threshold, r,
+    def _grad_tile(q, k, v, do, lse, delta, on, scale, SeedPtr, threshold, r,
                    cols, STE: tl.constexpr, DROP: tl.constexpr,
                    DOT: tl.constexpr):
         # Returns the weights dV takes (A o keep under dropout), ds and
@@ -225,7 +225,10 @@ if triton is not None:
         a = tl.where(on, tl.exp(tl.minimum(s - lse[:, None], 0.0)), 0.0)
         da = _mm(do, tl.trans(v), DOT)
         if DROP:  # computed here, late: fewer registers live at once
-            kept = _kept(seed, threshold, r, cols)
+            # The seed loaded here, each tile (volatile: not hoisted out of
+            # the loop), not once a kernel: held across the loop, its two
+            # registers made these kernels, at their register limit, spill.
+            kept = _kept(tl.load(SeedPtr, volatile=True), threshold, r, cols)
             factor = _keep_scale(threshold).to(da.dtype)
             da = tl.where(kept, da * factor, 0.0)
             ds = a * (da - delta[:, None])
@@ -260,9 +263,6 @@ if triton is not None:
             q, do, lse, delta = _query_rows(Q, GradOut, Lse, Delta, r, live_q, d,
                                               dv, D, DV)
             scale = tl.load(Scale)
-            dseed = 0
-            if DROP:  # once a tile, not once a key block
-                dseed = tl.load(DSeed)
             row_byte = tl.load(Base + g) + (h * nq + il) * ((nk + 7) // 8)
             dq = tl.zeros([BLOCK_M, BLOCK_D], q.dtype)
             dqb = tl.zeros([BLOCK_M, BLOCK_KC], q.dtype)
@@ -273,7 +273,7 @@ if triton is not None:
                 on = _bits(Mask, row_byte, j, live_q[:, None] & live_k[None, :])
                 k = _load(K, cols, live_k, d, D)
                 a, ds, gr = _grad_tile(q, k, _load(V, cols, live_k, dv, DV),
-                                       do, lse, delta, on, scale, dseed, DThr,
+                                       do, lse, delta, on, scale, DSeed, DThr,
                                        r, cols, STE, DROP, DOT)
                 dq += _mm(ds, k, DOT)
                 if STE != 0:
@@ -307,9 +307,6 @@ if triton is not None:
             k = _load(K, cols, live_k, d, D)
             v = _load(V, cols, live_k, dv, DV)
             scale = tl.load(Scale)
-            dseed = 0
-            if DROP:  # once a tile, not once a key block
-                dseed = tl.load(DSeed)
             rb = (nk + 7) // 8
             base = tl.load(Base + g) + h * nq * rb
             dk = tl.zeros([BLOCK_N, BLOCK_D], k.dtype)
@@ -324,7 +321,7 @@ if triton is not None:
                 on = _bits(Mask, base + il * rb, j,
                            live_q[:, None] & live_k[None, :])
                 a, ds, gr = _grad_tile(q, k, v, do, lse, delta, on, scale,
-                                       dseed, DThr, r, cols, STE, DROP, DOT)
+                                       DSeed, DThr, r, cols, STE, DROP, DOT)
                 dvv += _mm(tl.trans(a), do, DOT)
                 dk += _mm(tl.trans(ds), q, DOT)
                 if STE != 0:
