@@ -19,7 +19,6 @@ from torch import Tensor
 from sbm_pyg.nn.block_model import _per_chunk, _row_chunks
 from sbm_pyg.ops.backend_info import resolve_backend
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
-from sbm_pyg.ops.dropout import as_seed
 from sbm_pyg.ops.fused_attention import fused_attention
 from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.ops.torch_attention import SDDMM, SDDMMGradOnly, SparseAttention
@@ -125,7 +124,6 @@ def sparse_attention(
     *,
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
-    dropout_seed: Union[int, Tensor, None] = None,
     return_attention_weights: Literal[False] = False,
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
@@ -146,7 +144,6 @@ def sparse_attention(
     *,
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
-    dropout_seed: Union[int, Tensor, None] = None,
     return_attention_weights: Literal[True],
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
@@ -167,7 +164,6 @@ def sparse_attention(
     *,
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
-    dropout_seed: Union[int, Tensor, None] = None,
     return_attention_weights: bool = False,
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
@@ -176,7 +172,7 @@ def sparse_attention(
     pass
 
 
-def sparse_attention(  # noqa: PLR0913
+def sparse_attention(
     query: Tensor,
     key: Tensor,
     value: Tensor,
@@ -187,7 +183,6 @@ def sparse_attention(  # noqa: PLR0913
     *,
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
-    dropout_seed: Union[int, Tensor, None] = None,
     return_attention_weights: bool = False,
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
@@ -258,11 +253,6 @@ def sparse_attention(  # noqa: PLR0913
         generator (torch.Generator, optional): source of the dropout
             mask's seed (the mask is a function of it and each edge,
             :mod:`sbm_pyg.ops.dropout`: the same on every backend).
-        dropout_seed (int or Tensor, optional): the mask's seed itself,
-            instead of a draw from :obj:`generator`: a one-element int64
-            tensor on the device, which the kernels read there (what a
-            static call passes: nothing drawn on the host, so that a
-            captured graph draws a new one each replay), or an int.
         return_attention_weights (bool): also return :math:`\alpha`
             :obj:`[E]` in edge order (before dropout).
         backend (str, optional): :obj:`"cpp"`, the fused kernel of the
@@ -331,10 +321,7 @@ def sparse_attention(  # noqa: PLR0913
     scale = 1.0 / math.sqrt(D)
     q, k, v = heads_first(query), heads_first(key), heads_first(value)
     # One draw from the generator, on the host (no sync): the mask's seed.
-    seed: Union[int, Tensor] = 0
-    if dropout > 0:
-        seed = (stream_seed(generator, query.device) if dropout_seed is None
-                else as_seed("dropout_seed", dropout_seed, query.device))
+    seed = stream_seed(generator, query.device) if dropout > 0 else 0
     factors = None if sbm is None else sbm_factors(
         sbm, torch.float64 if query.dtype == torch.float64 else torch.float32)
     flat, alpha, lse = edge_attention(graph, q, k, v, edge_prob, factors, scale,
@@ -397,8 +384,7 @@ def sbm_factors(sbm: Tuple[Tensor, Tensor, Tensor], dtype: torch.dtype
 def edge_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                    edge_prob: Optional[Tensor],
                    factors: Optional[Tuple[Tensor, Tensor]], scale: float,
-                   ste: str, weights: bool, dropout: float,
-                   dropout_seed: Union[int, Tensor],
+                   ste: str, weights: bool, dropout: float, dropout_seed: int,
                    backend: str) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     r"""The attention over :obj:`graph`'s edges on the resolved
     :obj:`backend`'s kernel, heads-first (:obj:`q` :obj:`[H * N_q, D]`,
@@ -422,8 +408,7 @@ def edge_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
 def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      factors: Optional[Tuple[Tensor, Tensor]],
-                     scale: float, dropout: float,
-                     dropout_seed: Union[int, Tensor],
+                     scale: float, dropout: float, dropout_seed: int,
                      ste: str) -> Tuple[Tensor, Tensor, Tensor]:
     if factors is not None:  # zeros with edge_probability's backward
         edge_prob = SDDMMGradOnly.apply(graph.csr, *factors)
@@ -471,7 +456,7 @@ def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      factors: Optional[Tuple[Tensor, Tensor]],
                      scale: float, ste: str, weights: bool, dropout: float,
-                     dropout_seed: Union[int, Tensor], triton: bool,
+                     dropout_seed: int, triton: bool,
                      triton_on_cpu: bool) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     # The kernels compute in float32 or float64. The Triton kernels read
     # half precision rows as they are, half the bytes of each gathered row;
