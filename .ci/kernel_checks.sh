@@ -8,11 +8,13 @@
 #      the development pin's Triton (benchmarks.checks.triton_compile): fails on a
 #      kernel that does not compile, fp32 scalars in fp64 kernels, new
 #      spills, tl.dot without input_precision;                     ~6 min
-#   3. both under the GPU image's torch 2.11 / Triton 3.6 and the newest
-#      torch the index installs (benchmarks/checks/version_matrix.sh), ~20 min
-#      a family, where the matrix's own key moved: the family's Triton
+#   3. step 2 with its tests in the compiled kernels' ABI under the GPU
+#      image's torch 2.11 / Triton 3.6 and the newest torch the index
+#      installs (benchmarks/checks/version_matrix.sh), ~10 min a version
+#      and family, where the matrix's own key moved: the family's Triton
 #      files (kernels, wrappers, their tests and fixtures), the extension's
-#      sources, the checks, and the signatures step 2 compiled
+#      sources, the checks, the family's rows of the baselines and the
+#      signatures step 2 compiled
 #      (benchmarks.checks.families matrix-inputs / signatures). A change
 #      to the layer or the sampler's torch code re-runs steps 1 and 2 (about
 #      5 minutes a family); if their launches compile to the same
@@ -24,10 +26,13 @@
 # family's checks exercise is the code its Triton tests import (sbm_pyg's
 # nn, ops, sampling, validation and the compiled extension's sources), those
 # tests (and the layer's, whose launches the compile records) and their
-# helpers, the compile check, its baselines, this script, and the versions
-# of Python, torch and Triton; the sampler's leave out the attention's own
-# files, which its tests do not run. A family's key hashes exactly that
-# (git's blob ids of the committed files and the versions). The checks are
+# helpers, the compile check, its rows of the baselines, this script, and
+# the versions of Python, torch and Triton; the sampler's leave out the
+# attention's own files, which its tests do not run. A family's key hashes
+# exactly that (git's blob ids of the committed files, the family's rows of
+# the baselines, and the versions): a kernel change that rewrites one
+# family's rows (triton_compile --update --family F, UPDATE=1 FAMILY=F
+# version_matrix.sh) re-runs that family alone. The checks are
 # deterministic in their inputs, so a pass for a key holds for every run
 # with that key, and a change to the attention's own files re-runs the
 # attention's checks alone.
@@ -58,12 +63,15 @@ print("python", platform.python_version(), "torch", torch.__version__,
       "triton", triton.__version__)')
 commit=$(git rev-parse HEAD)
 new=$(mktemp)
+mapfile -t baselines < <($PY -m benchmarks.checks.families baseline-files)
 for family in sampler attention; do
   mapfile -t inputs < <($PY -m benchmarks.checks.families inputs $family)
-  key=$({ echo "$family"; git ls-files -s -- "${inputs[@]}"; echo "$versions"; } \
-        | sha256sum | cut -c1-16)
+  # The baselines enter the keys by the family's rows alone.
+  rows=$($PY -m benchmarks.checks.families baselines $family | sha256sum)
+  key=$({ echo "$family"; git ls-files -s -- "${inputs[@]}"; echo "$rows"
+          echo "$versions"; } | sha256sum | cut -c1-16)
   clean=1
-  git diff --quiet HEAD -- "${inputs[@]}" || clean=0
+  git diff --quiet HEAD -- "${inputs[@]}" "${baselines[@]}" || clean=0
   if [ "$clean" = 1 ] && [ "${KERNEL_CHECKS:-recorded}" != always ]; then
     if [ -f "$RECORD" ] && [ "$(sed -n "s/^$family key //p" "$RECORD")" = "$key" ] \
        && git merge-base --is-ancestor "$(sed -n "s/^$family commit //p" "$RECORD")" \
@@ -92,11 +100,11 @@ for family in sampler attention; do
     --out "$logs/triton-compile.json" 2>&1 | tee "$logs/compile.log" | tail -n 5
   # The matrix's own key: its inputs and the signatures just compiled.
   mapfile -t minputs < <($PY -m benchmarks.checks.families matrix-inputs $family)
-  mkey=$({ echo "$family matrix"; git ls-files -s -- "${minputs[@]}"
+  mkey=$({ echo "$family matrix"; git ls-files -s -- "${minputs[@]}"; echo "$rows"
            $PY -m benchmarks.checks.families signatures "$logs/triton-compile.json"; } \
          | sha256sum | cut -c1-16)
   mclean=1
-  git diff --quiet HEAD -- "${minputs[@]}" || mclean=0
+  git diff --quiet HEAD -- "${minputs[@]}" "${baselines[@]}" || mclean=0
   if [ "$mclean" = 1 ] && [ "${KERNEL_CHECKS:-recorded}" != always ] && [ -f "$RECORD" ] \
      && [ "$(sed -n "s/^$family matrix-key //p" "$RECORD")" = "$mkey" ] \
      && git merge-base --is-ancestor "$(sed -n "s/^$family matrix-commit //p" "$RECORD")" \
@@ -145,7 +153,7 @@ done
 # each check's last line. Written when the whole tree's inputs are
 # committed; commit it (alone, or with changes outside the inputs).
 mapfile -t all < <($PY -m benchmarks.checks.families inputs attention)
-if git diff --quiet HEAD -- "${all[@]}"; then
+if git diff --quiet HEAD -- "${all[@]}" "${baselines[@]}"; then
   if ! cmp -s <(grep -v '^#' "$RECORD" 2>/dev/null) "$new"; then
     {
       echo "# Written by .ci/kernel_checks.sh after its checks passed on a clean tree;"

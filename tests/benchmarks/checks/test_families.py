@@ -132,3 +132,34 @@ def test_signatures_are_the_distinct_compiled_ones(tmp_path):
     assert json.loads(lines[0]) == ["m", "k", "sm_80", {"x": "*fp32"}, {"B": "16"}, 4]
     assert main(["signatures", str(path)]) == 0
     assert main(["matrix-inputs", "all"]) == 2 and main(["signatures", "nope.json"]) == 2
+
+
+def test_each_baseline_row_is_one_familys():
+    # Every row of the committed baselines belongs to exactly one family, so
+    # that the families' keys together take all of them.
+    for name in families.BASELINES:
+        rows = json.loads((ROOT / name).read_text())["kernels"]
+        assert rows and all(sum(families.owns(f, row["module"]) for f in FAMILIES) == 1
+                            for row in rows), name
+
+
+def test_a_familys_key_takes_its_own_baseline_rows(tmp_path, monkeypatch):
+    sampler = dict(module="sbm_pyg.sampling.fastrg_triton_kernels", kernel="draw", registers=40)
+    attention = dict(module="sbm_pyg.ops.triton_attention", kernel="forward", registers=40)
+    monkeypatch.setattr(families, "ROOT", tmp_path)
+    (tmp_path / "benchmarks/checks").mkdir(parents=True)
+    pin = tmp_path / families.BASELINES[0]
+
+    def lines(rows):
+        pin.write_text(json.dumps(dict(triton="3.9.0", kernels=rows)))
+        return {f: families.baselines(f) for f in FAMILIES}
+
+    before = lines([sampler, attention])
+    assert before["sampler"] == [families.BASELINES[0], json.dumps(sampler, sort_keys=True),
+                                 *families.BASELINES[1:]]  # absent files: no rows
+    # The attention's rows rewritten: the sampler's key input unchanged.
+    after = lines([sampler, dict(attention, registers=41)])
+    assert after["sampler"] == before["sampler"]
+    assert after["attention"] != before["attention"]
+    assert lines([dict(sampler, registers=41), attention])["sampler"] != before["sampler"]
+    assert main(["baseline-files"]) == 0 and main(["baselines", "all"]) == 2

@@ -1,7 +1,10 @@
 """The ahead-of-time check's rules (benchmarks/checks/triton_compile.py), on made-up
 PTX, sources and compile rows; CI runs the check on the real kernels."""
+import json
+
 import pytest
 
+from benchmarks.checks import triton_compile
 from benchmarks.checks.triton_compile import (
     dots_without_precision,
     f32_params,
@@ -119,3 +122,30 @@ def test_another_triton_is_judged_by_its_own_baseline():
     assert problems([row], [row], spill_free=False) == []
     assert "baseline did not" in problems(
         [row], [dict(row, stack_bytes=0)], spill_free=False)[0]
+
+
+def _module_rows(*modules):
+    return [_row(module=m, kernel=m.rsplit(".", 1)[1], stack_bytes=0) for m in modules]
+
+
+def test_update_of_one_family_keeps_the_other_familys_rows(tmp_path, monkeypatch):
+    # The launches and their compile stubbed: the attention family's
+    # launches reach a sampler kernel too (the layer's tests), whose row the
+    # update must not rewrite.
+    sampler, attention = "sbm_pyg.sampling.fastrg_triton_kernels", "sbm_pyg.ops.triton_attention"
+    old = _module_rows(sampler, attention)
+    new = [dict(r, registers=99) for r in _module_rows(sampler, attention)]
+    monkeypatch.setattr(triton_compile, "record", lambda directory, family: None)
+    monkeypatch.setattr(triton_compile, "load", lambda directory: [{}])
+    monkeypatch.setattr(triton_compile, "compile_parallel", lambda *args: new)
+    monkeypatch.setattr(triton_compile, "kernels", lambda: [])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # main drops it; restored after
+    base = tmp_path / "baseline.json"
+    base.write_text(json.dumps(dict(triton="3.9.0", kernels=old)))
+    assert triton_compile.main(["--update", "--family", "attention", "--baseline",
+                                str(base), "--out", str(base)]) == 0
+    rows = json.loads(base.read_text())["kernels"]
+    assert sorted((r["module"], r["registers"]) for r in rows) == [
+        (attention, 99), (sampler, old[0]["registers"])]
+    assert triton_compile.main(["--update", "--baseline", str(base), "--out", str(base)]) == 0
+    assert [r["registers"] for r in json.loads(base.read_text())["kernels"]] == [99, 99]
