@@ -573,8 +573,8 @@ std::tuple<Tensor, Tensor, Tensor> sparse_attention(
     const Tensor& row_t, const Tensor& q, const Tensor& k, const Tensor& v,
     const std::optional<Tensor>& edge_prob,
     const std::optional<Tensor>& q_block, const std::optional<Tensor>& k_memb,
-    double scale, int64_t ste, bool weights, int64_t dropout_seed,
-    int64_t dropout_threshold) {
+    double scale, int64_t ste, bool weights,
+    const std::optional<Tensor>& dropout_seed, int64_t dropout_threshold) {
   (void)edge_prob;
   (void)ste;
   check_graph(rowptr, col, colptr, row_t, q, k, v);
@@ -584,10 +584,12 @@ std::tuple<Tensor, Tensor, Tensor> sparse_attention(
   Tensor alpha = at::empty({weights ? E : 0}, q.options());
   Tensor lse = at::empty({R}, q.options());
   const auto bounds = chunks(rowptr.data_ptr<int32_t>(), R);
+  const int64_t seed = seed_value(dropout_seed, dropout_threshold > 0,
+                                  "sbm_pyg::sparse_attention", "dropout_seed");
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention", [&] {
     using T = scalar_t;
     Args<T> a = graph_args<T>(rowptr, col, colptr, row_t, q, k, v, scale,
-                              dropout_seed, dropout_threshold);
+                              seed, dropout_threshold);
     a.o = out.data_ptr<T>();
     a.alpha = weights ? alpha.data_ptr<T>() : nullptr;
     a.lse_out = lse.data_ptr<T>();
@@ -604,7 +606,8 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
                           const Tensor& grad_out,
                           const std::optional<Tensor>& q_block,
                           const std::optional<Tensor>& k_memb, double scale,
-                          int64_t ste, int64_t dropout_seed,
+                          int64_t ste,
+                          const std::optional<Tensor>& dropout_seed,
                           int64_t dropout_threshold,
                           const std::optional<Tensor>& grad_lse) {
   check_graph(rowptr, col, colptr, row_t, q, k, v);
@@ -636,10 +639,13 @@ sparse_attention_backward(const Tensor& rowptr, const Tensor& col,
   Tensor delta = at::empty({R}, q.options());
   const auto row_bounds = chunks(rowptr.data_ptr<int32_t>(), R);
   const auto col_bounds = chunks(colptr.data_ptr<int32_t>(), C);
+  const int64_t seed =
+      seed_value(dropout_seed, dropout_threshold > 0,
+                 "sbm_pyg::sparse_attention_backward", "dropout_seed");
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_backward", [&] {
     using T = scalar_t;
     Args<T> a = graph_args<T>(rowptr, col, colptr, row_t, q, k, v, scale,
-                              dropout_seed, dropout_threshold);
+                              seed, dropout_threshold);
     a.out = out.data_ptr<T>();
     a.lse = lse.data_ptr<T>();
     a.dout = grad_out.data_ptr<T>();

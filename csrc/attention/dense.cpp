@@ -352,11 +352,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dense_attention(
     const Tensor& ptr_q, const Tensor& ptr_k, const Tensor& inc_ptr,
     const Tensor& inc_col, const Tensor& q_, const Tensor& k_,
     const Tensor& v_, const Tensor& q_block_, const Tensor& k_memb_,
-    int64_t heads, double delta, bool exact, bool self_loops, int64_t seed,
-    double scale, int64_t ste, int64_t dropout_seed,
-    int64_t dropout_threshold, int64_t precision, int64_t mask_bytes) {
+    int64_t heads, double delta, bool exact, bool self_loops,
+    const Tensor& seed_, double scale, int64_t ste,
+    const std::optional<Tensor>& dropout_seed_, int64_t dropout_threshold,
+    int64_t precision, int64_t mask_bytes) {
   (void)ste;  // the estimator acts in backward; an argument for autograd
   check_precision("sbm_pyg::dense_attention", precision);
+  const int64_t seed =
+      seed_value(seed_, true, "sbm_pyg::dense_attention", "seed");
+  const int64_t dropout_seed =
+      seed_value(dropout_seed_, dropout_threshold > 0,
+                 "sbm_pyg::dense_attention", "dropout_seed");
   // The products below are this op's kernels, not autograd's business (on
   // every thread: a dispatch guard would hold on this one only).
   const Tensor q = q_.detach(), k = k_.detach(), v = v_.detach(),
@@ -423,9 +429,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> dense_attention_backward(
     const Tensor& k_, const Tensor& v_, const Tensor& q_block_,
     const Tensor& k_memb_, const Tensor& mask, const Tensor& out_,
     const Tensor& lse_, const Tensor& grad_out_, int64_t heads, double scale,
-    int64_t ste, int64_t dropout_seed, int64_t dropout_threshold,
-    int64_t precision, const std::optional<Tensor>& grad_lse) {
+    int64_t ste, const std::optional<Tensor>& dropout_seed_,
+    int64_t dropout_threshold, int64_t precision,
+    const std::optional<Tensor>& grad_lse) {
   check_precision("sbm_pyg::dense_attention_backward", precision);
+  const int64_t dropout_seed =
+      seed_value(dropout_seed_, dropout_threshold > 0,
+                 "sbm_pyg::dense_attention_backward", "dropout_seed");
   const Tensor q = q_.detach(), k = k_.detach(), v = v_.detach(),
                q_block = q_block_.detach(), k_memb = k_memb_.detach(),
                out = out_.detach(), lse = lse_.detach(),

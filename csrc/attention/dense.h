@@ -26,9 +26,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dense_attention(
     const at::Tensor& inc_ptr, const at::Tensor& inc_col, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_block,
     const at::Tensor& k_memb, int64_t heads, double delta, bool exact,
-    bool self_loops, int64_t seed, double scale, int64_t ste,
-    int64_t dropout_seed, int64_t dropout_threshold, int64_t precision,
-    int64_t mask_bytes);
+    bool self_loops, const at::Tensor& seed, double scale, int64_t ste,
+    const std::optional<at::Tensor>& dropout_seed, int64_t dropout_threshold,
+    int64_t precision, int64_t mask_bytes);
 
 // grad_q, grad_k, grad_v and, with an estimator (ste != 0), the membership
 // gradients grad_q_block [R, K] and grad_k_memb [C, K] (else empty).
@@ -39,7 +39,8 @@ dense_attention_backward(const at::Tensor& ptr_q, const at::Tensor& ptr_k,
                          const at::Tensor& k_memb, const at::Tensor& mask,
                          const at::Tensor& out, const at::Tensor& lse,
                          const at::Tensor& grad_out, int64_t heads,
-                         double scale, int64_t ste, int64_t dropout_seed,
+                         double scale, int64_t ste,
+                         const std::optional<at::Tensor>& dropout_seed,
                          int64_t dropout_threshold, int64_t precision,
                          const std::optional<at::Tensor>& grad_lse);
 

@@ -53,9 +53,6 @@ def validate_static(args) -> None:
     if capacity is not None and ((capacity != "auto" and capacity < 1)
                                  or args.attention != "sbm"):
         raise ValueError("--capacity must be >= 1 or 'auto' and needs --attention sbm")
-    if capacity is not None and getattr(args, "attn_dropout", 0.0) > 0:
-        raise ValueError("--capacity (static shapes) takes no --attn-dropout: the "
-                         "static call's kernel has none yet")
     if compiling and (capacity is None or args.task == "listops"):
         raise ValueError("--compile needs --attention sbm (its layers at static "
                          "shapes, --capacity, 'auto' by default) and a task "

@@ -51,6 +51,10 @@ class Call(NamedTuple):
     # The sink's logits: [H], or one per heads-first row (a mixed batch's
     # dense pairs, as one head).
     sink: Optional[Tensor] = None
+    # A static call's dropout seed, on the device (its sampler's seed: the
+    # dropout's row streams are of their own purpose), so that nothing is
+    # drawn on the host; None: drawn from the generator.
+    dropout_seed: Optional[Tensor] = None
 
 
 class Part(NamedTuple):
@@ -88,7 +92,8 @@ def attend_graph(call: Call, graph: SampledGraph, attention: str
     res = sparse_attention(call.query, call.key, call.value, graph, None,
                            call.options.dropout, call.training,
                            ste=ste or "paper", generator=call.generator,
-                           backend=attention, sbm=sbm, sink=call.sink,
+                           dropout_seed=call.dropout_seed, backend=attention,
+                           sbm=sbm, sink=call.sink,
                            return_attention_weights=call.need_alpha)
     if isinstance(res, tuple):  # with the weights
         return res[0], res[1]

@@ -70,7 +70,8 @@ def static_attention(tensors: Tuple[Tensor, ...], ptr_q: PtrLike,
     raise_on_device(checks + sampled.checks + [(sampled.above_one, ABOVE_ONE)])
     call = Call(query, key, value, q_memb, block, k_memb, ptr_q, ptr_k,
                 include_edges, opts, requests["training"], requests["need_graph"],
-                requests["need_alpha"], None, None, [], None, requests["sink"])
+                requests["need_alpha"], None, None, [], None, requests["sink"],
+                dropout_seed=seed)
     out, alpha = attend_graph(call, sampled.graph, attention)
     graph = None
     if requests["need_graph"]:  # the valid edges, as the other paths give them

@@ -19,6 +19,7 @@ from torch import Tensor
 from sbm_pyg.nn.block_model import _per_chunk, _row_chunks
 from sbm_pyg.ops.backend_info import resolve_backend
 from sbm_pyg.ops.csr import full_precision, heads_first, nodes_first
+from sbm_pyg.ops.dropout import as_seed
 from sbm_pyg.ops.fused_attention import fused_attention
 from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.ops.torch_attention import SDDMM, SDDMMGradOnly, SparseAttention
@@ -124,6 +125,7 @@ def sparse_attention(
     *,
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
+    dropout_seed: Union[int, Tensor, None] = None,
     return_attention_weights: Literal[False] = False,
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
@@ -144,6 +146,7 @@ def sparse_attention(
     *,
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
+    dropout_seed: Union[int, Tensor, None] = None,
     return_attention_weights: Literal[True],
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
@@ -164,6 +167,7 @@ def sparse_attention(
     *,
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
+    dropout_seed: Union[int, Tensor, None] = None,
     return_attention_weights: bool = False,
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
@@ -172,7 +176,7 @@ def sparse_attention(
     pass
 
 
-def sparse_attention(
+def sparse_attention(  # noqa: PLR0913
     query: Tensor,
     key: Tensor,
     value: Tensor,
@@ -183,6 +187,7 @@ def sparse_attention(
     *,
     ste: str = "paper",
     generator: Optional[torch.Generator] = None,
+    dropout_seed: Union[int, Tensor, None] = None,
     return_attention_weights: bool = False,
     backend: Optional[str] = "auto",
     sbm: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
@@ -253,6 +258,11 @@ def sparse_attention(
         generator (torch.Generator, optional): source of the dropout
             mask's seed (the mask is a function of it and each edge,
             :mod:`sbm_pyg.ops.dropout`: the same on every backend).
+        dropout_seed (int or Tensor, optional): the mask's seed itself,
+            instead of a draw from :obj:`generator`: a one-element int64
+            tensor on the device, which the kernels read there (what a
+            static call passes: nothing drawn on the host, so that a
+            captured graph draws a new one each replay), or an int.
         return_attention_weights (bool): also return :math:`\alpha`
             :obj:`[E]` in edge order (before dropout).
         backend (str, optional): :obj:`"cpp"`, the fused kernel of the
@@ -321,7 +331,10 @@ def sparse_attention(
     scale = 1.0 / math.sqrt(D)
     q, k, v = heads_first(query), heads_first(key), heads_first(value)
     # One draw from the generator, on the host (no sync): the mask's seed.
-    seed = stream_seed(generator, query.device) if dropout > 0 else 0
+    seed: Union[int, Tensor] = 0
+    if dropout > 0:
+        seed = (stream_seed(generator, query.device) if dropout_seed is None
+                else as_seed("dropout_seed", dropout_seed, query.device))
     factors = None if sbm is None else sbm_factors(
         sbm, torch.float64 if query.dtype == torch.float64 else torch.float32)
     flat, alpha, lse = edge_attention(graph, q, k, v, edge_prob, factors, scale,
@@ -384,7 +397,8 @@ def sbm_factors(sbm: Tuple[Tensor, Tensor, Tensor], dtype: torch.dtype
 def edge_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                    edge_prob: Optional[Tensor],
                    factors: Optional[Tuple[Tensor, Tensor]], scale: float,
-                   ste: str, weights: bool, dropout: float, dropout_seed: int,
+                   ste: str, weights: bool, dropout: float,
+                   dropout_seed: Union[int, Tensor],
                    backend: str) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     r"""The attention over :obj:`graph`'s edges on the resolved
     :obj:`backend`'s kernel, heads-first (:obj:`q` :obj:`[H * N_q, D]`,
@@ -408,7 +422,8 @@ def edge_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
 def _torch_attention(graph: SampledGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      factors: Optional[Tuple[Tensor, Tensor]],
-                     scale: float, dropout: float, dropout_seed: int,
+                     scale: float, dropout: float,
+                     dropout_seed: Union[int, Tensor],
                      ste: str) -> Tuple[Tensor, Tensor, Tensor]:
     if factors is not None:  # zeros with edge_probability's backward
         edge_prob = SDDMMGradOnly.apply(graph.csr, *factors)
@@ -456,7 +471,7 @@ def _fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                      edge_prob: Optional[Tensor],
                      factors: Optional[Tuple[Tensor, Tensor]],
                      scale: float, ste: str, weights: bool, dropout: float,
-                     dropout_seed: int, triton: bool,
+                     dropout_seed: Union[int, Tensor], triton: bool,
                      triton_on_cpu: bool) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     # The kernels compute in float32 or float64. The Triton kernels read
     # half precision rows as they are, half the bytes of each gathered row;

@@ -115,7 +115,9 @@ class SBMAttentionOptions:
             :obj:`"triton"` sampler (a static call samples a GPU's graph
             with :func:`~sbm_pyg.sampling.fastrg_static`'s :obj:`"torch"`
             backend; :obj:`"auto"` takes its :obj:`"cpp"` one on the CPU),
-            and dropout, each refused by name; :obj:`max_edges` bounds the
+            each refused by name; dropout's seed is the sampler's, on the
+            device (its streams are of their own purpose, so the mask is
+            independent of the graph); :obj:`max_edges` bounds the
             capacity (refused above it: the draws past the capacity
             overflow, where the default route would raise). With
             :obj:`sparse_memberships` a static call keeps all :math:`k`
@@ -178,7 +180,6 @@ class SBMAttentionOptions:
                              f"({self.max_edges}): a static call's buffers hold "
                              f"capacity draws, so max_edges bounds it")
         refused = dict(attention_backend=self.attention_backend in ("dense", "tiles", "torch"),
-                       dropout=self.dropout > 0,
                        sampler_backend=self.sampler_backend == "triton")
         for name, bad in refused.items():
             if bad:

@@ -35,12 +35,12 @@ also registered for CPU tensors as the twin operators
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from sbm_pyg.ops.dropout import dropout_threshold
+from sbm_pyg.ops.dropout import as_seed, dropout_arguments
 from sbm_pyg.ops.library import OpSpec, define_autograd_ops
 from sbm_pyg.ops.torch_attention import STE_CODES
 
@@ -49,14 +49,14 @@ __all__ = ["DenseAttention", "PRECISION_CODES", "dense_attention",
 
 _SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor inc_ptr, Tensor inc_col, "
            "Tensor q, Tensor k, Tensor v, Tensor q_block, Tensor k_memb, "
-           "int heads, float delta, bool exact, bool self_loops, int seed, "
-           "float scale, int ste, int dropout_seed=0, "
+           "int heads, float delta, bool exact, bool self_loops, Tensor seed, "
+           "float scale, int ste, Tensor? dropout_seed=None, "
            "int dropout_threshold=0, int precision=0, int mask_bytes=-1) -> "
            "(Tensor, Tensor, Tensor, Tensor)")
 _BACKWARD_SCHEMA = ("(Tensor ptr_q, Tensor ptr_k, Tensor q, Tensor k, "
                     "Tensor v, Tensor q_block, Tensor k_memb, Tensor mask, "
                     "Tensor out, Tensor lse, Tensor grad_out, int heads, "
-                    "float scale, int ste, int dropout_seed=0, "
+                    "float scale, int ste, Tensor? dropout_seed=None, "
                     "int dropout_threshold=0, int precision=0, "
                     "Tensor? grad_lse=None) -> (Tensor, Tensor, Tensor, Tensor, "
                     "Tensor)")
@@ -126,11 +126,13 @@ def mask_keys(mask: Tensor, ptr_q: Tensor, ptr_k: Tensor, heads: int
 
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
                     k_memb: Tensor, ptr_q: Tensor, ptr_k: Tensor, *,
-                    heads: int, scale: float, seed: int, mode: str = "exact",
+                    heads: int, scale: float, seed: Union[int, Tensor],
+                    mode: str = "exact",
                     exploration: float = 0.0, self_loops: bool = False,
                     included: Optional[Tuple[Tensor, Tensor]] = None,
                     ste: Optional[str] = "paper", dropout: float = 0.0,
-                    dropout_seed: int = 0, precision: str = "ieee",
+                    dropout_seed: Union[int, Tensor, None] = None,
+                    precision: str = "ieee",
                     mask_bytes: Optional[int] = None,
                     triton_on_cpu: bool = False) -> DenseAttention:
     r"""Samples the SBM's mask of every (sequence, head) and computes the
@@ -154,8 +156,11 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
         ptr_k (LongTensor): :obj:`[G + 1]` sequences of the keys.
         heads (int): :math:`H`.
         scale (float): the scores' factor.
-        seed (int): the row streams' seed
-            (:func:`~sbm_pyg.sampling.fastrg_op.stream_seed`).
+        seed (int or Tensor): the row streams' seed, in :math:`[0,
+            2^{62})` (:func:`~sbm_pyg.sampling.fastrg_op.stream_seed`): a
+            one-element int64 tensor on the device, which the kernels read
+            there (a captured graph draws a new one each replay), or an int
+            (:func:`~sbm_pyg.ops.dropout.as_seed`).
         mode (str): :obj:`"exact"` or :obj:`"poisson"`.
         exploration (float): :math:`\delta`.
         self_loops (bool): query :math:`i` always attends to key :math:`i`.
@@ -166,7 +171,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
         dropout (float): dropout on the attention weights, by counter
             (:mod:`sbm_pyg.ops.dropout`): the sparse kernels' mask for the
             same seed and (row, column).
-        dropout_seed (int): its seed.
+        dropout_seed (int or Tensor, optional): its seed, as
+            :obj:`seed`; needed with :obj:`dropout`.
         precision (str): the GPU kernels' products for float32 inputs:
             :obj:`"ieee"` (exact float32 products, no tensor cores),
             :obj:`"tf32"`, :obj:`"bfloat16"` or :obj:`"float16"` (on tensor
@@ -198,12 +204,14 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, q_block: Tensor,
     """
     inc_ptr, inc_col = included if included is not None else (
         ptr_q.new_empty(0), ptr_q.new_empty(0))
+    drop_seed, threshold = dropout_arguments(dropout, dropout_seed, q.device)
     op = (torch.ops.sbm_pyg.triton_dense_attention if triton_on_cpu
           else torch.ops.sbm_pyg.dense_attention)
     out, lse, mask, edges = op(
         ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb, heads,
-        float(exploration), mode == "exact", self_loops, seed, float(scale),
-        STE_CODES[ste], int(dropout_seed), dropout_threshold(dropout),
+        float(exploration), mode == "exact", self_loops,
+        as_seed("seed", seed, q.device), float(scale), STE_CODES[ste],
+        drop_seed, threshold,
         _precision_code(precision), -1 if mask_bytes is None else int(mask_bytes))
     return DenseAttention(out, edges, mask, lse)
 
@@ -217,7 +225,7 @@ def _precision_code(precision: str) -> int:
 
 def _fake_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb,
                   heads, delta, exact, self_loops, seed, scale, ste,
-                  dropout_seed=0, dropout_threshold=0, precision=0, mask_bytes=-1):
+                  dropout_seed=None, dropout_threshold=0, precision=0, mask_bytes=-1):
     size = (mask_bytes if mask_bytes >= 0
             else torch.library.get_ctx().new_dynamic_size())
     return (q.new_empty(q.size(0), v.size(1)), q.new_empty(q.size(0)),
@@ -226,7 +234,7 @@ def _fake_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block, k_memb,
 
 
 def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
-                   grad_out, heads, scale, ste, dropout_seed=0,
+                   grad_out, heads, scale, ste, dropout_seed=None,
                    dropout_threshold=0, precision=0, grad_lse=None):
     memb = (torch.empty_like(q_block), torch.empty_like(k_memb)) if ste else (
         q.new_empty(0), q.new_empty(0))
@@ -236,7 +244,7 @@ def _fake_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
 
 def _triton_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
                     k_memb, heads, delta, exact, self_loops, seed, scale, ste,
-                    dropout_seed=0, dropout_threshold=0, precision=0, mask_bytes=-1):
+                    dropout_seed=None, dropout_threshold=0, precision=0, mask_bytes=-1):
     from sbm_pyg.ops.triton_dense import dense_forward
     _check("sbm_pyg::dense_attention", q, k, v, q_block, k_memb, heads,
            precision)
@@ -246,7 +254,7 @@ def _triton_forward(ptr_q, ptr_k, inc_ptr, inc_col, q, k, v, q_block,
 
 
 def _triton_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
-                     grad_out, heads, scale, ste, dropout_seed=0,
+                     grad_out, heads, scale, ste, dropout_seed=None,
                      dropout_threshold=0, precision=0, grad_lse=None):
     from sbm_pyg.ops.triton_dense import dense_backward
     _check("sbm_pyg::dense_attention_backward", q, k, v, q_block, k_memb,
@@ -282,12 +290,12 @@ def _setup_context(ctx, inputs, output) -> None:
     # The dispatcher leaves out trailing arguments at their defaults.
     (ptr_q, ptr_k, _, _, q, k, v, q_block, k_memb, heads, _, _, _, _, scale,
      ste, dropout_seed, dropout_threshold, precision,
-     _) = tuple(inputs) + (0, 0, 0, -1)[len(inputs) - 16:]
+     _) = tuple(inputs) + (None, 0, 0, -1)[len(inputs) - 16:]
     out, lse, mask, _ = output
     ctx.save_for_backward(ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
-                          lse)
+                          lse, dropout_seed)
     ctx.heads, ctx.scale, ctx.ste = heads, scale, ste
-    ctx.rest = (dropout_seed, dropout_threshold, precision)
+    ctx.rest = (dropout_threshold, precision)
     ctx.set_materialize_grads(False)
 
 
@@ -297,7 +305,7 @@ def _autograd(backward_op):
         if grad_out is None and grad_lse is None:  # no part in the loss
             return (None,) * 20
         (ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out,
-         lse) = ctx.saved_tensors
+         lse, dropout_seed) = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(out)
         if grad_lse is not None:  # an attention sink's
@@ -306,8 +314,8 @@ def _autograd(backward_op):
         ste = ctx.ste if need[7] or need[8] else 0
         dq, dk, dv, dqb, dkm = backward_op(
             ptr_q, ptr_k, q, k, v, q_block, k_memb, mask, out, lse,
-            grad_out.contiguous(), ctx.heads, ctx.scale, ste, *ctx.rest,
-            grad_lse)
+            grad_out.contiguous(), ctx.heads, ctx.scale, ste, dropout_seed,
+            *ctx.rest, grad_lse)
         return (None, None, None, None, dq if need[4] else None,
                 dk if need[5] else None, dv if need[6] else None,
                 dqb if need[7] and ste else None,

@@ -16,11 +16,13 @@ rounding.
 from __future__ import annotations
 
 import math
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["DROPOUT_STREAM", "dropout_threshold", "keep_scale", "dropout_keep"]
+__all__ = ["DROPOUT_STREAM", "as_seed", "dropout_arguments",
+           "dropout_threshold", "kernel_seed", "keep_scale", "dropout_keep"]
 
 #: The purpose of the rows' dropout streams (0, 1: the sampler's degree and
 #: draws).
@@ -37,6 +39,52 @@ def dropout_threshold(p: float) -> int:
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {p}")
     return math.ceil(p * 2.0**53)
+
+
+def as_seed(name: str, seed: Union[int, Tensor], device: torch.device) -> Tensor:
+    r"""A seed as the kernels take it: a one-element int64 tensor on
+    :obj:`device`, which they read there (never on the host, so that a
+    captured graph can draw a new one each replay). A Python int in
+    :math:`[0, 2^{62})` is filled into one (no host read); anything else
+    raises a :class:`TypeError` or :class:`ValueError` naming :obj:`name`."""
+    if isinstance(seed, Tensor):
+        if not (seed.numel() == 1 and seed.dtype == torch.int64
+                and seed.device == device):
+            raise TypeError(f"{name} must be a one-element int64 tensor on "
+                            f"{device}, got a {seed.dtype} tensor of shape "
+                            f"{tuple(seed.shape)} on {seed.device}")
+        return seed.reshape(())
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"{name} must be an int or a one-element int64 "
+                        f"tensor, got {type(seed).__name__}")
+    if not 0 <= seed < 2**62:
+        raise ValueError(f"{name} must lie in [0, 2^62), got {seed}")
+    return torch.full((), seed, dtype=torch.int64, device=device)
+
+
+def dropout_arguments(p: float, seed: Union[int, Tensor, None],
+                      device: torch.device) -> Tuple[Optional[Tensor], int]:
+    r"""The kernels' dropout arguments for probability :obj:`p`: the seed
+    (:func:`as_seed`; :obj:`None` without dropout) and the threshold
+    (:func:`dropout_threshold`). Dropout needs a seed: a
+    :class:`ValueError` without one."""
+    threshold = dropout_threshold(p)
+    if not threshold:
+        return None, 0
+    if seed is None:
+        raise ValueError("dropout > 0 needs its dropout_seed")
+    return as_seed("dropout_seed", seed, device), threshold
+
+
+def kernel_seed(seed: Optional[Tensor], threshold: int, unused: Tensor) -> Tensor:
+    r"""The dropout seed's argument of a Triton kernel: :obj:`seed`, or,
+    without dropout (:obj:`threshold` 0), :obj:`unused`, a pointer the
+    kernel never reads."""
+    if threshold > 0:
+        if seed is None:
+            raise ValueError("attention dropout needs its dropout_seed")
+        return seed
+    return unused
 
 
 def keep_scale(threshold: int) -> float:
@@ -62,12 +110,14 @@ def _mix64(z: Tensor) -> Tensor:
     return z ^ _shr(z, 31)
 
 
-def dropout_keep(seed: int, rows: Tensor, cols: Tensor, threshold: int) -> Tensor:
+def dropout_keep(seed: Union[int, Tensor], rows: Tensor, cols: Tensor,
+                 threshold: int) -> Tensor:
     r"""Whether the weights of pairs :obj:`(rows, cols)` are kept under
     dropout :obj:`seed` and :obj:`threshold` (:func:`dropout_threshold`).
 
     Args:
-        seed (int): the forward's dropout seed, in :math:`[0, 2^{62})`.
+        seed (int or Tensor): the forward's dropout seed, in :math:`[0,
+            2^{62})` (a one-element int64 tensor: read on its device).
         rows (Tensor): row of each pair (integer, any shape).
         cols (Tensor): column of each pair, the shape of :obj:`rows`.
         threshold (int): from :func:`dropout_threshold`.
@@ -78,7 +128,11 @@ def dropout_keep(seed: int, rows: Tensor, cols: Tensor, threshold: int) -> Tenso
     rows, cols = rows.long(), cols.long()
     with torch.no_grad():
         # Rng(seed, row, purpose).state, then its output at counter c + 1.
+        if isinstance(seed, Tensor):
+            seed = seed.reshape(())
+        else:
+            seed = _signed(seed)
         state = _mix64(_mix64(rows * 4 + _signed((DROPOUT_STREAM + _STREAM)
-                                                 % 2**64)) ^ _signed(seed))
+                                                 % 2**64)) ^ seed)
         bits = _mix64(state + (cols + 1) * _signed(_GOLDEN))
         return _shr(bits, 11) >= threshold

@@ -26,13 +26,13 @@ fake kernels.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from sbm_pyg.ops.csr import row_index, sddmm
-from sbm_pyg.ops.dropout import dropout_threshold
+from sbm_pyg.ops.dropout import dropout_arguments
 from sbm_pyg.ops.graph import CSRGraph
 from sbm_pyg.ops.library import OpSpec, define_autograd_ops
 from sbm_pyg.ops.torch_attention import STE_CODES
@@ -43,13 +43,14 @@ _GRAPH = "Tensor rowptr, Tensor col, Tensor colptr, Tensor row_t"
 _SCHEMAS = {
     "": (f"({_GRAPH}, Tensor q, Tensor k, Tensor v, Tensor? edge_prob, "
          "Tensor? q_block, Tensor? k_memb, float scale, int ste, "
-         "bool weights, int dropout_seed=0, int dropout_threshold=0) -> "
+         "bool weights, Tensor? dropout_seed=None, int dropout_threshold=0) -> "
          "(Tensor, Tensor, Tensor)"),
     "_backward": (f"({_GRAPH}, Tensor q, Tensor k, Tensor v, Tensor out, "
                   "Tensor lse, Tensor grad_out, Tensor? q_block, "
-                  "Tensor? k_memb, float scale, int ste, int dropout_seed=0, "
-                  "int dropout_threshold=0, Tensor? grad_lse=None) -> (Tensor, "
-                  "Tensor, Tensor, Tensor, Tensor, Tensor)"),
+                  "Tensor? k_memb, float scale, int ste, "
+                  "Tensor? dropout_seed=None, int dropout_threshold=0, "
+                  "Tensor? grad_lse=None) -> (Tensor, Tensor, Tensor, Tensor, "
+                  "Tensor, Tensor)"),
 }
 _STE_NAMES = {code: name for name, code in STE_CODES.items()}
 
@@ -59,7 +60,8 @@ def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                     q_block: Optional[Tensor] = None,
                     k_memb: Optional[Tensor] = None, *, scale: float,
                     ste: Optional[str] = "paper", weights: bool = False,
-                    dropout: float = 0.0, dropout_seed: int = 0,
+                    dropout: float = 0.0,
+                    dropout_seed: Union[int, Tensor, None] = None,
                     triton_on_cpu: bool = False,
                     ) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     r"""Softmax attention over the nonzeros of a CSR matrix, differentiable,
@@ -90,7 +92,11 @@ def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
             (:mod:`sbm_pyg.ops.dropout`): the mask is a function of
             :obj:`dropout_seed` and each edge's (row, column), which the
             backward recomputes.
-        dropout_seed (int): the mask's seed, in :math:`[0, 2^{62})`.
+        dropout_seed (int or Tensor, optional): the mask's seed, in
+            :math:`[0, 2^{62})`, needed with :obj:`dropout`: a one-element
+            int64 tensor on :obj:`q`'s device, which the kernels read there
+            (never on the host: a captured graph draws a new one each
+            replay), or an int (:func:`~sbm_pyg.ops.dropout.as_seed`).
         triton_on_cpu (bool): run the Triton kernels on CPU tensors (the
             twin operator, only under ``TRITON_INTERPRET=1``).
 
@@ -101,17 +107,17 @@ def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
         rows), is, as an attention sink needs
         (:func:`~sbm_pyg.nn.functional.sparse_attention`).
     """
+    seed, threshold = dropout_arguments(dropout, dropout_seed, q.device)
     op = (torch.ops.sbm_pyg.triton_sparse_attention if triton_on_cpu
           else torch.ops.sbm_pyg.sparse_attention)
     out, alpha, lse = op(graph.rowptr, graph.col, graph.colptr, graph.row_t(),
                          q, k, v, edge_prob, q_block, k_memb, float(scale),
-                         STE_CODES[ste], weights, int(dropout_seed),
-                         dropout_threshold(dropout))
+                         STE_CODES[ste], weights, seed, threshold)
     return out, alpha.detach() if weights else None, lse
 
 
 def _triton_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
-                    k_memb, scale, ste, weights, dropout_seed=0,
+                    k_memb, scale, ste, weights, dropout_seed=None,
                     dropout_threshold=0):
     from sbm_pyg.ops.triton_attention import attention_forward
     out, lse = attention_forward(rowptr, col, q, k, v, scale, dropout_seed,
@@ -128,7 +134,7 @@ def _triton_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
 
 
 def _triton_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
-                     q_block, k_memb, scale, ste, dropout_seed=0,
+                     q_block, k_memb, scale, ste, dropout_seed=None,
                      dropout_threshold=0, grad_lse=None):
     from sbm_pyg.ops.triton_attention import attention_backward
     dq, dk, dv, dprob, dqb, dkm = attention_backward(
@@ -147,7 +153,7 @@ def _accumulation(q: Tensor) -> torch.dtype:
 
 
 def _fake_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
-                  k_memb, scale, ste, weights, dropout_seed=0,
+                  k_memb, scale, ste, weights, dropout_seed=None,
                   dropout_threshold=0):
     return (v.new_empty(q.size(0), v.size(1)),
             q.new_empty(col.size(0) if weights else 0),
@@ -155,7 +161,7 @@ def _fake_forward(rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block,
 
 
 def _fake_backward(rowptr, col, colptr, row_t, q, k, v, out, lse, grad_out,
-                   q_block, k_memb, scale, ste, dropout_seed=0,
+                   q_block, k_memb, scale, ste, dropout_seed=None,
                    dropout_threshold=0, grad_lse=None):
     memb = q_block is not None
     empty = q.new_empty(0)
@@ -170,12 +176,11 @@ def _setup_context(ctx, inputs, output) -> None:
     # The dispatcher leaves out trailing arguments at their defaults.
     (rowptr, col, colptr, row_t, q, k, v, edge_prob, q_block, k_memb, scale,
      ste, weights, dropout_seed, dropout_threshold) = (
-        tuple(inputs) + (0, 0)[len(inputs) - 13:])
+        tuple(inputs) + (None, 0)[len(inputs) - 13:])
     out, _, lse = output
     ctx.save_for_backward(rowptr, col, colptr, row_t, q, k, v, out, lse,
-                          q_block, k_memb)
-    ctx.scale, ctx.ste = scale, ste
-    ctx.dropout = (dropout_seed, dropout_threshold)
+                          q_block, k_memb, dropout_seed)
+    ctx.scale, ctx.ste, ctx.threshold = scale, ste, dropout_threshold
     # No zeros [E] for the gradient of alpha, which is never used.
     ctx.set_materialize_grads(False)
 
@@ -186,7 +191,7 @@ def _autograd(backward_op):
         if grad_out is None and grad_lse is None:  # no part in the loss
             return (None,) * 15
         (rowptr, col, colptr, row_t, q, k, v, out, lse, q_block,
-         k_memb) = ctx.saved_tensors
+         k_memb, dropout_seed) = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(out)
         if grad_lse is not None:  # an attention sink's: in lse's dtype
@@ -197,8 +202,8 @@ def _autograd(backward_op):
         dq, dk, dv, dprob, dqb, dkm = backward_op(
             rowptr, col, colptr, row_t, q, k, v, out, lse,
             grad_out.contiguous(), q_block if want_memb else None,
-            k_memb if want_memb else None, ctx.scale, ste, *ctx.dropout,
-            grad_lse)
+            k_memb if want_memb else None, ctx.scale, ste, dropout_seed,
+            ctx.threshold, grad_lse)
         return (None, None, None, None, dq if need[4] else None,
                 dk if need[5] else None, dv if need[6] else None,
                 dprob if want_prob else None, dqb if need[8] else None,

@@ -7,7 +7,7 @@ The graph argument is a :class:`~sbm_pyg.ops.graph.CSRGraph` (a
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -95,7 +95,8 @@ class SparseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                 edge_prob: Optional[Tensor], scale: float, dropout: float,
-                dropout_seed: int, ste: str) -> Tuple[Tensor, Tensor, Tensor]:
+                dropout_seed: Union[int, Tensor], ste: str
+                ) -> Tuple[Tensor, Tensor, Tensor]:
         rowptr, col = graph.rowptr, graph.col
         score = sddmm(rowptr, col, q, k, scale)  # [E]
         # The segment softmax, with each row's log-sum-exp kept.

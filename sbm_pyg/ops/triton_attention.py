@@ -38,7 +38,7 @@ try:
 except ImportError:  # triton is optional: the PyTorch path is the fallback
     triton = None
 
-from sbm_pyg.ops.dropout import DROPOUT_STREAM
+from sbm_pyg.ops.dropout import DROPOUT_STREAM, kernel_seed
 from sbm_pyg.ops.torch_attention import STE_CODES
 
 if triton is not None:
@@ -78,16 +78,21 @@ if triton is not None:
         scale = 9007199254740992.0 / (9007199254740992 - threshold).to(tl.float64)
         return tl.where((b >> 11) >= threshold.to(tl.uint64), scale.to(ACC), 0.0)
 
-    # The dropout's seed and threshold change from call to call: typed,
-    # not specialized on their values.
-    @triton.jit(do_not_specialize=["DSeed", "DThr"])
-    def _forward_kernel(Q, K, V, Out, Lse, rowptr, col, Scale, DSeed: tl.int64, DThr: tl.int64,
+    # The dropout's threshold changes from call to call: typed, not
+    # specialized on its value. Its seed is read from the device (DSeed
+    # points to it, read only under DROP), so that a captured graph can
+    # draw a new one each replay.
+    @triton.jit(do_not_specialize=["DThr"])
+    def _forward_kernel(Q, K, V, Out, Lse, rowptr, col, Scale, DSeed, DThr: tl.int64,
                         D: tl.constexpr, DV: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                         BLOCK: tl.constexpr, ACC: tl.constexpr,
                         DROP: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         scale = tl.load(Scale)
+        dseed = 0
+        if DROP:  # once a row, not once an edge block
+            dseed = tl.load(DSeed)
         # int64 edge offsets: an int32 block start plus arange(BLOCK) wraps
         # negative near 2^31 - 1 edges, which the int32 CSR admits. (The
         # arange is widened too: the interpreter's loop variable is a
@@ -113,7 +118,7 @@ if triton is not None:
             v = _rows(V, c, live, dv, DV, ACC)
             w = p
             if DROP:
-                w = p * _keep(DSeed, DThr, r, c, ACC)
+                w = p * _keep(dseed, DThr, r, c, ACC)
             acc = acc * rescale + tl.sum(w[:, None] * v, 0)
             norm = norm * rescale + tl.sum(p, 0)
             m = m_new
@@ -132,11 +137,13 @@ if triton is not None:
             return ds * s
         return tl.minimum(tl.maximum(ds, -1.0), 1.0)
 
-    # The dropout's seed and threshold change from call to call: typed,
-    # not specialized on their values.
-    @triton.jit(do_not_specialize=["DSeed", "DThr"])
+    # The dropout's threshold changes from call to call: typed, not
+    # specialized on its value. Its seed is read from the device (DSeed
+    # points to it, read only under DROP), so that a captured graph can
+    # draw a new one each replay.
+    @triton.jit(do_not_specialize=["DThr"])
     def _backward_query_kernel(Q, K, V, GradOut, Lse, Delta, GradQ, GradProb,
-                               Km, GradQb, rowptr, col, Scale, DSeed: tl.int64, DThr: tl.int64,
+                               Km, GradQb, rowptr, col, Scale, DSeed, DThr: tl.int64,
                                D: tl.constexpr, DV: tl.constexpr,
                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                                BLOCK: tl.constexpr, ACC: tl.constexpr,
@@ -145,6 +152,9 @@ if triton is not None:
                                DROP: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         scale = tl.load(Scale)
+        dseed = 0
+        if DROP:  # once a row, not once an edge block
+            dseed = tl.load(DSeed)
         start = tl.load(rowptr + r).to(tl.int64)  # int64, as in the forward kernel
         end = tl.load(rowptr + r + 1).to(tl.int64)
         d = tl.arange(0, BLOCK_D)
@@ -168,7 +178,7 @@ if triton is not None:
             # dL/da_e = keep_e <g_r, v_c> under dropout.
             t = tl.sum(v * g[None, :], 1)
             if DROP:
-                t = t * _keep(DSeed, DThr, r, c, ACC)
+                t = t * _keep(dseed, DThr, r, c, ACC)
             ds = p * (t - delta)
             grad_q += tl.sum(ds[:, None] * k, 0)
             if MEMB:  # dL/dp_e summed into (Q̂Ŝ)_r through K̂_c
@@ -182,11 +192,13 @@ if triton is not None:
             tl.store(GradQb + r * KM + kk, grad_qb.to(GradQb.dtype.element_ty),
                      mask=kk < KM)
 
-    # The dropout's seed and threshold change from call to call: typed,
-    # not specialized on their values.
-    @triton.jit(do_not_specialize=["DSeed", "DThr"])
+    # The dropout's threshold changes from call to call: typed, not
+    # specialized on its value. Its seed is read from the device (DSeed
+    # points to it, read only under DROP), so that a captured graph can
+    # draw a new one each replay.
+    @triton.jit(do_not_specialize=["DThr"])
     def _backward_key_kernel(Q, K, V, GradOut, Lse, Delta, GradK, GradV,
-                             Qb, GradKm, colptr, row_t, Scale, DSeed: tl.int64, DThr: tl.int64,
+                             Qb, GradKm, colptr, row_t, Scale, DSeed, DThr: tl.int64,
                              D: tl.constexpr, DV: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                              BLOCK: tl.constexpr, ACC: tl.constexpr,
@@ -195,6 +207,9 @@ if triton is not None:
                              DROP: tl.constexpr):
         c = tl.program_id(0).to(tl.int64)
         scale = tl.load(Scale)
+        dseed = 0
+        if DROP:  # once a row, not once an edge block
+            dseed = tl.load(DSeed)
         start = tl.load(colptr + c).to(tl.int64)  # int64, as in the forward kernel
         end = tl.load(colptr + c + 1).to(tl.int64)
         d = tl.arange(0, BLOCK_D)
@@ -217,7 +232,7 @@ if triton is not None:
             p = tl.where(live, tl.exp(s - lse), 0.0)
             t_e = tl.sum(g * v[None, :], 1)
             if DROP:
-                kept = _keep(DSeed, DThr, r, c, ACC)
+                kept = _keep(dseed, DThr, r, c, ACC)
                 grad_v += tl.sum((p * kept)[:, None] * g, 0)
                 ds = p * (kept * t_e - delta)
             else:
@@ -279,7 +294,8 @@ def _scale(scale: float, q: Tensor) -> Tensor:
 
 
 def attention_forward(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor,
-                      v: Tensor, scale: float, dropout_seed: int = 0,
+                      v: Tensor, scale: float,
+                      dropout_seed: Optional[Tensor] = None,
                       dropout_threshold: int = 0) -> Tuple[Tensor, Tensor]:
     r"""Softmax attention over the nonzeros of each CSR row.
 
@@ -291,8 +307,10 @@ def attention_forward(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor,
         k (Tensor): :obj:`[C, D]`, contiguous.
         v (Tensor): :obj:`[C, D_v]`, contiguous.
         scale (float): the scores are :math:`s \langle q_r, k_c \rangle`.
-        dropout_seed, dropout_threshold (int): attention dropout
-            (:mod:`sbm_pyg.ops.dropout`; threshold 0: none).
+        dropout_seed (Tensor, optional): the dropout's seed, one int64 on
+            the device, read by the kernel (needed with a threshold).
+        dropout_threshold (int): attention dropout
+            (:mod:`sbm_pyg.ops.dropout`; 0: none).
 
     Returns:
         :obj:`(out [R, D_v], lse [R])`: the output in :obj:`v`'s dtype and
@@ -305,7 +323,8 @@ def attention_forward(rowptr: Tensor, col: Tensor, q: Tensor, k: Tensor,
     if R:
         _forward_kernel[(R,)](q, k, v, out, lse, rowptr, col,
                               _scale(scale, q),
-                              dropout_seed, dropout_threshold,
+                              kernel_seed(dropout_seed, dropout_threshold,
+                                          rowptr), dropout_threshold,
                               DROP=dropout_threshold > 0, **_meta(q, v))
     return out, lse
 
@@ -316,7 +335,8 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
                        scale: float, ste: Optional[str],
                        q_block: Optional[Tensor] = None,
                        k_memb: Optional[Tensor] = None,
-                       dropout_seed: int = 0, dropout_threshold: int = 0,
+                       dropout_seed: Optional[Tensor] = None,
+                       dropout_threshold: int = 0,
                        grad_lse: Optional[Tensor] = None,
                        ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor],
                                   Optional[Tensor], Optional[Tensor]]:
@@ -378,18 +398,18 @@ def attention_backward(rowptr: Tensor, col: Tensor, colptr: Tensor,
                 DROP=dropout_threshold > 0)
     unused = grad_q  # a pointer for arguments a constexpr branch never reads
     scale_t = _scale(scale, q)
+    seed = kernel_seed(dropout_seed, dropout_threshold, rowptr)
     if R:
         _backward_query_kernel[(R,)](
             q, k, v, grad_out, lse, delta, grad_q,
             unused if grad_prob is None else grad_prob,
             unused if k_memb is None else k_memb,
             unused if grad_qb is None else grad_qb,
-            rowptr, col, scale_t, dropout_seed, dropout_threshold, **meta)
+            rowptr, col, scale_t, seed, dropout_threshold, **meta)
     if C:
         _backward_key_kernel[(C,)](
             q, k, v, grad_out, lse, delta, grad_k, grad_v,
             unused if q_block is None else q_block,
             unused if grad_km is None else grad_km,
-            colptr, row_t, scale_t, dropout_seed, dropout_threshold,
-            **meta)
+            colptr, row_t, scale_t, seed, dropout_threshold, **meta)
     return grad_q, grad_k, grad_v, grad_prob, grad_qb, grad_km

@@ -47,6 +47,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from sbm_pyg.ops.dropout import kernel_seed
+
 try:
     import triton
 except ImportError:  # triton is optional: the PyTorch path is the fallback
@@ -144,8 +146,9 @@ def _scalar(x: float, dtype: torch.dtype, device: torch.device) -> Tensor:
 def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
                   inc_col: Tensor, q: Tensor, k: Tensor, v: Tensor,
                   q_block: Tensor, k_memb: Tensor, heads: int, delta: float,
-                  exact: bool, self_loops: bool, seed: int, scale: float,
-                  dropout_seed: int = 0, dropout_threshold: int = 0,
+                  exact: bool, self_loops: bool, seed: Tensor, scale: float,
+                  dropout_seed: Optional[Tensor] = None,
+                  dropout_threshold: int = 0,
                   precision: int = 0, mask_bytes: int = -1
                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The forward of ``sbm_pyg::dense_attention`` (arguments as there):
@@ -169,13 +172,12 @@ def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
         meta = _meta(q, v, q_block.size(1), precision)
         tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
         grid = (tile_seq.numel(), H)
-        seed_t = torch.full((1,), seed, dtype=torch.int64, device=q.device)
         tiles = _tensor_core_tiles(meta, "mask")
         if tiles["BLOCK_M"] != meta["BLOCK_M"]:
             tile_seq, tile_row = _tiles(ptr_q, Nq, tiles["BLOCK_M"])
         mask_kernel[(tile_seq.numel(), H)](
             q_block, k_memb, ptr_q, ptr_k, base, tile_seq, tile_row, mask,
-            seed_t, _scalar(delta, torch.float64, q.device), Nq, Nk, G,
+            seed, _scalar(delta, torch.float64, q.device), Nq, Nk, G,
             KC=meta["KC"], BLOCK_KC=meta["BLOCK_KC"],
             BLOCK_M=tiles["BLOCK_M"], BLOCK_N=tiles["BLOCK_N"], EXACT=exact,
             SELF_LOOPS=self_loops, num_warps=tiles["num_warps"],
@@ -193,7 +195,8 @@ def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
         forward_kernel[grid](
             q, k, v, mask, ptr_q, ptr_k, base, tile_seq, tile_row,
             _scalar(scale, q.dtype, q.device), out, lse, count, Nq, Nk, G,
-            dropout_seed, dropout_threshold, DROP=dropout_threshold > 0, **meta)
+            kernel_seed(dropout_seed, dropout_threshold, seed),
+            dropout_threshold, DROP=dropout_threshold > 0, **meta)
     # The edges of each (sequence, head): the rows' counts summed per
     # sequence, by prefix sums (no sync).
     csum = torch.cat([count.new_zeros(H, 1, dtype=torch.long),
@@ -224,7 +227,8 @@ def _include(mask: Tensor, base: Tensor, ptr_q: Tensor, ptr_k: Tensor,
 def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
                    v: Tensor, q_block: Tensor, k_memb: Tensor, mask: Tensor,
                    out: Tensor, lse: Tensor, grad_out: Tensor, heads: int,
-                   scale: float, ste: int, dropout_seed: int = 0,
+                   scale: float, ste: int,
+                   dropout_seed: Optional[Tensor] = None,
                    dropout_threshold: int = 0, precision: int = 0,
                    grad_lse: Optional[Tensor] = None
                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -263,13 +267,15 @@ def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
         drop = "_drop" if dropout_threshold > 0 else ""
         meta.update(_tensor_core_tiles(meta, "query" + drop))
         key_meta.update(_tensor_core_tiles(meta, "key" + drop))
+    # Without dropout the kernels never read the seed's pointer.
+    dseed = kernel_seed(dropout_seed, dropout_threshold, ptr_q)
     tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
     backward_query_kernel[(tile_seq.numel(), H)](
-        *args, tile_seq, tile_row, scale_t, dq, dqb, Nq, Nk, G, dropout_seed,
+        *args, tile_seq, tile_row, scale_t, dq, dqb, Nq, Nk, G, dseed,
         dropout_threshold, DROP=dropout_threshold > 0, **meta)
     meta = key_meta
     tile_seq, tile_row = _tiles(ptr_k, Nk, meta["BLOCK_N"])
     backward_key_kernel[(tile_seq.numel(), H)](
         *args, tile_seq, tile_row, scale_t, dk, dv, dkm, Nq, Nk, G,
-        dropout_seed, dropout_threshold, DROP=dropout_threshold > 0, **meta)
+        dseed, dropout_threshold, DROP=dropout_threshold > 0, **meta)
     return dq, dk, dv, dqb, dkm

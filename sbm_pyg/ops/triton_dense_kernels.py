@@ -104,8 +104,10 @@ if triton is not None:
     # The sizes vary with every batch: not specialised on, so that one
     # compiled kernel serves them all.
     SIZES = ["Nq", "Nk", "G"]
-    # The dropout's seed and threshold change from call to call.
-    DROPOUT = ["DSeed", "DThr"]
+    # The dropout's threshold changes from call to call. Its seed is read
+    # from the device (DSeed points to it, read only under DROP), so that a
+    # captured graph can draw a new one each replay.
+    DROPOUT = ["DThr"]
 
     @triton.jit(do_not_specialize=SIZES)
     def mask_kernel(QB, KM, PtrQ, PtrK, Base, TileSeq, TileRow, Mask, Seed,
@@ -149,7 +151,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def forward_kernel(Q, K, V, Mask, PtrQ, PtrK, Base, TileSeq, TileRow,
-                        Scale, Out, Lse, Count, Nq, Nk, G, DSeed: tl.int64,
+                        Scale, Out, Lse, Count, Nq, Nk, G, DSeed,
                         DThr: tl.int64, D: tl.constexpr,
                         DV: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -165,6 +167,9 @@ if triton is not None:
             dv = tl.arange(0, BLOCK_DV)
             q = _load(Q, r, live_q, d, D)
             scale = tl.load(Scale)
+            dseed = 0
+            if DROP:  # once a tile, not once a key block
+                dseed = tl.load(DSeed)
             row_byte = tl.load(Base + g) + (h * nq + il) * ((nk + 7) // 8)
             m = tl.full([BLOCK_M], float("-inf"), q.dtype)
             norm = tl.zeros([BLOCK_M], q.dtype)
@@ -187,7 +192,7 @@ if triton is not None:
                 v = _load(V, cols, live_k, dv, DV)
                 w = p
                 if DROP:  # the output takes the kept weights, the norm all
-                    w = tl.where(_kept(DSeed, DThr, r, cols),
+                    w = tl.where(_kept(dseed, DThr, r, cols),
                                  p * _keep_scale(DThr).to(p.dtype), 0.0)
                 acc = acc * rescale[:, None] + _mm(w, v, DOT)
                 norm = norm * rescale + tl.sum(p, 1)
@@ -211,7 +216,7 @@ if triton is not None:
                 tl.load(Delta + r, mask=live, other=0.0))
 
     @triton.jit
-    def _grad_tile(q, k, v, do, lse, delta, on, scale, seed, threshold, r,
+    def _grad_tile(q, k, v, do, lse, delta, on, scale, SeedPtr, threshold, r,
                    cols, STE: tl.constexpr, DROP: tl.constexpr,
                    DOT: tl.constexpr):
         # Returns the weights dV takes (A o keep under dropout), ds and
@@ -220,7 +225,10 @@ if triton is not None:
         a = tl.where(on, tl.exp(tl.minimum(s - lse[:, None], 0.0)), 0.0)
         da = _mm(do, tl.trans(v), DOT)
         if DROP:  # computed here, late: fewer registers live at once
-            kept = _kept(seed, threshold, r, cols)
+            # The seed loaded here, each tile (volatile: not hoisted out of
+            # the loop), not once a kernel: held across the loop, its two
+            # registers made these kernels, at their register limit, spill.
+            kept = _kept(tl.load(SeedPtr, volatile=True), threshold, r, cols)
             factor = _keep_scale(threshold).to(da.dtype)
             da = tl.where(kept, da * factor, 0.0)
             ds = a * (da - delta[:, None])
@@ -236,7 +244,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def backward_query_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
                                PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
-                               GradQ, GradQB, Nq, Nk, G, DSeed: tl.int64,
+                               GradQ, GradQB, Nq, Nk, G, DSeed,
                                DThr: tl.int64, D: tl.constexpr,
                                DV: tl.constexpr, KC: tl.constexpr,
                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -279,7 +287,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def backward_key_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
                              PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
-                             GradK, GradV, GradKM, Nq, Nk, G, DSeed: tl.int64,
+                             GradK, GradV, GradKM, Nq, Nk, G, DSeed,
                              DThr: tl.int64, D: tl.constexpr,
                              DV: tl.constexpr, KC: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,

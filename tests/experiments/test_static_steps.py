@@ -49,10 +49,11 @@ def test_an_overflowing_capacity_is_logged_and_grown(tmp_path):
     assert final["args"]["capacity"] == 64 and 0 < final["density"] < 1
 
 
-def test_compile_trains_as_one_graph(tmp_path, aot_eager):
+@pytest.mark.parametrize("extra", [[], ["--attn-dropout", "0.2"]])
+def test_compile_trains_as_one_graph(tmp_path, aot_eager, extra):
     out = tmp_path / "run"
     main([*MQAR, "--out", str(out), "--steps", "4", "--capacity", "65536",
-          "--compile", "--attention", "sbm"])
+          "--compile", "--attention", "sbm", *extra])
     steps = [r for r in records(out) if r.get("split") == "train"]
     assert len(steps) == 4 and all(r["overflow"] == 0 for r in steps)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
@@ -106,10 +107,6 @@ def test_unsized_asks_each_layers_training_capacity_and_changes_nothing():
     (["--capacity", "64", "--attention", "full"],
      "--capacity must be >= 1 or 'auto' and needs --attention sbm"),
     (["--compile", "--attention", "full"], "--compile needs --attention sbm"),
-    (["--capacity", "64", "--attn-dropout", "0.1"],
-     "--capacity (static shapes) takes no --attn-dropout"),
-    (["--compile", "--attn-dropout", "0.1"],
-     "--capacity (static shapes) takes no --attn-dropout"),
 ])
 def test_bad_static_arguments_exit_2(extra, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -163,8 +163,6 @@ def test_bad_input_on_the_first_call_is_named_before_the_sums_run():
 def test_bad_auto_uses_are_refused_by_name():
     with pytest.raises(ValueError, match="capacity.*'big'"):
         SBMConv(16, 8, capacity="big")
-    with pytest.raises(ValueError, match="capacity.*dropout"):
-        SBMConv(16, 8, capacity="auto", dropout=0.1)
     with pytest.raises(ValueError, match="update_capacity needs capacity='auto'"):
         SBMConv(16, 8, capacity=256).update_capacity()
 

@@ -113,6 +113,52 @@ def test_the_output_and_gradients_are_the_sparse_attention_on_its_graph():
                           res.graph.density().mean(0).float())
 
 
+def test_dropout_is_the_sparse_kernel_s_with_the_sampler_s_seed():
+    # A static call's dropout seed is its sampler's, on the device: the
+    # output is the sparse attention's on the same graph with that seed.
+    g = seeded(3)
+    N, H, D, k = 50, 2, 4, 3
+    q, kk, v = (torch.randn(N, H, D, generator=g) for _ in range(3))
+    memb = torch.rand(N, H, k, generator=g)
+    block = torch.softmax(torch.randn(H, k * k, generator=g), -1).view(H, k, k)
+    opts = SBMAttentionOptions(capacity=round_capacity(4e4), exploration=0.1,
+                               dropout=0.5)
+    seed = torch.tensor(12345)
+    res = sbm_attention(q, kk, v, (memb, block, memb), options=opts,
+                        training=True, seed=seed, return_graph=True)
+    assert not bool(res.overflow) and res.graph.num_edges > 200
+    want = sparse_attention(q, kk, v, res.graph, dropout=0.5, training=True,
+                            dropout_seed=seed)
+    assert torch.equal(res.out, want)
+    # Half the weights dropped: not the output without dropout, nor another
+    # seed's; out of training, none dropped.
+    plain = sparse_attention(q, kk, v, res.graph)
+    other = sparse_attention(q, kk, v, res.graph, dropout=0.5, training=True,
+                             dropout_seed=seed + 1)
+    assert not torch.allclose(res.out, plain) and not torch.allclose(want, other)
+    res = sbm_attention(q, kk, v, (memb, block, memb), options=opts, seed=seed,
+                        return_graph=True)
+    assert torch.equal(res.out, sparse_attention(q, kk, v, res.graph))
+
+
+def test_a_layer_with_dropout_compiles_as_one_graph_and_draws_new_masks():
+    conv = layer(dropout=0.3)
+    x = torch.randn(48, 16, generator=seeded(7))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(conv, fullgraph=True, dynamic=False,
+                             backend="aot_eager")
+    outs = []
+    for _ in range(3):
+        out = compiled(x)
+        out.sum().backward()
+        outs.append(out.detach())
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["recompiles"]
+    assert not torch.equal(outs[0], outs[1])  # a new graph and mask a call
+    assert count_reads(lambda: conv(x).sum().backward()) == {}
+
+
 def test_an_overflow_is_flagged_and_the_call_still_runs():
     conv = layer(capacity=16)
     out = conv(torch.randn(64, 16))
@@ -142,8 +188,7 @@ def test_a_failed_check_raises_on_the_device():
 
 @pytest.mark.parametrize("change", [
     dict(attention_backend="dense"), dict(attention_backend="tiles"),
-    dict(attention_backend="torch"), dict(dropout=0.1),
-    dict(sampler_backend="triton")])
+    dict(attention_backend="torch"), dict(sampler_backend="triton")])
 def test_what_a_static_call_cannot_serve_is_refused_by_name(change):
     name = next(iter(change))
     with pytest.raises(ValueError, match=f"capacity.*{name}"):

@@ -168,7 +168,8 @@ def test_included_pairs_and_empty_rows():
     assert torch.isfinite(x[0].grad).all()
 
 
-@pytest.mark.parametrize("dropout", [(), (2**40 + 3, 2**52), (0, 0, 0, 2 * (3 + 9 * 2))])
+@pytest.mark.parametrize("dropout", [(), (torch.tensor(2**40 + 3), 2**52),
+                                     (None, 0, 0, 2 * (3 + 9 * 2))])
 def test_opcheck(dropout):
     # With and without dropout (seed, the threshold of p = 1/2), and with
     # the mask's size given (2 heads, 3 queries of one byte and 9 of two:
@@ -177,7 +178,7 @@ def test_opcheck(dropout):
     q_block = heads_first(torch.einsum("nhu,huv->nhv", q_memb, block))
     args = [ptr, ptr, ptr.new_empty(0), ptr.new_empty(0),
             *[t.requires_grad_() for t in x], q_block.requires_grad_(),
-            heads_first(k_memb).requires_grad_(), H, 0.0, True, False, 3,
+            heads_first(k_memb).requires_grad_(), H, 0.0, True, False, torch.tensor(3),
             0.5, 1, *dropout]
     torch.library.opcheck(torch.ops.sbm_pyg.dense_attention.default, args,
                           test_utils=("test_schema", "test_faketensor",

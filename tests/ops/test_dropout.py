@@ -177,6 +177,52 @@ def test_same_generator_same_mask_and_a_new_mask_each_call(backend):
                        sparse_attention(q, k, v, graph, backend=backend))
 
 
+@pytest.mark.parametrize("backend", _backends())
+def test_a_seed_tensor_read_on_the_device_is_the_drawn_seed(backend):
+    # A seed given as a tensor (a static call's: the kernels read it on the
+    # device) drops what the same seed drawn from the generator drops, in
+    # the forward and in the backward.
+    from sbm_pyg.sampling.fastrg_op import stream_seed
+    graph, inputs = _inputs(torch.float64)
+    seed = stream_seed(seeded(11), torch.get_default_device())
+
+    def grads(**kw):
+        leaves = [t.clone().requires_grad_() for t in inputs[:3]]
+        out = sparse_attention(*leaves, graph, dropout=0.4, training=True,
+                               backend=backend, **kw)
+        out.backward(torch.randn(out.shape, generator=seeded(3), dtype=out.dtype))
+        return [out.detach()] + [t.grad for t in leaves]
+
+    drawn = grads(generator=seeded(11))
+    for given in (grads(dropout_seed=torch.tensor(seed)), grads(dropout_seed=seed)):
+        for a, b in zip(given, drawn):
+            assert torch.equal(a, b)
+    assert not torch.equal(grads(dropout_seed=torch.tensor(seed + 1))[0], drawn[0])
+
+
+def test_bad_seeds_are_refused_by_name():
+    from sbm_pyg.ops.dense_attention import dense_attention
+    from sbm_pyg.ops.fused_attention import fused_attention
+    graph, (q, k, v, *_) = _inputs(torch.float32, H=1)
+    with pytest.raises(TypeError, match="dropout_seed must be a one-element int64"):
+        sparse_attention(q, k, v, graph, dropout=0.1, training=True,
+                         dropout_seed=torch.tensor(1.0))
+    q, k, v = (t[:, 0] for t in (q, k, v))
+    if backend_info.WITH_EXTENSION:
+        with pytest.raises(ValueError, match="needs its dropout_seed"):
+            fused_attention(graph.csr, q, k, v, scale=0.5, dropout=0.1)
+        with pytest.raises(ValueError, match=r"dropout_seed must lie in \[0, 2\^62\)"):
+            fused_attention(graph.csr, q, k, v, scale=0.5, dropout=0.1,
+                            dropout_seed=2**62)
+        with pytest.raises(TypeError, match="dropout_seed must be an int"):
+            fused_attention(graph.csr, q, k, v, scale=0.5, dropout=0.1,
+                            dropout_seed=1.5)
+        memb, ptr = torch.ones(q.size(0), 2), torch.tensor([0, q.size(0)])
+        with pytest.raises(TypeError, match="seed must be a one-element int64"):
+            dense_attention(q, k, v, memb, memb, ptr, ptr, heads=1, scale=0.5,
+                            seed=torch.tensor([1, 2]))
+
+
 def test_layer_with_dropout_runs_the_fused_kernel_as_the_torch_path(monkeypatch):
     # SBMConv with attention dropout: "auto" runs the fused kernel (C++ on
     # the CPU, Triton on CUDA), which gives the PyTorch path's output and
@@ -215,8 +261,10 @@ def _dense_backends():
     return out
 
 
+@pytest.mark.parametrize("seeds", [(5, 99), (torch.tensor(5), torch.tensor(99))],
+                         ids=["ints", "tensors"])
 @pytest.mark.parametrize("triton_on_cpu", _dense_backends())
-def test_dense_regime_drops_what_the_sparse_kernel_drops(triton_on_cpu):
+def test_dense_regime_drops_what_the_sparse_kernel_drops(triton_on_cpu, seeds):
     # The dense-regime kernel with dropout against the sparse PyTorch path
     # on the graph it sampled (read off its mask), with the same dropout
     # seed: the same output and gradients, the memberships' included.
@@ -245,7 +293,7 @@ def test_dense_regime_drops_what_the_sparse_kernel_drops(triton_on_cpu):
         res = dense_attention(
             *(heads_first(t).contiguous() for t in (q, k, v)), qb,
             heads_first(km_).contiguous(), ptr, ptr, heads=H, scale=0.5,
-            seed=5, ste="paper", dropout=0.4, dropout_seed=99,
+            seed=seeds[0], ste="paper", dropout=0.4, dropout_seed=seeds[1],
             triton_on_cpu=triton_on_cpu)
         keys.append(mask_keys(res.mask, ptr, ptr, H))
         return nodes_first(res.out, H)

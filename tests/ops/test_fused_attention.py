@@ -170,7 +170,7 @@ def op_inputs(form):
     return [rowptr, col, graph.colptr, graph.csr.row_t()] + flat + extra
 
 
-@pytest.mark.parametrize("dropout", [(), (2**40 + 3, 2**52)])
+@pytest.mark.parametrize("dropout", [(), (torch.tensor(2**40 + 3), 2**52)])
 @pytest.mark.parametrize("form", ["edge_prob", "sbm"])
 def test_opcheck(form, dropout):
     # The schema, the autograd registration and the fake kernels, as

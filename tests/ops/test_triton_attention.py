@@ -159,7 +159,7 @@ def test_triton_op_passes_opcheck():
         for i in range(4, 10):
             if args[i] is not None:
                 args[i] = args[i].requires_grad_()
-        for dropout in ((), (2**40 + 3, 2**52)):
+        for dropout in ((), (torch.tensor(2**40 + 3), 2**52)):
             torch.library.opcheck(op.default, args + [0.5, 1, True, *dropout])
 
 

@@ -170,13 +170,13 @@ def test_unknown_precision_raises():
     ptr, q_memb, block, k_memb, x = inputs(torch.float32, sizes=(3,))
     q_block = heads_first(torch.einsum("nhu,huv->nhv", q_memb, block))
     empty = ptr.new_empty(0)
-    ops = [torch.ops.sbm_pyg.dense_attention]
+    ops, seed = [torch.ops.sbm_pyg.dense_attention], torch.tensor(1)
     if TEST_DEVICE.type == "cpu":
         ops.append(torch.ops.sbm_pyg.triton_dense_attention)
     for op in ops:
         with pytest.raises(RuntimeError, match="precision"):
             op(ptr, ptr, empty, empty, *x, q_block, heads_first(k_memb), H,
-               0.0, True, False, 1, 0.5, 1, 0, 0, 7)
+               0.0, True, False, seed, 0.5, 1, None, 0, 7)
 
 
 def test_dense_heads_and_empty_rows():
@@ -240,11 +240,11 @@ def test_the_triton_forward_reads_nothing_given_the_mask_size():
     ptr, *x = (t.to(TEST_DEVICE) for t in (ptr, *x))
     q_block, k_memb = (heads_first(t).contiguous().to(TEST_DEVICE) for t in (
         torch.einsum("nhu,huv->nhv", q_memb, block), k_memb))
-    empty = ptr.new_empty(0)
+    empty, seed = ptr.new_empty(0), torch.tensor(1, device=TEST_DEVICE)
 
     def forward(size):
         return lambda: dense_forward(ptr, ptr, empty, empty, *x, q_block, k_memb, H,
-                                     0.0, True, False, 1, 0.5, mask_bytes=size)
+                                     0.0, True, False, seed, 0.5, mask_bytes=size)
     assert count_reads(forward(int(mask_bytes(ptr, ptr, H).sum()))) == {}
     assert count_reads(forward(-1)) == {"ops/triton_dense.py:dense_forward": 1}
 
@@ -254,10 +254,10 @@ def test_bad_arguments_raise():
     q_block = heads_first(torch.einsum("nhu,huv->nhv", q_memb, block))
     op = (torch.ops.sbm_pyg.triton_dense_attention
           if TEST_DEVICE.type == "cpu" else torch.ops.sbm_pyg.dense_attention)
-    empty = ptr.new_empty(0)
+    empty, seed = ptr.new_empty(0), torch.tensor(1)
     with pytest.raises(RuntimeError, match="float32 or float64"):
         op(ptr, ptr, empty, empty, *[t.half() for t in x], q_block.half(),
-           heads_first(k_memb).half(), H, 0.0, True, False, 1, 0.5, 1)
+           heads_first(k_memb).half(), H, 0.0, True, False, seed, 0.5, 1)
     with pytest.raises(RuntimeError, match="multiples of heads"):
         op(ptr, ptr, empty, empty, *x, q_block, heads_first(k_memb), 4, 0.0,
-           True, False, 1, 0.5, 1)
+           True, False, seed, 0.5, 1)
