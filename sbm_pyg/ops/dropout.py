@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["DROPOUT_STREAM", "as_seed", "dropout_arguments",
-           "dropout_threshold", "kernel_seed", "keep_scale", "dropout_keep"]
+           "dropout_threshold", "kernel_seed", "keep_scale", "dropout_row_states",
+           "dropout_keep"]
 
 #: The purpose of the rows' dropout streams (0, 1: the sampler's degree and
 #: draws).
@@ -110,6 +111,29 @@ def _mix64(z: Tensor) -> Tensor:
     return z ^ _shr(z, 31)
 
 
+def dropout_row_states(seed: Union[int, Tensor], rows: Tensor) -> Tensor:
+    r"""The initial states of query rows :obj:`rows`' dropout streams under
+    :obj:`seed` (the C++ kernels' ``Rng(seed, row, 2).state``), as int64
+    holding their uint64 bits: the dense Triton kernels load them with each
+    tile instead of mixing a seed they would hold in registers.
+
+    Args:
+        seed (int or Tensor): the forward's dropout seed, in :math:`[0,
+            2^{62})` (a one-element int64 tensor: read on its device).
+        rows (Tensor): integer rows, any shape.
+
+    Returns:
+        int64 Tensor of the shape of :obj:`rows`.
+    """
+    with torch.no_grad():
+        if isinstance(seed, Tensor):
+            seed = seed.reshape(())
+        else:
+            seed = _signed(seed)
+        return _mix64(_mix64(rows.long() * 4 + _signed((DROPOUT_STREAM + _STREAM)
+                                                       % 2**64)) ^ seed)
+
+
 def dropout_keep(seed: Union[int, Tensor], rows: Tensor, cols: Tensor,
                  threshold: int) -> Tensor:
     r"""Whether the weights of pairs :obj:`(rows, cols)` are kept under
@@ -125,14 +149,8 @@ def dropout_keep(seed: Union[int, Tensor], rows: Tensor, cols: Tensor,
     Returns:
         bool Tensor of the shape of :obj:`rows`.
     """
-    rows, cols = rows.long(), cols.long()
     with torch.no_grad():
-        # Rng(seed, row, purpose).state, then its output at counter c + 1.
-        if isinstance(seed, Tensor):
-            seed = seed.reshape(())
-        else:
-            seed = _signed(seed)
-        state = _mix64(_mix64(rows * 4 + _signed((DROPOUT_STREAM + _STREAM)
-                                                 % 2**64)) ^ seed)
-        bits = _mix64(state + (cols + 1) * _signed(_GOLDEN))
+        # The row's stream state, then its output at counter c + 1.
+        state = dropout_row_states(seed, rows)
+        bits = _mix64(state + (cols.long() + 1) * _signed(_GOLDEN))
         return _shr(bits, 11) >= threshold

@@ -47,7 +47,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from sbm_pyg.ops.dropout import kernel_seed
+from sbm_pyg.ops.dropout import dropout_row_states, kernel_seed
 
 try:
     import triton
@@ -137,6 +137,17 @@ def fp64_sums(q: Tensor) -> bool:
     return q.dtype == torch.float64 and kernels.FP64_SUMS
 
 
+def _row_states(seed: Optional[Tensor], threshold: int, rows: int,
+                unused: Tensor) -> Tensor:
+    # The kernels' dropout argument: the stream states of query rows
+    # 0 .. rows - 1 (every head's), computed on the device; without
+    # dropout (threshold 0) unused, a pointer the kernels never read.
+    seed = kernel_seed(seed, threshold, unused)
+    if threshold == 0:
+        return seed
+    return dropout_row_states(seed, torch.arange(rows, device=unused.device))
+
+
 def _scalar(x: float, dtype: torch.dtype, device: torch.device) -> Tensor:
     # A one-element tensor, not a Python float: a compiled kernel takes a
     # float argument as fp32 (the interpreter would keep it exact).
@@ -195,7 +206,7 @@ def dense_forward(ptr_q: Tensor, ptr_k: Tensor, inc_ptr: Tensor,
         forward_kernel[grid](
             q, k, v, mask, ptr_q, ptr_k, base, tile_seq, tile_row,
             _scalar(scale, q.dtype, q.device), out, lse, count, Nq, Nk, G,
-            kernel_seed(dropout_seed, dropout_threshold, seed),
+            _row_states(dropout_seed, dropout_threshold, q.size(0), seed),
             dropout_threshold, DROP=dropout_threshold > 0, **meta)
     # The edges of each (sequence, head): the rows' counts summed per
     # sequence, by prefix sums (no sync).
@@ -260,15 +271,19 @@ def dense_backward(ptr_q: Tensor, ptr_k: Tensor, q: Tensor, k: Tensor,
     meta["BLOCK_N"] = narrow
     if dropout_threshold > 0:
         # The mask's hash took the float32 query kernel past its registers
-        # at 32 rows (8 stack bytes at D = 32, k = 128, sm_90): 16 rows.
+        # at 32 rows (8-16 stack bytes at D <= 64, sm_90): 16 rows.
         meta["BLOCK_M"] = narrow
     key_meta = dict(meta, BLOCK_M=narrow)
+    if dropout_threshold > 0 and not meta["DOT"] and q.dtype == torch.float32:
+        # Its 16 rows on 8 warps spilled 8 bytes on sm_90 at k = 128 (D = 64
+        # under Triton 3.9, D = 32 under 3.8); on 4 warps none of the three
+        # Tritons spills at k <= 128.
+        meta["num_warps"] = 4 if meta["BLOCK_KC"] <= 128 else 8
     if meta["DOT"]:
         drop = "_drop" if dropout_threshold > 0 else ""
         meta.update(_tensor_core_tiles(meta, "query" + drop))
         key_meta.update(_tensor_core_tiles(meta, "key" + drop))
-    # Without dropout the kernels never read the seed's pointer.
-    dseed = kernel_seed(dropout_seed, dropout_threshold, ptr_q)
+    dseed = _row_states(dropout_seed, dropout_threshold, q.size(0), ptr_q)
     tile_seq, tile_row = _tiles(ptr_q, Nq, meta["BLOCK_M"])
     backward_query_kernel[(tile_seq.numel(), H)](
         *args, tile_seq, tile_row, scale_t, dq, dqb, Nq, Nk, G, dseed,

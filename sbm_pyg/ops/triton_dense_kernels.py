@@ -16,10 +16,8 @@ __all__ = ["mask_kernel", "forward_kernel", "backward_query_kernel",
            "backward_key_kernel"]
 
 if triton is not None:
-    from sbm_pyg.ops.dropout import DROPOUT_STREAM
     from sbm_pyg.ops.triton_streams import bits, one_minus_exp, stream, uniform
 
-    _DROPOUT_STREAM = tl.constexpr(DROPOUT_STREAM)
     # Triton before 3.9 cannot lower a float64 MMA whose operand is
     # computed in registers (3.6: "fp64 don't support largeK MMA"; 3.8 is
     # given the sums too, 3.7 not tried): there the float64 products are
@@ -29,10 +27,14 @@ if triton is not None:
     _FP64_SUMS = tl.constexpr(FP64_SUMS)
 
     @triton.jit
-    def _kept(seed, threshold, r, cols):
+    def _kept(States, threshold, r, live, cols):
         # Whether each (row r, column) weight of a tile is kept: the sparse
-        # kernels' mask (sbm_pyg/ops/dropout.py).
-        b = bits(stream(seed, r, _DROPOUT_STREAM)[:, None], cols[None, :] + 1)
+        # kernels' mask (sbm_pyg/ops/dropout.py), from the rows' stream
+        # states (dropout_row_states) loaded here, each tile. A seed mixed
+        # here instead held two registers across the key loop, which made
+        # backward kernels at their register limit spill.
+        state = tl.load(States + r, mask=live, other=0).to(tl.uint64)
+        b = bits(state[:, None], cols[None, :] + 1)
         return (b >> 11) >= threshold.to(tl.uint64)
 
     @triton.jit
@@ -104,9 +106,10 @@ if triton is not None:
     # The sizes vary with every batch: not specialised on, so that one
     # compiled kernel serves them all.
     SIZES = ["Nq", "Nk", "G"]
-    # The dropout's threshold changes from call to call. Its seed is read
-    # from the device (DSeed points to it, read only under DROP), so that a
-    # captured graph can draw a new one each replay.
+    # The dropout's threshold changes from call to call. Its seed enters as
+    # the query rows' stream states, computed on the device (DStates, read
+    # only under DROP), so that a captured graph draws a new mask each
+    # replay.
     DROPOUT = ["DThr"]
 
     @triton.jit(do_not_specialize=SIZES)
@@ -151,7 +154,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def forward_kernel(Q, K, V, Mask, PtrQ, PtrK, Base, TileSeq, TileRow,
-                        Scale, Out, Lse, Count, Nq, Nk, G, DSeed,
+                        Scale, Out, Lse, Count, Nq, Nk, G, DStates,
                         DThr: tl.int64, D: tl.constexpr,
                         DV: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -167,9 +170,6 @@ if triton is not None:
             dv = tl.arange(0, BLOCK_DV)
             q = _load(Q, r, live_q, d, D)
             scale = tl.load(Scale)
-            dseed = 0
-            if DROP:  # once a tile, not once a key block
-                dseed = tl.load(DSeed)
             row_byte = tl.load(Base + g) + (h * nq + il) * ((nk + 7) // 8)
             m = tl.full([BLOCK_M], float("-inf"), q.dtype)
             norm = tl.zeros([BLOCK_M], q.dtype)
@@ -192,7 +192,7 @@ if triton is not None:
                 v = _load(V, cols, live_k, dv, DV)
                 w = p
                 if DROP:  # the output takes the kept weights, the norm all
-                    w = tl.where(_kept(dseed, DThr, r, cols),
+                    w = tl.where(_kept(DStates, DThr, r, live_q, cols),
                                  p * _keep_scale(DThr).to(p.dtype), 0.0)
                 acc = acc * rescale[:, None] + _mm(w, v, DOT)
                 norm = norm * rescale + tl.sum(p, 1)
@@ -216,8 +216,8 @@ if triton is not None:
                 tl.load(Delta + r, mask=live, other=0.0))
 
     @triton.jit
-    def _grad_tile(q, k, v, do, lse, delta, on, scale, SeedPtr, threshold, r,
-                   cols, STE: tl.constexpr, DROP: tl.constexpr,
+    def _grad_tile(q, k, v, do, lse, delta, on, scale, States, threshold, r,
+                   live_q, cols, STE: tl.constexpr, DROP: tl.constexpr,
                    DOT: tl.constexpr):
         # Returns the weights dV takes (A o keep under dropout), ds and
         # the estimator's gradient.
@@ -225,10 +225,7 @@ if triton is not None:
         a = tl.where(on, tl.exp(tl.minimum(s - lse[:, None], 0.0)), 0.0)
         da = _mm(do, tl.trans(v), DOT)
         if DROP:  # computed here, late: fewer registers live at once
-            # The seed loaded here, each tile (volatile: not hoisted out of
-            # the loop), not once a kernel: held across the loop, its two
-            # registers made these kernels, at their register limit, spill.
-            kept = _kept(tl.load(SeedPtr, volatile=True), threshold, r, cols)
+            kept = _kept(States, threshold, r, live_q, cols)
             factor = _keep_scale(threshold).to(da.dtype)
             da = tl.where(kept, da * factor, 0.0)
             ds = a * (da - delta[:, None])
@@ -244,7 +241,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def backward_query_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
                                PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
-                               GradQ, GradQB, Nq, Nk, G, DSeed,
+                               GradQ, GradQB, Nq, Nk, G, DStates,
                                DThr: tl.int64, D: tl.constexpr,
                                DV: tl.constexpr, KC: tl.constexpr,
                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -273,8 +270,8 @@ if triton is not None:
                 on = _bits(Mask, row_byte, j, live_q[:, None] & live_k[None, :])
                 k = _load(K, cols, live_k, d, D)
                 a, ds, gr = _grad_tile(q, k, _load(V, cols, live_k, dv, DV),
-                                       do, lse, delta, on, scale, DSeed, DThr,
-                                       r, cols, STE, DROP, DOT)
+                                       do, lse, delta, on, scale, DStates, DThr,
+                                       r, live_q, cols, STE, DROP, DOT)
                 dq += _mm(ds, k, DOT)
                 if STE != 0:
                     dqb += _mm(gr, _load(KM, cols, live_k, c, KC), DOT)
@@ -287,7 +284,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=SIZES + DROPOUT)
     def backward_key_kernel(Q, K, V, QB, KM, GradOut, Lse, Delta, Mask,
                              PtrQ, PtrK, Base, TileSeq, TileRow, Scale,
-                             GradK, GradV, GradKM, Nq, Nk, G, DSeed,
+                             GradK, GradV, GradKM, Nq, Nk, G, DStates,
                              DThr: tl.int64, D: tl.constexpr,
                              DV: tl.constexpr, KC: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -321,7 +318,7 @@ if triton is not None:
                 on = _bits(Mask, base + il * rb, j,
                            live_q[:, None] & live_k[None, :])
                 a, ds, gr = _grad_tile(q, k, v, do, lse, delta, on, scale,
-                                       DSeed, DThr, r, cols, STE, DROP, DOT)
+                                       DStates, DThr, r, live_q, cols, STE, DROP, DOT)
                 dvv += _mm(tl.trans(a), do, DOT)
                 dk += _mm(tl.trans(ds), q, DOT)
                 if STE != 0:

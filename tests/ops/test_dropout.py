@@ -10,7 +10,12 @@ import torch
 from sbm_pyg.nn import SBMConv
 from sbm_pyg.nn.functional import edge_probability, sparse_attention
 from sbm_pyg.ops import backend_info
-from sbm_pyg.ops.dropout import dropout_keep, dropout_threshold, keep_scale
+from sbm_pyg.ops.dropout import (
+    dropout_keep,
+    dropout_row_states,
+    dropout_threshold,
+    keep_scale,
+)
 from sbm_pyg.sampling import fastrg
 from tests.helpers import pin_crossover, seeded
 
@@ -44,6 +49,19 @@ def test_mask_is_splitmix64_of_the_pair():
             want = [_keep_by_hand(seed, r, c, t)
                     for r, c in zip(rows.tolist(), cols.tolist())]
             assert got == want
+
+
+def test_row_states_are_the_rows_streams_by_hand():
+    # The dense kernels' per-row argument: Rng(seed, r, 2).state as int64
+    # bits, from an int seed or a seed tensor alike.
+    rows = torch.tensor([[0, 1], [7, 2**31 - 2]])
+    for seed in (0, 12345, 2**62 - 1):
+        want = [_mix64(seed ^ _mix64((r * 4 + 2 + 0x632BE59BD9B4E019) & M64))
+                for r in rows.flatten().tolist()]
+        for s in (seed, torch.tensor(seed)):
+            got = dropout_row_states(s, rows)
+            assert got.shape == rows.shape and got.dtype == torch.int64
+            assert [x & M64 for x in got.flatten().tolist()] == want
 
 
 def test_threshold_and_scale():
